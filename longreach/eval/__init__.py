@@ -1,0 +1,1 @@
+"""Evaluation: haystacks, tasks, the resumable runner, reports."""

@@ -1,0 +1,161 @@
+"""Plug a position method into a stock transformers model through its public extension points.
+
+``apply`` registers one attention function with ``AttentionInterface`` and one mask function
+with ``AttentionMaskInterface`` under a fresh name, and switches the model to it with
+``set_attn_implementation``; no transformers class is patched. The mask function hands the
+attention function a key-padding mask ``[B, 1, 1, Lkv]`` (or ``None``) instead of the dense
+``[B, 1, Lq, Lkv]`` causal mask, so nothing n x n is built: causality and the method's regions
+come from the kernel. Without the mask registration transformers would pass ``None`` and padded
+batches would silently go wrong.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface
+
+from .. import methods
+from ..attention import kernel, reference
+from ..attention.rotary import find_rotary, inverse_frequencies
+from ..methods.base import PositionMethod
+
+SUPPORTED_FAMILIES = "Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 3, Phi-3, SmolLM and other decoder-only RoPE models"
+_names = itertools.count()
+
+
+@dataclass
+class Applied:
+    method: PositionMethod
+    name: str
+    previous: str
+
+
+_applied: "weakref.WeakKeyDictionary[nn.Module, Applied]" = weakref.WeakKeyDictionary()
+
+
+def training_window(config) -> int:
+    """``L``: ``original_max_position_embeddings`` where the config has one, else ``max_position_embeddings``."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    rope = getattr(config, "rope_parameters", None) or {}
+    for source in (rope, rope.get("full_attention") or {}):
+        if isinstance(source, dict) and source.get("original_max_position_embeddings"):
+            return int(source["original_max_position_embeddings"])
+    if getattr(config, "original_max_position_embeddings", None):
+        return int(config.original_max_position_embeddings)
+    return int(config.max_position_embeddings)
+
+
+def apply(model: nn.Module, method: str = "string", *, backend: str = "auto", **params) -> nn.Module:
+    """Switch ``model``'s attention to ``method`` (see ``longreach.methods.available()``); returns the model.
+
+    ``backend``: ``"auto"`` (CPU flash attention on CPU, memory-efficient attention on CUDA),
+    ``"cpu_flash"``, ``"cuda_efficient"``, ``"math"``, or ``"reference"`` (the dense float64 oracle,
+    O(n^2), for tests). Applying again replaces the previous method; :func:`remove` undoes it.
+    """
+    rotary = find_rotary(model)
+    if rotary is None:
+        raise ValueError(
+            f"{model.__class__.__name__} has no rotary position embedding (no module with an inv_freq buffer); "
+            f"longreach's methods work on RoPE models: {SUPPORTED_FAMILIES}"
+        )
+    valid_backends = ("auto", "reference", *kernel.BACKENDS)
+    if backend not in valid_backends:
+        raise ValueError(f"backend={backend!r} is not one of: {', '.join(valid_backends)}")
+    position_method = methods.create(method, window=training_window(model.config), **params)
+    if model in _applied:
+        remove(model)
+    name = f"longreach_{position_method.name}_{next(_names)}"
+    forward = _reference_forward if backend == "reference" else _kernel_forward
+    AttentionInterface.register(name, _bind(forward, position_method, weakref.ref(rotary), backend))
+    AttentionMaskInterface.register(name, key_padding_mask)
+    _applied[model] = Applied(position_method, name, model.config._attn_implementation)
+    model.set_attn_implementation(name)
+    return model
+
+
+def remove(model: nn.Module) -> nn.Module:
+    """Restore the attention the model had before :func:`apply`; a no-op on an untouched model."""
+    state = _applied.pop(model, None)
+    if state is not None:
+        model.set_attn_implementation(state.previous)
+        AttentionInterface._global_mapping.pop(state.name, None)
+        AttentionMaskInterface._global_mapping.pop(state.name, None)
+    return model
+
+
+def applied(model: nn.Module) -> PositionMethod | None:
+    """The method currently applied to ``model``, if any."""
+    state = _applied.get(model)
+    return state.method if state else None
+
+
+def key_padding_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, attention_mask=None, **_) -> torch.Tensor | None:
+    """``AttentionMaskInterface`` function: only which keys are real, ``[B, 1, 1, Lkv]``, or ``None``."""
+    if attention_mask is None:
+        return None
+    if (missing := kv_offset + kv_length - attention_mask.shape[-1]) > 0:  # as transformers pads it
+        attention_mask = torch.nn.functional.pad(attention_mask, (0, missing), value=True)
+    padding = attention_mask[:, kv_offset : kv_offset + kv_length].bool()
+    return None if bool(padding.all()) else padding[:, None, None, :]
+
+
+def _bind(forward: Callable, method: PositionMethod, rotary_ref, backend: str) -> Callable:
+    def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        if dropout:
+            raise ValueError(f"longreach attention does not support dropout (got dropout={dropout}); call model.eval()")
+        if kwargs.get("softcap") is not None:
+            raise NotImplementedError("longreach attention does not support attention logit softcapping (Gemma 2)")
+        rotary = rotary_ref()
+        inv_freq = inverse_frequencies(rotary, getattr(module, "layer_type", None))
+        padding = _key_padding(attention_mask, query.shape[2], key.shape[2])
+        out = forward(method, rotary, module, query, key, value, inv_freq, scaling, padding, backend, kwargs)
+        return out, None
+
+    return attention_forward
+
+
+def _key_padding(mask: torch.Tensor | None, q_len: int, kv_len: int) -> torch.Tensor | None:
+    if mask is None:
+        return None
+    if mask.dim() != 4 or mask.shape[-2] != 1 or mask.shape[-1] != kv_len or mask.dtype != torch.bool:
+        raise ValueError(
+            f"longreach attention got a custom attention mask of shape {tuple(mask.shape)} ({mask.dtype}); "
+            "it supports causal attention with a 2D padding mask [batch, keys] only"
+        )
+    return mask[:, 0, 0, :]
+
+
+def _kernel_forward(method, rotary, module, query, key, value, inv_freq, scaling, padding, backend, kwargs):
+    return kernel.attention(
+        query, key, value, method.parts(), inv_freq, scaling=scaling, key_padding=padding,
+        sliding_window=kwargs.get("sliding_window"), logit_scale=method.logit_scale, backend=backend,
+    )
+
+
+def _reference_forward(method, rotary, module, query, key, value, inv_freq, scaling, padding, backend, kwargs):
+    """Undo RoPE at the true positions, then the dense per-pair oracle (float64, O(n^2))."""
+    q_len, kv_len = query.shape[2], key.shape[2]
+    q_pos = kwargs.get("position_ids")
+    if q_pos is None:
+        raise ValueError("the reference backend needs position_ids in the attention kwargs")
+    q_pos = q_pos.expand(query.shape[0], -1).to(query.device)
+    k_pos = q_pos[:, -1:] - torch.arange(kv_len - 1, -1, -1, device=query.device)  # contiguous keys
+    layer_type = getattr(module, "layer_type", None)
+    attention_scaling = getattr(rotary, f"{layer_type}_attention_scaling", None) or getattr(rotary, "attention_scaling", 1.0)
+    q_raw = reference.unrotate(query, q_pos, inv_freq, attention_scaling)
+    k_raw = reference.unrotate(key, k_pos, inv_freq, attention_scaling)
+    P = method.relative_positions(q_pos[:, :, None], k_pos[:, None, :])
+    window = kwargs.get("sliding_window")
+    if window is not None:
+        P = torch.where(q_pos[:, :, None] - k_pos[:, None, :] < window, P, torch.nan)
+    out = reference.dense_attention(
+        q_raw, k_raw, value, P, inv_freq, scaling, attention_scaling, padding, method.logit_scale
+    )
+    return out.to(query.dtype)

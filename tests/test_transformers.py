@@ -1,0 +1,128 @@
+"""longreach.apply on tiny models of several families, against stock SDPA and the dense reference."""
+
+import pytest
+import torch
+import transformers
+from conftest import tiny_model
+
+import longreach
+from longreach.integrations.transformers import key_padding_mask
+
+STRING = dict(shift=20, local_window=4)  # tiny models: L = 96, so S = 20 < n = 80 exercises both parts
+
+
+def ids(n, seed=0, batch=1):
+    return torch.randint(3, 97, (batch, n), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.no_grad()
+def test_rope_through_longreach_equals_stock_sdpa(family):
+    model, x = tiny_model(family), ids(80)
+    stock = model(x).logits
+    longreach.apply(model, "rope")
+    assert torch.allclose(model(x).logits, stock, atol=1e-5)
+
+
+@torch.no_grad()
+def test_string_equals_the_dense_reference(family):
+    model, x = tiny_model(family), ids(80)
+    longreach.apply(model, "string", **STRING)
+    kernel = model(x).logits.double()
+    model.double()
+    longreach.apply(model, "string", backend="reference", **STRING)
+    reference = model(x, position_ids=torch.arange(80)[None]).logits
+    assert (kernel - reference).abs().max() <= 1e-4
+    assert (kernel - reference).abs().max() < 1e-2 * (kernel - tiny_model(family)(x).logits.double()).abs().max()
+
+
+@torch.no_grad()
+def test_generation_with_the_cache_equals_full_recomputation(family):
+    model, x = tiny_model(family), ids(60, seed=1)
+    longreach.apply(model, "string", **STRING)
+    generated = model.generate(x, max_new_tokens=10, min_new_tokens=10, do_sample=False)
+    sequence = x
+    for _ in range(10):
+        logits = model(sequence, use_cache=False).logits[:, -1]
+        logits[:, model.config.eos_token_id] = float("-inf")  # as min_new_tokens does
+        next_token = logits.argmax(-1, keepdim=True)
+        sequence = torch.cat([sequence, next_token], dim=1)
+    assert torch.equal(generated, sequence)
+
+
+@torch.no_grad()
+def test_a_left_padded_batch_equals_each_sequence_alone(family):
+    model = tiny_model(family)
+    longreach.apply(model, "string", **STRING)
+    long, short = ids(50, seed=2), ids(35, seed=3)
+    batch = torch.cat([long, torch.cat([torch.zeros(1, 15, dtype=torch.long), short], dim=1)])
+    mask = (batch != 0).long()
+    mask[0] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(batch, attention_mask=mask, position_ids=positions).logits
+    assert (logits[0] - model(long).logits[0]).abs().max() <= 1e-5
+    assert (logits[1, 15:] - model(short).logits[0]).abs().max() <= 1e-5
+    generated = model.generate(batch, attention_mask=mask, max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    assert torch.equal(generated[0, 50:], model.generate(long, max_new_tokens=6, min_new_tokens=6, do_sample=False)[0, 50:])
+    assert torch.equal(generated[1, 50:], model.generate(short, max_new_tokens=6, min_new_tokens=6, do_sample=False)[0, 35:])
+
+
+@torch.no_grad()
+def test_remove_restores_and_apply_twice_replaces(family):
+    model, x = tiny_model(family), ids(80)
+    stock, implementation = model(x).logits, model.config._attn_implementation
+    longreach.apply(model, "string", shift=10, local_window=2)
+    longreach.apply(model, "string", **STRING)
+    assert longreach.applied(model).shift == 20
+    once = tiny_model(family)
+    longreach.apply(once, "string", **STRING)
+    assert torch.equal(model(x).logits, once(x).logits)
+    longreach.remove(model)
+    assert model.config._attn_implementation == implementation and longreach.applied(model) is None
+    assert torch.equal(model(x).logits, stock)
+
+
+def test_string_defaults_come_from_the_training_window():
+    model = tiny_model("llama", max_position_embeddings=600)
+    assert longreach.apply(model, "string") is model
+    assert (longreach.applied(model).shift, longreach.applied(model).local_window) == (200, 128)
+    model = tiny_model("llama", rope_parameters={"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0, "original_max_position_embeddings": 48})
+    assert longreach.training_window(model.config) == 48
+
+
+def test_string_default_window_needs_a_big_enough_model():
+    with pytest.raises(ValueError, match="local_window=128 is out of range: 0 < local_window < shift = 32"):
+        longreach.apply(tiny_model("llama"), "string")
+
+
+def test_bad_parameters_and_methods_are_clear_errors():
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="shift=96 is out of range: local_window < shift < L = 96"):
+        longreach.apply(model, "string", shift=96, local_window=4)
+    with pytest.raises(ValueError, match="unknown method 'ntk-by-parts'; supported: rope, string"):
+        longreach.apply(model, "ntk-by-parts")
+    with pytest.raises(ValueError, match="backend='flash' is not one of"):
+        longreach.apply(model, "rope", backend="flash")
+    assert longreach.applied(model) is None
+
+
+def test_a_model_without_rope_is_refused():
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50)
+    with pytest.raises(ValueError, match="GPT2LMHeadModel has no rotary position embedding.*Llama"):
+        longreach.apply(transformers.GPT2LMHeadModel(config), "string")
+
+
+def test_mask_function_passes_only_key_padding():
+    assert key_padding_mask(2, 4, 4, attention_mask=torch.ones(2, 4, dtype=torch.bool)) is None
+    mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]]).bool()
+    assert torch.equal(key_padding_mask(2, 4, 4, attention_mask=mask), mask[:, None, None, :])
+    # decoding: the 2D mask is one token short of the cache, as transformers pads it
+    assert key_padding_mask(2, 1, 5, attention_mask=mask).shape == (2, 1, 1, 5)
+
+
+def test_custom_dense_masks_are_refused_clearly():
+    model = tiny_model("llama")
+    longreach.apply(model, "rope")
+    x = ids(6)
+    custom = torch.ones(1, 1, 6, 6, dtype=torch.bool).tril()
+    with pytest.raises(ValueError, match=r"custom attention mask of shape \(1, 1, 6, 6\)"):
+        model(x, attention_mask=custom)
