@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-METHODS = {"rope": {}, "string": {}}
+METHODS = {"rope": {}, "string": {}, "rerope": {}, "self_extend": {}, "dca": {}}  # defaults for L = n
 
 
 def measure(method: str, n: int, heads: int, dim: int, repeats: int, device: str) -> dict:
@@ -34,7 +34,7 @@ def measure(method: str, n: int, heads: int, dim: int, repeats: int, device: str
     if method == "sdpa":
         run = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     else:
-        parts = create(method, window=n, **METHODS[method]).parts()
+        parts = create(method, training_window=n, **METHODS[method]).parts()
         run = lambda: kernel.attention(q, k, v, parts, inv_freq)
     run()
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)

@@ -1,69 +1,102 @@
-"""The ``longreach`` command."""
+"""The ``longreach`` command: ``eval``, ``report`` and ``demo``."""
 
 from __future__ import annotations
 
 import argparse
-import random
 import sys
-import time
+from pathlib import Path
+
+DEMO_LENGTHS = "2k,4k,6k,8k"
+
+
+def _grid(args: argparse.Namespace):
+    from .eval import runner, tasks
+
+    names = [name for task in args.task for name in tasks.expand(task)]
+    if any(t == "ruler" for t in args.task) and (reason := tasks.qa_available()):
+        print(reason)
+    methods = [runner.MethodSpec.parse(m) for m in (args.method or ["rope", "string"])]
+    return runner.Grid(args.model, names, methods, runner.parse_lengths(args.lengths),
+                       runner.depth_grid(args.depths), args.seeds)
+
+
+def _eval(args: argparse.Namespace) -> None:
+    from .eval import report, runner
+
+    out = Path(args.out)
+    runner.run(_grid(args), out, limit=args.limit)
+    print(report.build(out, args.threshold))
+    print(f"results, summary.md and pictures in {out}/")
+
+
+def _report(args: argparse.Namespace) -> None:
+    from .eval import report
+
+    print(report.build(Path(args.dir), args.threshold))
+
+
+def _methods(args: argparse.Namespace) -> None:
+    from .methods import available
+
+    print("| method | kind | paper | what it changes | parameters (default; range) |")
+    print("|---|---|---|---|---|")
+    for row in available():
+        params = "; ".join(f"`{k}`={v!r} ({row['ranges'].get(k, '')})" for k, v in row["parameters"].items()) or "—"
+        print(f"| `{row['name']}` | {row['kind']} | {row['paper']} | {row['changes']} | {params} |")
+    print("\nAny method also takes protocol=paper on the command line: the STRING paper's baseline set-up "
+          "(as if the window were 2L/3, factor 3/2).")
 
 
 def _demo(args: argparse.Namespace) -> None:
-    from tqdm import tqdm
-
-    import longreach
-    from longreach import models
-    from longreach.eval import generate, haystack
-
-    rng = random.Random(args.seed)
-    number = rng.randint(1_000_000, 9_999_999)
-    needle = f"One of the special magic numbers for the long river is: {number}."
-    question = "What is the special magic number for the long river mentioned in the provided text?"
-    template = lambda context: haystack.chat_prompt(
-        tokenizer,
-        "Some special magic numbers are hidden within the following text. Make sure to memorize it. "
-        f"I will quiz you about the numbers afterwards.\n{context}\n{question}",
-        "The special magic number for the long river mentioned in the provided text is",
-    )
-    steps = tqdm(total=1 + len(args.method), desc="loading model", unit="step")
-    start = time.perf_counter()
-    model, tokenizer = models.load(args.model)
-    print(f"loaded {args.model} in {time.perf_counter() - start:.1f} s (training window {longreach.training_window(model.config)})")
-    steps.update()
-    prompt, n_tokens = haystack.fit(tokenizer, args.length, template, [(args.depth, needle)])
-    print(f"needle {number} at depth {args.depth:.0%} of a {n_tokens}-token prompt")
-    for method in args.method:
-        steps.set_description(f"asking with {method}")
-        longreach.apply(model, method)
-        start = time.perf_counter()
-        (answer,) = generate.greedy(model, tokenizer, [prompt], max_new_tokens=12)
-        found = str(number) in answer
-        tqdm.write(f"{method:>8}: {answer!r}  [{'found' if found else 'missed'}, {time.perf_counter() - start:.1f} s]")
-        steps.update()
-    steps.close()
+    args.task, args.method, args.lengths, args.depths = ["niah4"], ["rope", "string"], DEMO_LENGTHS, 1
+    _eval(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .eval.report import RULER_THRESHOLD
+
     parser = argparse.ArgumentParser(prog="longreach", description="Measure and extend the context RoPE models really use.")
     commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser("demo", help="one needle question at ~7K tokens on the default model, with rope and string")
-    demo.add_argument("--model", default="default", help="'default' (bundled SmolLM2-135M), a local path or a HF id")
-    demo.add_argument("--length", type=int, default=7000, help="prompt length in tokens (default 7000)")
-    demo.add_argument("--depth", type=float, default=0.1, help="needle depth, 0 = start, 1 = end (default 0.1)")
-    demo.add_argument("--method", action="append", help="methods to compare (default: rope, string)")
-    demo.add_argument("--seed", type=int, default=0)
+
+    def common(p: argparse.ArgumentParser, out: str, seeds: int) -> None:
+        p.add_argument("--model", default="default", help="'default' (bundled SmolLM2-135M-Instruct), a local path or a HF id")
+        p.add_argument("--seeds", type=int, default=seeds, help=f"cases per (length, depth) cell (default {seeds})")
+        p.add_argument("--out", default=out, help=f"results folder; a rerun resumes it (default {out})")
+        p.add_argument("--limit", type=int, help="run at most this many new cases")
+        p.add_argument("--threshold", type=float, default=RULER_THRESHOLD, help="effective-length threshold (RULER: 85.6)")
+
+    evaluate = commands.add_parser("eval", help="run a task over methods x lengths x depths x seeds (resumable)")
+    evaluate.add_argument("task", nargs="+", help="niah, niah4, passkey, ppl, ruler (all), or ruler:<name>, e.g. ruler:vt")
+    evaluate.add_argument("--method", action="append",
+                          help="method[:param=value,...], repeatable (default: rope and string), e.g. string:shift=2048, "
+                          "dca:protocol=paper, yarn:factor=2; see `longreach methods`")
+    evaluate.add_argument("--lengths", default="2k,4k,8k", help="context lengths, k = 1024 (default 2k,4k,8k)")
+    evaluate.add_argument("--depths", type=int, default=5, help="needle depths from 0 to 1, for depth tasks (default 5)")
+    common(evaluate, "runs/eval", 3)
+    evaluate.set_defaults(run=_eval)
+
+    listing = commands.add_parser("methods", help="every method: paper, what it changes, parameters with defaults and ranges")
+    listing.set_defaults(run=_methods)
+
+    report = commands.add_parser("report", help="rebuild summary.md and the pictures of a results folder from its JSONL")
+    report.add_argument("dir")
+    report.add_argument("--threshold", type=float, default=RULER_THRESHOLD)
+    report.set_defaults(run=_report)
+
+    demo = commands.add_parser("demo", help=f"niah4 at {DEMO_LENGTHS} on the default model with rope and string")
+    common(demo, "runs/demo", 2)
     demo.set_defaults(run=_demo)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    if getattr(args, "method", "unset") is None:
-        args.method = ["rope", "string"]
     try:
         args.run(args)
     except (ValueError, RuntimeError) as error:
         sys.exit(f"longreach: error: {error}")
+    except KeyboardInterrupt:
+        sys.exit("longreach: interrupted; every finished case is saved, rerun the same command to resume")
 
 
 if __name__ == "__main__":

@@ -34,3 +34,22 @@ def tiny_model(family: str, dtype=torch.float32, **overrides) -> transformers.Pr
 @pytest.fixture(params=sorted(FAMILIES))
 def family(request) -> str:
     return request.param
+
+
+def byte_tokenizer() -> transformers.PreTrainedTokenizerFast:
+    """A byte-level tokenizer (256 bytes + 4 specials) with a chat template; vocab fits TINY_VOCAB."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<|im_start|>": 3, **{ch: i + 4 for i, ch in enumerate(alphabet)}}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<pad>", bos_token="<s>", eos_token="</s>", additional_special_tokens=["<|im_start|>"]
+    )
+    tokenizer.chat_template = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}{{ '<|im_start|>assistant\n' }}"
+    return tokenizer
+
+
+TINY_VOCAB = 260

@@ -37,3 +37,13 @@ def test_default_model_answers_and_string_equals_rope_below_the_shift(default_mo
         assert generate.greedy(model, tokenizer, [prompt], max_new_tokens=8) == [answer]
     finally:
         longreach.remove(model)
+
+
+def test_one_niah4_case_end_to_end_on_the_default_model(default_model, tmp_path):
+    from longreach.eval import report, runner
+
+    grid = runner.Grid("default", ["niah4"], [runner.MethodSpec.parse("string")], [1024], [0.5], 1)
+    records = runner.read_results(runner.run(grid, tmp_path, loaded=default_model))
+    assert len(records) == 1 and records[0]["resolved"] == "string(shift=2731, local_window=128, mscale=False)"
+    assert 1014 <= records[0]["n_tokens"] <= 1034 and records[0]["answer"]
+    assert "| string | " in report.build(tmp_path)

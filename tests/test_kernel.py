@@ -46,7 +46,7 @@ STRING_CASES = [(n, S, W) for n, S, W in [(7, 9, 2), (10, 9, 2), (33, 9, 2), (40
 @pytest.mark.parametrize("backend", ["cpu_flash", "math"])
 def test_string_prefill_and_decode_match_the_reference_fp32(n, S, W, pads, backend):
     """Includes n < S (no far part), n = S + 1 (one far pair), GQA 4:2, left padding."""
-    method = create("string", window=3 * S, shift=S, local_window=W)
+    method = create("string", training_window=3 * S, shift=S, local_window=W)
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(n, pads=pads)
     padding_arg = None if all(p == 0 for p in pads) else padding
     for q_len in (n, 1, 3):  # prefill, one-token decode, a chunk against the cache
@@ -60,7 +60,7 @@ def test_string_prefill_and_decode_match_the_reference_fp32(n, S, W, pads, backe
 
 
 def test_float64_math_backend_is_exact():
-    method = create("string", window=60, shift=20, local_window=4)
+    method = create("string", training_window=60, shift=20, local_window=4)
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(50, pads=(0, 7))
     want, rows = expected(method, q, k, v, positions, padding, inv_freq, 50, scaling=0.25)
     got = kernel.attention(q_rot, k_rot, v, method.parts(), inv_freq, scaling=0.25, key_padding=padding, tile=16)
@@ -70,7 +70,7 @@ def test_float64_math_backend_is_exact():
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.bfloat16, 0.05), (torch.float16, 0.01)])
 def test_low_precision_inputs(dtype, tolerance):
-    method = create("string", window=60, shift=20, local_window=4)
+    method = create("string", training_window=60, shift=20, local_window=4)
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(48, pads=(0, 3))
     want, rows = expected(method, q, k, v, positions, padding, inv_freq, 48, scaling=0.25)
     got = kernel.attention(q_rot.to(dtype), k_rot.to(dtype), v.to(dtype), method.parts(), inv_freq.float(), scaling=0.25, key_padding=padding)
@@ -79,7 +79,7 @@ def test_low_precision_inputs(dtype, tolerance):
 
 
 def test_partial_rotary_and_logit_scale():
-    method = create("string", window=30, shift=10, local_window=3, mscale=True)
+    method = create("string", training_window=30, shift=10, local_window=3, mscale=True)
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(30, dim=16, rotary_dims=8)
     want, _ = expected(method, q, k, v, positions, padding, inv_freq, 30, scaling=0.3)
     got = kernel.attention(q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), scaling=0.3, logit_scale=method.logit_scale)
@@ -87,7 +87,7 @@ def test_partial_rotary_and_logit_scale():
 
 
 def test_sliding_window_limits_every_part():
-    method = create("string", window=45, shift=15, local_window=2)
+    method = create("string", training_window=45, shift=15, local_window=2)
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(40)
     for window in (8, 25):
         want, _ = expected(method, q, k, v, positions, padding, inv_freq, 40, scaling=0.3, window=window)
@@ -97,7 +97,7 @@ def test_sliding_window_limits_every_part():
 
 def test_rows_with_an_empty_part_or_no_key_give_no_nan():
     """Padding query rows see no key at all; early rows see no far key. Neither may give NaN."""
-    method = create("string", window=30, shift=10, local_window=3)
+    method = create("string", training_window=30, shift=10, local_window=3)
     _, _, v, q_rot, k_rot, _, padding, inv_freq = case(20, pads=(0, 12))
     out = kernel.attention(q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), key_padding=padding)
     assert not out.isnan().any()
@@ -138,9 +138,9 @@ n = 16384
 torch.manual_seed(0)
 q, k, v = (torch.randn(1, 1, n, 64) for _ in range(3))
 inv_freq = 1.0 / (10000 ** (torch.arange(0, 64, 2).float() / 64))
-kernel.attention(q[:, :, :64], k[:, :, :64], v[:, :, :64], create("string", window=n).parts(), inv_freq)  # warm-up
+kernel.attention(q[:, :, :64], k[:, :, :64], v[:, :, :64], create("string", training_window=n).parts(), inv_freq)  # warm-up
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-out = kernel.attention(q, k, v, create("string", window=n).parts(), inv_freq)
+out = kernel.attention(q, k, v, create("string", training_window=n).parts(), inv_freq)
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print((after - before) * 1024)
 """
@@ -155,7 +155,7 @@ def test_kernel_memory_at_16k_is_far_below_one_dense_matrix():
 @pytest.mark.parametrize("n, S, tile", [(100, 40, 32), (150, 70, 32), (150, 70, 48), (129, 64, 63)])
 def test_structured_path_for_long_inputs_matches_the_reference(n, S, tile):
     """Long unpadded inputs take the rectangle/causal-square and three-block band path."""
-    method = create("string", window=3 * S, shift=S, local_window=8)
+    method = create("string", training_window=3 * S, shift=S, local_window=8)
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(n, batch=1, pads=(0,))
     for q_len in (n, 50, 20):  # prefill, and chunks against a cache
         want, _ = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
@@ -165,8 +165,34 @@ def test_structured_path_for_long_inputs_matches_the_reference(n, S, tile):
 
 def test_sliding_window_bands_with_a_lower_bound():
     """STRING's far part under a sliding window is a band [S, window): the band path with lo > 0."""
-    method = create("string", window=120, shift=40, local_window=8)
+    method = create("string", training_window=120, shift=40, local_window=8)
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(150, batch=1, pads=(0,))
     want, _ = expected(method, q, k, v, positions, padding, inv_freq, 150, scaling=0.3, window=100)
     got = kernel.attention(q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), scaling=0.3, sliding_window=100, tile=32)
     assert (got - want).abs().max() <= 1e-5
+
+
+BASELINES = [
+    ("rerope", {"window": 12}),
+    ("rerope", {"window": 12, "leak": 4.0}),
+    ("self_extend", {"group_size": 3, "neighbor_window": 10}),
+    ("dca", {"chunk_size": 16, "local_window": 4}),
+    ("dca", {"chunk_size": 9, "local_window": 5}),
+]
+
+
+@pytest.mark.parametrize("name, params", BASELINES)
+@pytest.mark.parametrize("pads", [(0, 0), (0, 7)])
+@pytest.mark.parametrize("n, tile", [(57, 16), (140, 64)])
+def test_baselines_prefill_and_decode_match_the_reference_fp32(name, params, pads, n, tile):
+    """Per-token shifts (absolute positions, left padding) and DCA's chunk spans, GQA 4:2."""
+    method = create(name, training_window=40, **params)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(n, pads=pads)
+    for q_len in (n, 1, 20):
+        want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
+        got = kernel.attention(
+            q_rot[:, :, -q_len:].float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), scaling=0.3,
+            key_padding=padding if pads[1] else None, positions=positions, tile=tile,
+        )
+        assert not got.isnan().any()
+        assert (got - want)[rows].abs().max() <= 1e-5

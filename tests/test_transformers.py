@@ -1,5 +1,7 @@
 """longreach.apply on tiny models of several families, against stock SDPA and the dense reference."""
 
+import copy
+
 import pytest
 import torch
 import transformers
@@ -98,7 +100,7 @@ def test_bad_parameters_and_methods_are_clear_errors():
     model = tiny_model("llama")
     with pytest.raises(ValueError, match="shift=96 is out of range: local_window < shift < L = 96"):
         longreach.apply(model, "string", shift=96, local_window=4)
-    with pytest.raises(ValueError, match="unknown method 'ntk-by-parts'; supported: rope, string"):
+    with pytest.raises(ValueError, match="unknown method .ntk-by-parts.; supported: rope, string, rerope"):
         longreach.apply(model, "ntk-by-parts")
     with pytest.raises(ValueError, match="backend='flash' is not one of"):
         longreach.apply(model, "rope", backend="flash")
@@ -126,3 +128,87 @@ def test_custom_dense_masks_are_refused_clearly():
     custom = torch.ones(1, 1, 6, 6, dtype=torch.bool).tril()
     with pytest.raises(ValueError, match=r"custom attention mask of shape \(1, 1, 6, 6\)"):
         model(x, attention_mask=custom)
+
+
+BASELINES = {
+    "rerope": dict(window=30),
+    "self_extend": dict(group_size=3, neighbor_window=16),
+    "dca": dict(chunk_size=30, local_window=6),
+    "string+yarn": dict(shift=20, local_window=4, scaling={"rope_type": "yarn", "factor": 2.0}),
+}
+
+
+def apply_named(model, label, **extra):
+    return longreach.apply(model, label.split("+")[0], **BASELINES[label], **extra)
+
+
+@pytest.mark.parametrize("label", sorted(BASELINES))
+@torch.no_grad()
+def test_baselines_equal_the_dense_reference(family, label):
+    if family == "gemma3" and "yarn" in label:
+        pytest.skip("Gemma 3 has one set of rope_parameters per layer type: frequency methods are refused (tested below)")
+    model, x = tiny_model(family), ids(80)
+    apply_named(model, label)
+    kernel = model(x).logits.double()
+    model.double()
+    apply_named(model, label, backend="reference")
+    reference = model(x, position_ids=torch.arange(80)[None]).logits
+    assert (kernel - reference).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("label", sorted(BASELINES))
+@torch.no_grad()
+def test_baselines_generate_and_batch_like_single_sequences(label):
+    """Self-Extend and DCA depend on absolute positions: left padding must not shift them."""
+    model = tiny_model("qwen2")
+    apply_named(model, label)
+    long, short = ids(70, seed=4), ids(41, seed=5)
+    batch = torch.cat([long, torch.cat([torch.zeros(1, 29, dtype=torch.long), short], dim=1)])
+    mask = torch.ones_like(batch)
+    mask[1, :29] = 0
+    generated = model.generate(batch, attention_mask=mask, max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    alone = [model.generate(x, max_new_tokens=6, min_new_tokens=6, do_sample=False) for x in (long, short)]
+    assert torch.equal(generated[0, 70:], alone[0][0, 70:]) and torch.equal(generated[1, 70:], alone[1][0, 41:])
+    sequence = long
+    for _ in range(6):
+        logits = model(sequence, use_cache=False).logits[:, -1]
+        logits[:, model.config.eos_token_id] = float("-inf")
+        sequence = torch.cat([sequence, logits.argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(alone[0], sequence)
+
+
+@pytest.mark.parametrize("name, params", [("pi", {"factor": 2.0}), ("ntk", {"factor": 2.0}), ("dynamic", {"factor": 2.0}),
+                                          ("yarn", {"factor": 2.0, "beta_fast": 16.0}), ("llama3", {"factor": 4.0})])
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@torch.no_grad()
+def test_frequency_methods_equal_transformers_own_scaling(name, params, family):
+    model, x = tiny_model(family), ids(200)  # beyond the window of 96: dynamic NTK kicks in
+    stock = model(x).logits
+    longreach.apply(model, name, **params)
+    rope_parameters = copy.deepcopy(model.config.rope_parameters)
+    assert rope_parameters["rope_type"] == {"pi": "linear", "ntk": "default"}.get(name, name)
+    ours = model(x).logits
+    scaled = tiny_model(family, rope_parameters=rope_parameters)  # transformers' own initialiser, same weights
+    assert torch.allclose(ours, scaled(x).logits, atol=1e-5)
+    assert not torch.allclose(ours, stock, atol=1e-3)
+    assert "+" in longreach.describe(model) and name in longreach.describe(model)
+    longreach.remove(model)
+    assert model.config.rope_parameters["rope_type"] == "default"
+    assert torch.equal(model(x).logits, stock)
+
+
+def test_ntk_scales_the_base_by_factor_to_the_d_over_d_minus_2():
+    model = tiny_model("llama")  # head dim 16
+    longreach.apply(model, "ntk", factor=4.0)
+    assert model.config.rope_parameters["rope_theta"] == pytest.approx(10000.0 * 4.0 ** (16 / 14))
+
+
+def test_frequency_method_errors():
+    with pytest.raises(ValueError, match="factor=0.5 is out of range: a number >= 1"):
+        longreach.apply(tiny_model("llama"), "yarn", factor=0.5)
+    with pytest.raises(ValueError, match="pi has no parameter beta_fast"):
+        longreach.apply(tiny_model("llama"), "pi", beta_fast=3)
+    with pytest.raises(ValueError, match="unknown frequency method 'ntk-by-parts'"):
+        longreach.apply(tiny_model("llama"), "rope", scaling={"rope_type": "ntk-by-parts"})
+    with pytest.raises(ValueError, match="one set of rope_parameters; Gemma3ForCausalLM has one per layer type"):
+        longreach.apply(tiny_model("gemma3"), "string", shift=20, local_window=4, scaling={"rope_type": "yarn"})

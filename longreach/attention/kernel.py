@@ -43,6 +43,7 @@ def attention(
     key_padding: torch.Tensor | None = None,
     sliding_window: int | None = None,
     logit_scale: float = 1.0,
+    positions: torch.Tensor | None = None,
     backend: str = "auto",
     tile: int = 512,
 ) -> torch.Tensor:
@@ -50,7 +51,9 @@ def attention(
 
     ``key_padding [B, Lkv]`` is False at padding keys. ``sliding_window`` (the model's, e.g.
     Mistral or Gemma 3 local layers) limits every part to ``i - j < sliding_window``.
-    ``logit_scale`` multiplies the rotary part of the logits. Grouped-query attention when
+    ``logit_scale`` multiplies the rotary part of the logits. ``positions [B, Lkv]``: the keys'
+    absolute positions, for parts whose shifts or spans depend on them (default ``0 .. Lkv-1``;
+    the queries are the last ``Lq``). Grouped-query attention when
     ``Hq`` is a multiple of ``Hkv``. Accumulates in float32; returns ``[B, Lq, Hq, D]`` in the
     input dtype. Rows that attend no key are 0.
     """
@@ -73,24 +76,36 @@ def attention(
     accumulate = torch.float64 if query.dtype == torch.float64 else torch.float32
     out = torch.zeros(batch, q_heads, q_len, value.shape[-1], dtype=accumulate, device=query.device)
     lse = torch.full((batch, q_heads, q_len), NEG_INF, dtype=accumulate, device=query.device)
+    if positions is None:
+        positions = torch.arange(kv_len, device=query.device).expand(batch, -1)
+    q_positions = positions[:, offset:]
     for part in parts:
         hi = part.max_distance
         if sliding_window is not None:
             hi = sliding_window if hi is None else min(hi, sliding_window)
         if hi is not None and hi <= part.min_distance:
             continue
-        q = rotate(query, part.query_shift, inv_freq) if part.query_shift else query
-        k = rotate(key, part.key_shift, inv_freq) if part.key_shift else key
-        lo, structured = part.min_distance, key_padding is None and block is not _math and q_len > SMALL_QUERY
+        q = _shifted(query, part.query_shift, q_positions, inv_freq)
+        k = _shifted(key, part.key_shift, positions, inv_freq)
+        lo = part.min_distance
+        structured = key_padding is None and part.key_span is None and block is not _math and q_len > SMALL_QUERY
         if structured and hi is None:
             pieces = _unbounded(q, k, value, lo, offset, scaling, block)
         elif structured and hi - lo - 1 >= MIN_BAND_TILE:
             pieces = _band(q, k, value, lo, hi, offset, scaling, block, min(tile, hi - lo - 1))
         else:
-            pieces = _masked_tiles(q, k, value, lo, hi, offset, scaling, key_padding, block, tile)
+            span = None if part.key_span is None else (part.key_span, positions)
+            pieces = _masked_tiles(q, k, value, lo, hi, offset, scaling, key_padding, span, block, tile)
         for rows, part_out, part_lse in pieces:
             out[:, :, rows], lse[:, :, rows] = merge(out[:, :, rows], lse[:, :, rows], part_out, part_lse)
     return out.to(query.dtype).transpose(1, 2)
+
+
+def _shifted(x: torch.Tensor, shift, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """``x`` moved by a constant shift, or by ``shift(positions)`` per token (``[B, L]`` -> ``[B, 1, L]``)."""
+    if callable(shift):
+        return rotate(x, shift(positions)[:, None, :].to(torch.float64), inv_freq)
+    return rotate(x, shift, inv_freq) if shift else x
 
 
 def merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -161,11 +176,12 @@ def _band(q, k, v, lo, hi, offset, scaling, block, tile):
     return pieces
 
 
-def _masked_tiles(q, k, v, lo, hi, offset, scaling, key_padding, block, tile):
-    """Pairs with ``lo <= i - j < hi`` (``hi=None``: unbounded) and unpadded keys, with a mask per tile.
+def _masked_tiles(q, k, v, lo, hi, offset, scaling, key_padding, span, block, tile):
+    """Pairs with ``lo <= i - j < hi`` (``hi=None``: unbounded), unpadded keys and, when ``span =
+    (key_span, positions)`` is given, key positions in ``key_span(query positions)``; a mask per tile.
 
-    The general path (key padding, decoding, narrow bands): each query tile meets only the keys it
-    can reach, with a ``[B, 1, T, K]`` mask of that size.
+    The general path (key padding, decoding, narrow bands, chunked regions): each query tile meets
+    only the keys it can reach, with a ``[B, 1, T, K]`` mask of that size.
     """
     q_len, kv_len = q.shape[2], k.shape[2]
     pieces = []
@@ -183,6 +199,11 @@ def _masked_tiles(q, k, v, lo, hi, offset, scaling, key_padding, block, tile):
             allowed &= j > i - hi
         if key_padding is not None:
             allowed = allowed[None, None] & key_padding[:, None, None, k_start:k_stop]  # [B, 1, T, K]
+        if span is not None:
+            key_span, positions = span
+            span_first, span_stop = key_span(positions[:, first_i : last_i + 1])  # [B, T] each
+            key_positions = positions[:, None, None, k_start:k_stop]
+            allowed = allowed & (key_positions >= span_first[:, None, :, None]) & (key_positions < span_stop[:, None, :, None])
         mask = None if bool(allowed.all()) else _additive(allowed, q.dtype)
         rows, keys = slice(start, stop), slice(k_start, k_stop)
         result = block(q[:, :, rows], k[:, :, keys], v[:, :, keys], mask, False, scaling)

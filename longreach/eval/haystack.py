@@ -67,7 +67,7 @@ def fit(
     source: str = "essays",
     tolerance: float = 0.005,
 ) -> tuple[str, int]:
-    """The prompt ``make_prompt(context)`` whose token count is within ``tolerance`` of ``length``.
+    """The prompt ``make_prompt(context)`` whose token count is within ``tolerance`` (at worst 1%) of ``length``.
 
     ``context`` is haystack cut to size with the needles inserted. Returns ``(prompt, n_tokens)``.
     """
@@ -75,17 +75,25 @@ def fit(
         raise ValueError(f"length={length} is out of range: at least 16 tokens")
     count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
     overhead = count(make_prompt("")) + sum(count(text) for _, text in needles)
-    budget = max(1, length - overhead)
+    if overhead >= length:
+        raise ValueError(f"length={length} is too short: the prompt without haystack already takes {overhead} tokens")
+    budget = length - overhead
     hay = filler(source, 6 * length + 1000)
     ids = tokenizer(hay[: 8 * length + 1000], add_special_tokens=False)["input_ids"]
-    for _ in range(8):
+    best = None
+    for attempt in range(16):
         context = insert(tokenizer.decode(ids[:budget]), needles)
         prompt = make_prompt(context)
         n = count(prompt)
+        if best is None or abs(n - length) < abs(best[1] - length):
+            best = (prompt, n)
         if abs(n - length) <= tolerance * length:
-            return prompt, n
-        budget = max(1, budget + (length - n))
-    raise RuntimeError(f"could not fit a prompt within {tolerance:.1%} of {length} tokens (last: {n})")
+            break
+        step = length - n
+        budget = max(1, budget + (step if attempt < 4 else step // 2 or (1 if step > 0 else -1)))
+    if abs(best[1] - length) > 0.01 * length:
+        raise RuntimeError(f"could not fit a prompt within 1% of {length} tokens (closest: {best[1]})")
+    return best
 
 
 def chat_prompt(tokenizer, user_message: str, answer_prefix: str = "") -> str:

@@ -11,6 +11,7 @@ batches would silently go wrong.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import weakref
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from .. import methods
 from ..attention import kernel, reference
 from ..attention.rotary import find_rotary, inverse_frequencies
 from ..methods.base import PositionMethod
+from ..methods.scaling import ALIASES as FREQUENCY_METHODS
+from ..methods.scaling import Scaling
 
 SUPPORTED_FAMILIES = "Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 3, Phi-3, SmolLM and other decoder-only RoPE models"
 _names = itertools.count()
@@ -35,6 +38,11 @@ class Applied:
     method: PositionMethod
     name: str
     previous: str
+    scaling: Scaling | None = None
+    restore_rotary: Callable[[], None] | None = None
+
+    def describe(self) -> str:
+        return self.method.describe() + (f" + {self.scaling.describe()}" if self.scaling else "")
 
 
 _applied: "weakref.WeakKeyDictionary[nn.Module, Applied]" = weakref.WeakKeyDictionary()
@@ -52,15 +60,18 @@ def training_window(config) -> int:
     return int(config.max_position_embeddings)
 
 
-def apply(model: nn.Module, method: str = "string", *, backend: str = "auto", **params) -> nn.Module:
+def apply(model: nn.Module, method: str = "string", *, scaling: dict | None = None, backend: str = "auto", **params) -> nn.Module:
     """Switch ``model``'s attention to ``method`` (see ``longreach.methods.available()``); returns the model.
 
+    ``method`` is a position method (``rope``, ``string``, ``rerope``, ``self_extend``, ``dca``) or a
+    frequency method (``pi``, ``ntk``, ``dynamic``, ``yarn``, ``llama3``), each with its parameters.
+    ``scaling={"rope_type": "yarn", "factor": 2.0, ...}`` adds a frequency method to a position
+    method (transformers' ``rope_parameters`` keys; ``pi`` and ``ntk`` are accepted as types).
     ``backend``: ``"auto"`` (CPU flash attention on CPU, memory-efficient attention on CUDA),
     ``"cpu_flash"``, ``"cuda_efficient"``, ``"math"``, or ``"reference"`` (the dense float64 oracle,
     O(n^2), for tests). Applying again replaces the previous method; :func:`remove` undoes it.
     """
-    rotary = find_rotary(model)
-    if rotary is None:
+    if find_rotary(model) is None:
         raise ValueError(
             f"{model.__class__.__name__} has no rotary position embedding (no module with an inv_freq buffer); "
             f"longreach's methods work on RoPE models: {SUPPORTED_FAMILIES}"
@@ -68,30 +79,77 @@ def apply(model: nn.Module, method: str = "string", *, backend: str = "auto", **
     valid_backends = ("auto", "reference", *kernel.BACKENDS)
     if backend not in valid_backends:
         raise ValueError(f"backend={backend!r} is not one of: {', '.join(valid_backends)}")
-    position_method = methods.create(method, window=training_window(model.config), **params)
+    if method in FREQUENCY_METHODS:
+        if scaling is not None:
+            raise ValueError(f"{method} is a frequency method already; give scaling= with a position method instead")
+        method, scaling, params = "rope", {"rope_type": method, **params}, {}
+    window = training_window(model.config)
+    position_method = methods.create(method, training_window=window, **params)
+    frequency = None
+    if scaling is not None:
+        scaling = dict(scaling)
+        frequency = Scaling.create(scaling.pop("rope_type", None) or scaling.pop("method", "missing"), window, **scaling)
     if model in _applied:
         remove(model)
+    restore_rotary = _rescale(model, frequency) if frequency else None
     name = f"longreach_{position_method.name}_{next(_names)}"
     forward = _reference_forward if backend == "reference" else _kernel_forward
-    AttentionInterface.register(name, _bind(forward, position_method, weakref.ref(rotary), backend))
+    AttentionInterface.register(name, _bind(forward, position_method, weakref.ref(find_rotary(model)), backend))
     AttentionMaskInterface.register(name, key_padding_mask)
-    _applied[model] = Applied(position_method, name, model.config._attn_implementation)
+    _applied[model] = Applied(position_method, name, model.config._attn_implementation, frequency, restore_rotary)
     model.set_attn_implementation(name)
     return model
 
 
 def remove(model: nn.Module) -> nn.Module:
-    """Restore the attention the model had before :func:`apply`; a no-op on an untouched model."""
+    """Restore the attention (and RoPE frequencies) the model had before :func:`apply`; a no-op on an untouched model."""
     state = _applied.pop(model, None)
     if state is not None:
         model.set_attn_implementation(state.previous)
         AttentionInterface._global_mapping.pop(state.name, None)
         AttentionMaskInterface._global_mapping.pop(state.name, None)
+        if state.restore_rotary:
+            state.restore_rotary()
     return model
 
 
+def describe(model: nn.Module) -> str:
+    """What is applied to ``model``: ``"rope"`` for an untouched model."""
+    state = _applied.get(model)
+    return state.describe() if state else "rope"
+
+
+def _rescale(model: nn.Module, frequency: Scaling) -> Callable[[], None]:
+    """Rebuild the rotary embedding with transformers' initialiser for the new ``rope_parameters``.
+
+    A new module of the model's own rotary class replaces the old one (kept for restoring);
+    the model config's ``rope_parameters`` are updated too, so that saving the model records them.
+    """
+    config = model.config.get_text_config()
+    current = config.rope_parameters
+    if not isinstance(current, dict) or "rope_theta" not in current:
+        raise ValueError(
+            f"frequency methods need one set of rope_parameters; {model.__class__.__name__} has one per layer type "
+            f"({', '.join(current)}): apply a position method without scaling"
+        )
+    rotary = find_rotary(model)
+    parent_name, _, attribute = next(n for n, m in model.named_modules() if m is rotary).rpartition(".")
+    parent = model.get_submodule(parent_name)
+    new_config = copy.deepcopy(config)
+    new_config.rope_parameters = frequency.rope_parameters(current, 2 * rotary.inv_freq.shape[-1])
+    replacement = type(rotary)(new_config).to(rotary.inv_freq.device)
+    setattr(parent, attribute, replacement)
+    config.rope_parameters = copy.deepcopy(new_config.rope_parameters)
+
+    def restore() -> None:
+        setattr(parent, attribute, rotary)
+        config.rope_parameters = current
+
+    return restore
+
+
 def applied(model: nn.Module) -> PositionMethod | None:
-    """The method currently applied to ``model``, if any."""
+    """The position method currently applied to ``model``, if any."""
     state = _applied.get(model)
     return state.method if state else None
 

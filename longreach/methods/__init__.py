@@ -4,32 +4,65 @@ from __future__ import annotations
 
 from dataclasses import MISSING, fields
 
+from . import scaling
 from .base import Part, PositionMethod
+from .dca import DualChunk
+from .rerope import ReRope
 from .rope import Rope
+from .self_extend import SelfExtend
 from .string import String
 
-METHODS: dict[str, type[PositionMethod]] = {cls.name: cls for cls in (Rope, String)}
+METHODS: dict[str, type[PositionMethod]] = {cls.name: cls for cls in (Rope, String, ReRope, SelfExtend, DualChunk)}
 
 
-def create(name: str, window: int, **params) -> PositionMethod:
-    """Build method ``name`` for a model trained on ``window`` tokens; parameters are validated."""
+def create(name: str, training_window: int, **params) -> PositionMethod:
+    """Build method ``name`` for a model trained on ``training_window`` tokens; parameters are validated."""
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; supported: {', '.join(METHODS)}")
     cls = METHODS[name]
-    allowed = [f.name for f in fields(cls) if f.name != "window"]
+    allowed = [f.name for f in fields(cls) if f.name != "training_window"]
     unknown = sorted(set(params) - set(allowed))
     if unknown:
         raise ValueError(f"{name} has no parameter {', '.join(unknown)}; its parameters: {', '.join(allowed) or 'none'}")
-    return cls(window=window, **params)
+    return cls(training_window=training_window, **params)
 
 
 def available() -> list[dict]:
-    """One row per method: name, paper and parameters with their defaults."""
+    """One row per method: name, kind, paper, what it changes, parameters with defaults and ranges."""
     rows = []
     for name, cls in METHODS.items():
-        params = {f.name: (None if f.default is MISSING else f.default) for f in fields(cls) if f.name != "window"}
-        rows.append({"name": name, "paper": cls.paper, "parameters": params, "summary": (cls.__doc__ or "").split("\n")[0]})
+        params = {f.name: (None if f.default is MISSING else f.default) for f in fields(cls) if f.name != "training_window"}
+        rows.append({"name": name, "kind": "position", "paper": cls.paper, "changes": cls.changes,
+                     "parameters": params, "ranges": dict(cls.ranges)})
+    for name, params in scaling.PARAMETERS.items():
+        rows.append({"name": name, "kind": "frequency", "paper": scaling.PAPERS[name],
+                     "changes": f"RoPE frequencies: transformers' '{scaling.TRANSFORMERS_TYPE[name]}' rope type"
+                     + (" with rope_theta * factor^(d/(d-2))" if name == "ntk" else ""),
+                     "parameters": dict(params), "ranges": {k: scaling.RANGES[k] for k in params}})
     return rows
 
 
-__all__ = ["METHODS", "Part", "PositionMethod", "available", "create"]
+def paper_baseline(name: str, training_window: int) -> dict:
+    """The STRING paper's protocol for extrapolation baselines (section 4.1): set up as if the
+    training window were ``2L/3``, with scale factor ``3/2``. Returns the parameters to pass.
+
+    Position methods get the defaults they would have at ``2L/3`` (Self-Extend: group size 2, the
+    smallest integer >= 3/2); frequency methods get ``factor=1.5`` and, where they take it,
+    ``original_max_position_embeddings=2L/3``. ``rope`` and ``string`` are not extrapolation
+    methods: they get no parameters.
+    """
+    short = 2 * training_window // 3
+    if name in scaling.ALIASES:
+        params = {"factor": 1.5}
+        if "original_max_position_embeddings" in scaling.PARAMETERS[scaling.ALIASES[name]]:
+            params["original_max_position_embeddings"] = short
+        return params
+    return {
+        "rope": {}, "string": {},
+        "rerope": {"window": short // 2},
+        "self_extend": {"group_size": 2, "neighbor_window": short // 4},
+        "dca": {"chunk_size": 3 * short // 4, "local_window": short // 8},
+    }[create(name, training_window).name]
+
+
+__all__ = ["METHODS", "Part", "PositionMethod", "available", "create", "paper_baseline"]

@@ -14,23 +14,34 @@ that both agree:
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import ClassVar
+from typing import Callable, ClassVar, Union
 
 import torch
+
+
+Shift = Union[float, Callable[[torch.Tensor], torch.Tensor]]
+"""A position shift: a constant, or a function of the tokens' absolute positions (Self-Extend, DCA)."""
 
 
 @dataclass(frozen=True)
 class Part:
     """Pairs with ``min_distance <= i - j < max_distance`` (``None``: no upper bound).
 
-    RoPE sees the query at ``i + query_shift`` and the key at ``j + key_shift`` inside the part,
-    so the relative position there is ``i - j + query_shift - key_shift``.
+    RoPE sees the query at ``i + query_shift`` and the key at ``j + key_shift`` inside the part, so
+    the relative position there is ``i - j + query_shift - key_shift``; a shift may be a function of
+    the absolute positions. ``key_span``, for regions not given by distance alone (DCA's chunks),
+    maps query positions ``[B, Lq]`` to the ``[first, stop)`` key positions they may attend here.
     """
 
     min_distance: int = 0
     max_distance: int | None = None
-    query_shift: float = 0.0
-    key_shift: float = 0.0
+    query_shift: Shift = 0.0
+    key_shift: Shift = 0.0
+    key_span: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    @property
+    def needs_positions(self) -> bool:
+        return callable(self.query_shift) or callable(self.key_shift) or self.key_span is not None
 
 
 class PositionMethod:
@@ -38,6 +49,8 @@ class PositionMethod:
 
     name: ClassVar[str]
     paper: ClassVar[str]
+    changes: ClassVar[str]
+    ranges: ClassVar[dict[str, str]]
 
     def parts(self) -> tuple[Part, ...]:
         raise NotImplementedError
@@ -52,7 +65,7 @@ class PositionMethod:
         return 1.0
 
     def describe(self) -> str:
-        values = ", ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self) if f.name != "window")
+        values = ", ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self) if f.name != "training_window")
         return f"{self.name}({values})" if values else self.name
 
 

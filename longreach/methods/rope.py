@@ -15,8 +15,10 @@ class Rope(PositionMethod):
 
     name = "rope"
     paper = "Su et al. 2021, RoFormer (arXiv:2104.09864)"
+    changes = "nothing: P = i - j, through longreach's kernel"
+    ranges = {}
 
-    window: int
+    training_window: int
 
     def parts(self) -> tuple[Part, ...]:
         return (Part(),)

@@ -34,16 +34,18 @@ class String(PositionMethod):
 
     name = "string"
     paper = "An et al. 2025, Why Does the Effective Context Length of LLMs Fall Short? (arXiv:2410.18745)"
+    changes = "positions: P = d for d < S, else d - S + W (drops the undertrained tail)"
+    ranges = {"shift": "integer, local_window < shift < L (default round(L/3))", "local_window": "integer, 0 < local_window < shift", "mscale": "True/False: official 1 + 0.1 ln 2 on cos/sin"}
 
-    window: int
+    training_window: int
     shift: int | None = None
     local_window: int = 128
     mscale: bool = False
 
     def __post_init__(self) -> None:
         if self.shift is None:
-            object.__setattr__(self, "shift", round(self.window / 3))
-        L = self.window
+            object.__setattr__(self, "shift", round(self.training_window / 3))
+        L = self.training_window
         require_int("shift", self.shift, 1, L - 1, f"local_window < shift < L = {L}")
         require_int("local_window", self.local_window, 1, None, f"0 < local_window < shift = {self.shift}")
         if not self.local_window < self.shift:

@@ -1,0 +1,53 @@
+"""Perplexity of long text with the loss per position bucket (the ``ppl`` task).
+
+The text is a window of Paul Graham's essays (or any text file) of the requested token length,
+starting at a seeded offset. The loss of every next-token prediction is computed in one forward
+pass; the vocabulary projection runs in chunks so that no ``[n, vocab]`` logits tensor is built.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+import torch
+
+from . import haystack
+from .tasks import Case
+
+
+@dataclass(frozen=True)
+class Perplexity:
+    name: str = "ppl"
+    buckets: int = 8
+    uses_depth: bool = False
+    max_new_tokens: int = 0
+
+    def build(self, tokenizer, length: int, depth: float | None, seed: int, text: str | None = None) -> Case:
+        text = text or haystack.essays()
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) < length:
+            ids = (ids * (length // len(ids) + 1))
+        start = random.Random(f"ppl/{length}/{seed}").randrange(len(ids) - length + 1)
+        window = tokenizer.decode(ids[start : start + length])
+        n = len(tokenizer(window, add_special_tokens=False)["input_ids"])
+        return Case(self.name, length, None, seed, window, [], 0, n, metric="perplexity")
+
+    @torch.no_grad()
+    def evaluate(self, model, tokenizer, case: Case, chunk: int = 1024) -> dict:
+        ids = tokenizer(case.prompt, return_tensors="pt", add_special_tokens=False)["input_ids"].to(model.device)
+        hidden = model.get_decoder()(input_ids=ids).last_hidden_state[0, :-1]
+        targets = ids[0, 1:]
+        softcap = getattr(model.config, "final_logit_softcapping", None)
+        losses = []
+        for start in range(0, hidden.shape[0], chunk):
+            logits = model.get_output_embeddings()(hidden[start : start + chunk]).float()
+            if softcap:
+                logits = softcap * torch.tanh(logits / softcap)
+            losses.append(torch.nn.functional.cross_entropy(logits, targets[start : start + chunk], reduction="none"))
+        loss = torch.cat(losses)
+        edges = torch.linspace(0, loss.numel(), self.buckets + 1).long().tolist()
+        per_bucket = [loss[a:b].mean().item() for a, b in zip(edges[:-1], edges[1:])]
+        mean = loss.mean().item()
+        return {"score": math.exp(mean), "log_ppl": mean, "bucket_edges": edges, "bucket_loss": per_bucket, "answer": ""}

@@ -1,0 +1,195 @@
+"""The resumable grid runner: methods x tasks x lengths x depths x seeds -> one JSONL line per case.
+
+Every finished case is appended to ``DIR/results.jsonl`` at once (flushed and synced), so a crash or
+Ctrl-C loses nothing; a rerun with the same folder skips what is there (a truncated last line is
+ignored and recomputed). Greedy decoding; a progress bar with ETA; ``limit`` caps the new cases.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from . import tasks
+
+RESULTS = "results.jsonl"
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A method and its parameters as written on the command line: ``string:shift=2731,local_window=128``."""
+
+    name: str
+    params: tuple[tuple[str, object], ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> "MethodSpec":
+        name, _, rest = text.partition(":")
+        params = []
+        for item in filter(None, rest.split(",")):
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise ValueError(f"method parameter {item!r} must look like name=value (in {text!r})")
+            params.append((key.strip(), _value(value.strip())))
+        return cls(name.strip(), tuple(sorted(params)))
+
+    def arguments(self, training_window: int) -> tuple[str, dict]:
+        """``(method, kwargs)`` for ``longreach.apply``.
+
+        ``protocol=paper`` expands to the STRING paper's baseline set-up; ``position+frequency``
+        (e.g. ``string+yarn:factor=2``) composes, routing each parameter to the method that has it.
+        """
+        from ..methods import paper_baseline, scaling
+
+        params = dict(self.params)
+        protocol = params.pop("protocol", None)
+        if protocol not in (None, "paper"):
+            raise ValueError(f"protocol={protocol!r} is not one of: paper")
+        position, _, frequency = self.name.partition("+")
+        if protocol:
+            params = {**paper_baseline(frequency or position, training_window), **params}
+        if not frequency:
+            return position, params
+        if frequency not in scaling.ALIASES:
+            raise ValueError(f"{frequency!r} after '+' must be a frequency method: {', '.join(scaling.PARAMETERS)}")
+        names = scaling.PARAMETERS[scaling.ALIASES[frequency]]
+        rescale = {"rope_type": frequency, **{k: v for k, v in params.items() if k in names}}
+        return position, {"scaling": rescale, **{k: v for k, v in params.items() if k not in names}}
+
+    @property
+    def label(self) -> str:
+        return self.name + (":" + ",".join(f"{k}={v}" for k, v in self.params) if self.params else "")
+
+
+def _value(text: str):
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def parse_lengths(text: str) -> list[int]:
+    """``2k,4k,8192`` -> ``[2048, 4096, 8192]`` (k = 1024)."""
+    lengths = []
+    for item in filter(None, (x.strip().lower() for x in text.split(","))):
+        try:
+            number = float(item[:-1]) * 1024 if item.endswith("k") else float(item)
+        except ValueError:
+            number = 0.5
+        if number < 16 or number != int(number):
+            raise ValueError(f"length {item!r} is out of range: a whole number of tokens >= 16 (e.g. 2k, 4096)")
+        lengths.append(int(number))
+    if not lengths:
+        raise ValueError("--lengths is empty: give e.g. 2k,4k,8k")
+    return lengths
+
+
+def depth_grid(count: int) -> list[float]:
+    """``count`` depths evenly from 0 (start) to 1 (end)."""
+    if count < 1:
+        raise ValueError(f"--depths={count} is out of range: at least 1")
+    return [0.5] if count == 1 else [round(i / (count - 1), 4) for i in range(count)]
+
+
+def read_results(path: Path) -> list[dict]:
+    """The records of a results file; a truncated (crashed) last line is skipped."""
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with path.open("rb") as stream:
+        if stream.seek(0, os.SEEK_END) == 0:
+            return True
+        stream.seek(-1, os.SEEK_END)
+        return stream.read(1) == b"\n"
+
+
+def case_key(record: dict) -> tuple:
+    return (record["model"], record["method"], record["task"], record["length"], record["depth"], record["seed"])
+
+
+@dataclass
+class Grid:
+    model: str
+    tasks: list[str]
+    methods: list[MethodSpec]
+    lengths: list[int]
+    depths: list[float]
+    seeds: int
+    keys: list[tuple] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.seeds < 1:
+            raise ValueError(f"--seeds={self.seeds} is out of range: at least 1")
+        for task in self.tasks:  # longer lengths last: early results are the cheap ones
+            depths = self.depths if tasks.get(task).uses_depth else [None]
+            for length, seed, depth, method in itertools.product(self.lengths, range(self.seeds), depths, self.methods):
+                self.keys.append((self.model, method.label, task, length, depth, seed))
+
+
+def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, dtype=None) -> Path:
+    """Run the grid's missing cases, appending to ``out/results.jsonl``; returns that path."""
+    import longreach
+    from longreach import models
+
+    from .generate import greedy
+
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / RESULTS
+    done = {case_key(r) for r in read_results(path)}
+    missing = [key for key in grid.keys if key not in done]
+    pending = missing if limit is None else missing[:limit]
+    print(f"{len(grid.keys)} cases in the grid, {len(grid.keys) - len(missing)} already in {path}, running {len(pending)}")
+    if not pending:
+        return path
+    specs = {m.label: m for m in grid.methods}
+    model, tokenizer = loaded or models.load(grid.model, **({"dtype": dtype} if dtype else {}))
+    window = longreach.training_window(model.config)
+    for spec in grid.methods:  # validate every method before spending time
+        method, kwargs = spec.arguments(window)
+        longreach.apply(model, method, **kwargs)
+    with path.open("a", encoding="utf-8") as sink, tqdm(pending, desc="cases", unit="case") as bar:
+        if not _ends_with_newline(path):
+            sink.write("\n")  # end a line cut short by a crash, so the next record stands alone
+        for key in bar:
+            _, label, task_name, length, depth, seed = key
+            bar.set_postfix_str(f"{task_name} {length} {label}")
+            task = tasks.get(task_name)
+            case = task.build(tokenizer, length, depth, seed)
+            method, kwargs = specs[label].arguments(window)
+            longreach.apply(model, method, **kwargs)
+            start = time.perf_counter()
+            if hasattr(task, "evaluate"):
+                result = task.evaluate(model, tokenizer, case)
+            else:
+                (answer,) = greedy(model, tokenizer, [case.prompt], max_new_tokens=case.max_new_tokens)
+                result = {"answer": answer, **task.score(answer, case)}
+            record = {
+                "model": grid.model, "method": label, "resolved": longreach.describe(model), "window": window,
+                "task": task_name, "length": length, "depth": depth, "seed": seed, "n_tokens": case.n_tokens,
+                "prompt_hash": hashlib.sha256(case.prompt.encode()).hexdigest()[:16], "references": case.references,
+                "needle_depths": case.needle_depths, "metric": case.metric, **result,
+                "seconds": round(time.perf_counter() - start, 3),
+            }
+            sink.write(json.dumps(record) + "\n")
+            sink.flush()
+            os.fsync(sink.fileno())
+    longreach.remove(model)
+    return path

@@ -1,0 +1,76 @@
+"""Dual Chunk Attention, DCA (An et al. 2024, "Training-Free Long-Context Scaling of Large Language
+Models", arXiv:2402.17463, section 3; ChunkLlama).
+
+The sequence is cut into chunks of ``c = s - l`` tokens (chunk size ``s``, local window ``l``) and
+every key sits at ``j mod c``. The query's position depends on where the key is::
+
+    same chunk:       P = (i mod c) - (j mod c)                    (= i - j)
+    previous chunk:   P = min(i mod c + c, s) - (j mod c)
+    earlier chunks:   P = min(2c - 1, s) - (j mod c)
+
+This follows the official ChunkLlama code (``chunkllama_attn_replace.py``), whose earlier-chunk
+query sits at ``min(2c - 1, s)``; that equals SPEC.md's ``s`` whenever ``s >= 2l + 1`` (always
+with the defaults). The paper's defaults are ``s = 3L/4``; the local window is ``L/8`` here
+(SPEC.md), ``L/16`` in the official code. Three parts, one per chunk relation, with per-token
+shifts and chunk-aligned key spans.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .base import Part, PositionMethod, causal_distance, require_int
+
+
+@dataclass(frozen=True)
+class DualChunk(PositionMethod):
+    """DCA with chunk size ``s`` (default 3L/4) and local window ``l`` (default L/8), ``0 < l < s``."""
+
+    name = "dca"
+    paper = "An et al. 2024, Training-Free Long-Context Scaling of LLMs (DCA, arXiv:2402.17463)"
+    changes = "positions: keys at j mod c; queries by chunk relation (same, previous, earlier)"
+    ranges = {"chunk_size": "integer > local_window (default 3L/4)", "local_window": "integer, 0 < local_window < chunk_size (default L/8)"}
+
+    training_window: int
+    chunk_size: int | None = None
+    local_window: int | None = None
+
+    def __post_init__(self) -> None:
+        L = self.training_window
+        if self.chunk_size is None:
+            object.__setattr__(self, "chunk_size", 3 * L // 4)
+        if self.local_window is None:
+            object.__setattr__(self, "local_window", L // 8)
+        require_int("chunk_size", self.chunk_size, 2, None, "chunk_size > local_window > 0")
+        require_int("local_window", self.local_window, 1, self.chunk_size - 1, f"0 < local_window < chunk_size = {self.chunk_size}")
+
+    @property
+    def chunk(self) -> int:
+        return self.chunk_size - self.local_window
+
+    def parts(self) -> tuple[Part, ...]:
+        c, s = self.chunk, self.chunk_size
+        inter = min(2 * c - 1, s)
+        start = lambda p: torch.div(p, c, rounding_mode="floor") * c  # first position of p's chunk
+        at_key = lambda p: p % c - p
+        never = lambda p: torch.full_like(p, torch.iinfo(p.dtype).min)
+        return (
+            Part(0, c, query_shift=at_key, key_shift=at_key, key_span=lambda p: (start(p), p + 1)),
+            Part(1, 2 * c, query_shift=lambda p: torch.clamp(p % c + c, max=s) - p, key_shift=at_key,
+                 key_span=lambda p: (start(p) - c, start(p))),
+            Part(c + 1, None, query_shift=lambda p: inter - p, key_shift=at_key,
+                 key_span=lambda p: (never(p), start(p) - c)),
+        )
+
+    def relative_positions(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+        c, s = self.chunk, self.chunk_size
+        d = causal_distance(query_positions, key_positions)
+        q_chunk = torch.div(query_positions, c, rounding_mode="floor")
+        k_chunk = torch.div(key_positions, c, rounding_mode="floor")
+        q_mod, k_mod = (query_positions % c).to(torch.float64), (key_positions % c).to(torch.float64)
+        previous = torch.clamp(q_mod + c, max=s) - k_mod
+        earlier = min(2 * c - 1, s) - k_mod
+        P = torch.where(q_chunk == k_chunk, q_mod - k_mod, torch.where(q_chunk == k_chunk + 1, previous, earlier))
+        return torch.where(torch.isnan(d), d, P)

@@ -1,0 +1,50 @@
+"""ReRoPE, rectified rotary position embedding (Su 2023, "Rectified Rotary Position Embeddings",
+kexue.fm/archives/9708; the STRING paper's baseline).
+
+``P = d`` for ``d < w``, else ``w`` (every distant pair sits at the window's edge). The leaky
+variant (Leaky ReRoPE) continues with slope ``1/k`` instead: ``P = w + (d - w) / k``. Two parts:
+the band ``d < w``, and the far pairs with the query moved to ``w + i/k - w/k`` and the key to ``j/k``
+(``k = inf`` for plain ReRoPE: query at ``w``, key at 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .base import Part, PositionMethod, causal_distance, require_int
+
+
+@dataclass(frozen=True)
+class ReRope(PositionMethod):
+    """ReRoPE with window ``w`` (default L/2); ``leak`` = k > 1 gives Leaky ReRoPE (default: none)."""
+
+    name = "rerope"
+    paper = "Su 2023, Rectified Rotary Position Embeddings (ReRoPE)"
+    changes = "positions: P = d for d < w, else w (leaky: w + (d - w)/k)"
+    ranges = {"window": "integer, 0 < window <= L (default L/2)", "leak": "None or a number > 1"}
+
+    training_window: int
+    window: int | None = None
+    leak: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.window is None:
+            object.__setattr__(self, "window", self.training_window // 2)
+        require_int("window", self.window, 1, self.training_window, f"0 < window <= L = {self.training_window}")
+        if self.leak is not None and (isinstance(self.leak, bool) or not isinstance(self.leak, (int, float)) or self.leak <= 1):
+            raise ValueError(f"leak={self.leak!r} is out of range: a number > 1 (or None for plain ReRoPE)")
+
+    def parts(self) -> tuple[Part, ...]:
+        w, k = self.window, self.leak
+        if k is None:
+            far = Part(w, None, query_shift=lambda p: w - p, key_shift=lambda p: -p)
+        else:
+            far = Part(w, None, query_shift=lambda p: w - w / k + p / k - p, key_shift=lambda p: p / k - p)
+        return (Part(0, w), far)
+
+    def relative_positions(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+        d = causal_distance(query_positions, key_positions)
+        far = self.window + (d - self.window) / self.leak if self.leak else d * 0 + self.window  # NaN stays NaN
+        return torch.where(d < self.window, d, far)

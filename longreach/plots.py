@@ -1,0 +1,56 @@
+"""Pictures, written as PNG with matplotlib (no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def heatmap(grid: np.ndarray, rows: list[str], columns: list[str], title: str, path: Path,
+            xlabel: str = "context length (tokens)", ylabel: str = "needle depth", vmax: float = 100.0) -> Path:
+    """A score grid (rows x columns, NaN = not tested), red (0) to green (vmax), values in the cells."""
+    fig, ax = plt.subplots(figsize=(1.2 * len(columns) + 2.5, 0.5 * len(rows) + 1.8))
+    image = ax.imshow(np.ma.masked_invalid(grid), cmap="RdYlGn", vmin=0, vmax=vmax, aspect="auto")
+    ax.set_xticks(range(len(columns)), columns)
+    ax.set_yticks(range(len(rows)), rows)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    for (r, c), value in np.ndenumerate(grid):
+        if not np.isnan(value):
+            ax.text(c, r, f"{value:.0f}", ha="center", va="center", fontsize=8)
+    fig.colorbar(image, ax=ax, label="score")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def lines(series: dict[str, tuple[list[float], list[float]]], title: str, path: Path, ylabel: str = "score",
+          xlabel: str = "context length (tokens)", threshold: float | None = None, marks: dict[str, float] | None = None,
+          log_y: bool = False) -> Path:
+    """One line per label; optional threshold line and vertical marks (e.g. the training window)."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for label, (x, y) in series.items():
+        ax.plot(x, y, marker="o", label=label)
+    if threshold is not None:
+        ax.axhline(threshold, color="grey", linestyle="--", linewidth=1, label=f"threshold {threshold:g}")
+    for name, at in (marks or {}).items():
+        ax.axvline(at, color="black", linestyle=":", linewidth=1)
+        ax.text(at, ax.get_ylim()[1], f" {name}", va="top", fontsize=8)
+    if log_y:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,186 @@
+"""Haystacks, tasks, scoring, the resumable runner and reports (tiny models and a byte tokenizer)."""
+
+import json
+
+import pytest
+import torch
+from conftest import TINY_VOCAB, byte_tokenizer, tiny_model
+
+from longreach.eval import haystack, report, runner, scoring, tasks
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return byte_tokenizer()
+
+
+def test_scoring_rules_on_hand_made_answers():
+    assert scoring.string_match_all("The numbers are 123 and 456.", ["123", "456", "789"]) == pytest.approx(200 / 3)
+    assert scoring.string_match_all("ABC", ["abc"]) == 100.0
+    assert scoring.string_match_part("Paris, France", ["London", "paris"]) == 100.0
+    assert scoring.string_match_part("Rome", ["London", "Paris"]) == 0.0
+    answer = "1. 1111111 2. 2222222 3. 9999999"
+    assert scoring.needles_found(answer, ["1111111", "2222222", "3333333", "4444444"]) == [True, True, False, False]
+    assert scoring.at_least(answer, ["1111111", "2222222", "3333333", "4444444"], 2) == 100.0
+    assert scoring.at_least(answer, ["1111111", "5555555", "3333333", "4444444"], 2) == 0.0
+
+
+@pytest.mark.parametrize("source", ["essays", "noise"])
+@pytest.mark.parametrize("length", [300, 1000, 2500])
+def test_prompts_fit_within_one_percent_with_the_chat_template(tokenizer, source, length):
+    make = lambda context: haystack.chat_prompt(tokenizer, f"Read this.\n{context}\nWhat is the number?", " It is")
+    prompt, n = haystack.fit(tokenizer, length, make, [(0.5, "The magic number is 4242.")], source=source)
+    assert n == len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    assert abs(n - length) <= 0.01 * length
+    assert prompt.startswith("<|im_start|>user\nRead this.") and prompt.endswith("<|im_start|>assistant\n It is")
+
+
+def test_needles_go_to_a_sentence_end_at_their_depth():
+    hay = "".join(f"Sentence number {i} is here. " for i in range(100))
+    for depth in (0.0, 0.3, 0.77, 1.0):
+        text = haystack.insert(hay, [(depth, "NEEDLE.")])
+        at = text.index("NEEDLE.")
+        assert at == 0 or text[:at].endswith(". ")
+        assert abs(at / len(hay) - depth) < 0.02
+    two = haystack.insert(hay, [(0.8, "SECOND."), (0.2, "FIRST.")])
+    assert two.index("FIRST.") < two.index("SECOND.")
+    with pytest.raises(ValueError, match="depth=1.5 is out of range"):
+        haystack.insert(hay, [(1.5, "x")])
+
+
+def test_a_length_too_short_for_the_question_is_a_clear_error(tokenizer):
+    with pytest.raises(ValueError, match="length=40 is too short: the prompt without haystack already takes"):
+        haystack.fit(tokenizer, 40, lambda c: "x" * 50 + c)
+
+
+def test_unknown_haystack_is_a_clear_error():
+    with pytest.raises(ValueError, match="haystack='wiki' is not one of: essays, noise"):
+        haystack.filler("wiki", 100)
+
+
+@pytest.mark.parametrize("name", [n for n in tasks.TASKS if not n.startswith("ruler:qa")] + ["ppl"])
+def test_every_task_is_deterministic_and_has_its_answers_in_the_prompt(tokenizer, name):
+    task = tasks.get(name)
+    case = task.build(tokenizer, 1200, 0.25, seed=1)
+    again = task.build(tokenizer, 1200, 0.25, seed=1)
+    other = task.build(tokenizer, 1200, 0.25, seed=2)
+    assert case.prompt == again.prompt and case.references == again.references
+    assert case.prompt != other.prompt
+    assert 0.95 * 1200 <= case.n_tokens <= 1200 * 1.01
+    for reference in case.references:
+        assert reference in case.prompt.split("<|im_start|>assistant")[0]
+    if name != "ppl":
+        assert task.score(" ".join(case.references), case)["score"] == 100.0
+        assert task.score("nothing", case)["score"] == 0.0
+
+
+def test_niah4_puts_one_needle_in_each_quarter(tokenizer):
+    case = tasks.get("niah4").build(tokenizer, 6000, None, seed=3)
+    assert len(case.references) == 4
+    assert sorted(int(d * 4) for d in case.needle_depths) == [0, 1, 2, 3]
+    positions = sorted(case.prompt.index(ref) / len(case.prompt) for ref in case.references)
+    assert all(q / 4 - 0.05 < p < (q + 1) / 4 + 0.05 for q, p in enumerate(positions))
+    result = tasks.get("niah4").score(f"{case.references[0]} and {case.references[2]}", case)
+    assert result["score"] == 100.0 and result["fraction"] == 0.5
+
+
+def test_ruler_expands_to_its_tasks_and_unknown_names_fail():
+    names = tasks.expand("ruler")
+    assert {"ruler:niah_single_1", "ruler:vt", "ruler:cwe", "ruler:fwe", "ruler:niah_multiquery"} <= set(names)
+    with pytest.raises(ValueError, match="unknown task 'needle'"):
+        tasks.expand("needle")
+
+
+def test_lengths_methods_and_depths_parse_with_clear_errors():
+    assert runner.parse_lengths("2k, 4k,8192") == [2048, 4096, 8192]
+    assert runner.depth_grid(5) == [0.0, 0.25, 0.5, 0.75, 1.0] and runner.depth_grid(1) == [0.5]
+    spec = runner.MethodSpec.parse("string:shift=2048,local_window=64,mscale=true")
+    assert spec.name == "string" and dict(spec.params) == {"shift": 2048, "local_window": 64, "mscale": True}
+    assert spec.label == "string:local_window=64,mscale=True,shift=2048"
+    for bad in ("2q", "2.5", "8"):
+        with pytest.raises(ValueError, match=f"length '{bad}' is out of range: a whole number of tokens >= 16"):
+            runner.parse_lengths(bad)
+    with pytest.raises(ValueError, match="must look like name=value"):
+        runner.MethodSpec.parse("string:shift")
+    with pytest.raises(ValueError, match="--depths=0 is out of range"):
+        runner.depth_grid(0)
+
+
+def test_effective_length_rule():
+    assert report.effective_length({2048: 100, 4096: 90, 8192: 50}) == 4096
+    assert report.effective_length({2048: 80, 4096: 90}) == 0  # the first length already fails
+    assert report.effective_length({2048: 90, 4096: 80, 8192: 95}) == 2048  # every shorter length must pass
+
+
+def tiny_grid(tmp_path):
+    model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024)
+    grid = runner.Grid("tiny", ["niah", "niah4", "passkey", "ppl", "ruler:vt"], [runner.MethodSpec.parse("rope"),
+                       runner.MethodSpec.parse("string:shift=300,local_window=8")], [700, 1000], [0.0, 1.0], 1)
+    return grid, (model, byte_tokenizer())
+
+
+def test_the_pipeline_end_to_end_on_a_tiny_model(tmp_path):
+    grid, loaded = tiny_grid(tmp_path)
+    path = runner.run(grid, tmp_path, loaded=loaded)
+    records = runner.read_results(path)
+    assert len(records) == len(grid.keys) == 2 * 2 * (2 + 1 + 2 + 1 + 1)
+    assert {runner.case_key(r) for r in records} == set(grid.keys)
+    assert {r["resolved"] for r in records} == {"rope", "string(shift=300, local_window=8, mscale=False)"}
+    assert all(r["prompt_hash"] and r["seconds"] >= 0 for r in records)
+    markdown = report.build(tmp_path)
+    for name in ["summary.md", "compare_niah4.png", "compare_ppl.png", "heatmap_niah_rope.png", "heatmap_niah4_string_local_window_8_shift_300.png"]:
+        assert (tmp_path / name).stat().st_size > 0, name
+    assert "## niah4" in markdown and "effective length" in markdown and "Fraction of the 4 needles" in markdown
+    # the report is a function of the JSONL alone
+    (tmp_path / "summary.md").unlink()
+    assert report.build(tmp_path) == markdown
+
+
+def test_a_crash_mid_run_loses_nothing_and_a_rerun_duplicates_nothing(tmp_path, monkeypatch):
+    grid, loaded = tiny_grid(tmp_path)
+    from longreach.eval import generate
+
+    real, calls = generate.greedy, {"n": 0}
+
+    def crash_on_fifth(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(generate, "greedy", crash_on_fifth)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(grid, tmp_path, loaded=loaded)
+    saved = runner.read_results(tmp_path / runner.RESULTS)
+    assert len(saved) == 4
+    with (tmp_path / runner.RESULTS).open("a") as sink:  # a line cut short by the crash
+        sink.write(json.dumps(saved[0])[:40])
+    runner.run(grid, tmp_path, loaded=loaded, limit=3)
+    assert len(runner.read_results(tmp_path / runner.RESULTS)) == 7
+    runner.run(grid, tmp_path, loaded=loaded)
+    records = runner.read_results(tmp_path / runner.RESULTS)
+    keys = [runner.case_key(r) for r in records]
+    assert len(keys) == len(set(keys)) == len(grid.keys)
+
+
+def test_method_specs_expand_the_paper_protocol_and_compose():
+    assert runner.MethodSpec.parse("dca:protocol=paper").arguments(8192) == ("dca", {"chunk_size": 4095, "local_window": 682})
+    assert runner.MethodSpec.parse("yarn:protocol=paper").arguments(8192) == (
+        "yarn", {"factor": 1.5, "original_max_position_embeddings": 5461})
+    assert runner.MethodSpec.parse("string+yarn:factor=2,shift=100").arguments(300) == (
+        "string", {"scaling": {"rope_type": "yarn", "factor": 2}, "shift": 100})
+    with pytest.raises(ValueError, match="protocol='llama' is not one of: paper"):
+        runner.MethodSpec.parse("dca:protocol=llama").arguments(8192)
+    with pytest.raises(ValueError, match="'dca' after '\\+' must be a frequency method"):
+        runner.MethodSpec.parse("string+dca").arguments(8192)
+
+
+def test_any_mix_of_methods_runs_through_the_runner(tmp_path):
+    model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024)
+    specs = ["rope", "string:shift=300,local_window=8", "dca:protocol=paper", "self_extend", "rerope:leak=2",
+             "yarn:factor=2", "string+ntk:factor=2,shift=300,local_window=8"]
+    grid = runner.Grid("tiny", ["passkey"], [runner.MethodSpec.parse(m) for m in specs], [700], [0.5], 1)
+    records = runner.read_results(runner.run(grid, tmp_path, loaded=(model, byte_tokenizer())))
+    assert [r["method"] for r in records] == [runner.MethodSpec.parse(m).label for m in specs]
+    assert records[2]["resolved"] == "dca(chunk_size=511, local_window=85)"
+    assert records[-1]["resolved"].startswith("string(shift=300, local_window=8, mscale=False) + ntk(factor=2)")
