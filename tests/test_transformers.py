@@ -166,6 +166,9 @@ def test_baselines_generate_and_batch_like_single_sequences(label):
     batch = torch.cat([long, torch.cat([torch.zeros(1, 29, dtype=torch.long), short], dim=1)])
     mask = torch.ones_like(batch)
     mask[1, :29] = 0
+    logits = model(batch, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+    assert (logits[0] - model(long).logits[0]).abs().max() <= 1e-5
+    assert (logits[1, 29:] - model(short).logits[0]).abs().max() <= 1e-5
     generated = model.generate(batch, attention_mask=mask, max_new_tokens=6, min_new_tokens=6, do_sample=False)
     alone = [model.generate(x, max_new_tokens=6, min_new_tokens=6, do_sample=False) for x in (long, short)]
     assert torch.equal(generated[0, 70:], alone[0][0, 70:]) and torch.equal(generated[1, 70:], alone[1][0, 41:])

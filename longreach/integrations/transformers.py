@@ -190,21 +190,34 @@ def _key_padding(mask: torch.Tensor | None, q_len: int, kv_len: int) -> torch.Te
     return mask[:, 0, 0, :]
 
 
+def _key_positions(kwargs: dict, batch: int, kv_len: int, device) -> torch.Tensor:
+    """Absolute positions of the keys ``[B, Lkv]``: contiguous, ending at the last query's position.
+
+    transformers passes the queries' ``position_ids`` (padding-aware under ``generate``); the cache
+    holds the keys before them, so key ``j`` sits at ``last - (Lkv - 1 - j)`` (negative for left padding,
+    which is masked). Without ``position_ids`` the keys are at ``0 .. Lkv-1``.
+    """
+    q_pos = kwargs.get("position_ids")
+    back = torch.arange(kv_len - 1, -1, -1, device=device)
+    if q_pos is None:
+        return (kv_len - 1 - back).expand(batch, -1)
+    return q_pos.to(device).expand(batch, -1)[:, -1:] - back
+
+
 def _kernel_forward(method, rotary, module, query, key, value, inv_freq, scaling, padding, backend, kwargs):
+    positions = _key_positions(kwargs, query.shape[0], key.shape[2], query.device)
     return kernel.attention(
         query, key, value, method.parts(), inv_freq, scaling=scaling, key_padding=padding,
-        sliding_window=kwargs.get("sliding_window"), logit_scale=method.logit_scale, backend=backend,
+        sliding_window=kwargs.get("sliding_window"), logit_scale=method.logit_scale, positions=positions, backend=backend,
     )
 
 
 def _reference_forward(method, rotary, module, query, key, value, inv_freq, scaling, padding, backend, kwargs):
     """Undo RoPE at the true positions, then the dense per-pair oracle (float64, O(n^2))."""
-    q_len, kv_len = query.shape[2], key.shape[2]
-    q_pos = kwargs.get("position_ids")
-    if q_pos is None:
+    if kwargs.get("position_ids") is None:
         raise ValueError("the reference backend needs position_ids in the attention kwargs")
-    q_pos = q_pos.expand(query.shape[0], -1).to(query.device)
-    k_pos = q_pos[:, -1:] - torch.arange(kv_len - 1, -1, -1, device=query.device)  # contiguous keys
+    q_pos = kwargs["position_ids"].expand(query.shape[0], -1).to(query.device)
+    k_pos = _key_positions(kwargs, query.shape[0], key.shape[2], query.device)
     layer_type = getattr(module, "layer_type", None)
     attention_scaling = getattr(rotary, f"{layer_type}_attention_scaling", None) or getattr(rotary, "attention_scaling", 1.0)
     q_raw = reference.unrotate(query, q_pos, inv_freq, attention_scaling)
