@@ -35,6 +35,29 @@ def _report(args: argparse.Namespace) -> None:
     print(report.build(Path(args.dir), args.threshold))
 
 
+def _dispersion(args: argparse.Namespace) -> None:
+    import longreach
+
+    from . import models
+    from .analysis import dispersion
+    from .eval import haystack, runner
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = Path(args.text).read_text(encoding="utf-8") if args.text else haystack.essays()
+    (length,) = runner.parse_lengths(args.length)
+    model, tokenizer = models.load(args.model)
+    window = longreach.training_window(model.config)
+    results = {}
+    for spec in [runner.MethodSpec.parse(m) for m in (args.method or ["rope", "dynamic_drop"])]:
+        method, kwargs = spec.arguments(window)
+        longreach.apply(model, method, **kwargs)
+        print(f"probing {spec.label} at {length} tokens ...", flush=True)
+        results[spec.label] = dispersion.measure(model, tokenizer, text, length, args.points, args.top_k)
+    longreach.remove(model)
+    print(f"wrote {dispersion.save(results, out / 'dispersion.json')} and {dispersion.plot(results, out / 'dispersion.png', window)}")
+
+
 def _methods(args: argparse.Namespace) -> None:
     from .methods import available
 
@@ -74,6 +97,16 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--depths", type=int, default=5, help="needle depths from 0 to 1, for depth tasks (default 5)")
     common(evaluate, "runs/eval", 3)
     evaluate.set_defaults(run=_eval)
+
+    probe = commands.add_parser("dispersion", help="top-k attention probability vs position, per layer, per method")
+    probe.add_argument("--model", default="default", help="'default', a local path or a HF id")
+    probe.add_argument("--text", help="a text file (default: the Paul Graham essays)")
+    probe.add_argument("--length", default="12k", help="tokens of text to read (default 12k)")
+    probe.add_argument("--method", action="append", help="methods to compare (default: rope and dynamic_drop)")
+    probe.add_argument("--points", type=int, default=24, help="query positions sampled evenly (default 24)")
+    probe.add_argument("--top-k", type=int, default=1, help="mean of the k largest probabilities (default 1: the max)")
+    probe.add_argument("--out", default="runs/dispersion", help="folder for dispersion.json and dispersion.png")
+    probe.set_defaults(run=_dispersion)
 
     listing = commands.add_parser("methods", help="every method: paper, what it changes, parameters with defaults and ranges")
     listing.set_defaults(run=_methods)

@@ -30,6 +30,7 @@ from .rotary import rotate
 NEG_INF = float("-inf")
 SMALL_QUERY = 16  # decoding and short chunks: one small masked tile is cheapest
 MIN_BAND_TILE = 32  # narrower bands are computed with masked tiles
+DROP_TILE = 32  # query rows per tile when rows are computed whole (Drop Attention): O(32 * n) memory
 Block = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -44,6 +45,7 @@ def attention(
     sliding_window: int | None = None,
     logit_scale: float = 1.0,
     positions: torch.Tensor | None = None,
+    drop: torch.Tensor | None = None,
     backend: str = "auto",
     tile: int = 512,
 ) -> torch.Tensor:
@@ -53,7 +55,8 @@ def attention(
     Mistral or Gemma 3 local layers) limits every part to ``i - j < sliding_window``.
     ``logit_scale`` multiplies the rotary part of the logits. ``positions [B, Lkv]``: the keys'
     absolute positions, for parts whose shifts or spans depend on them (default ``0 .. Lkv-1``;
-    the queries are the last ``Lq``). Grouped-query attention when
+    the queries are the last ``Lq``). ``drop [B, Lq]``: Drop Attention rates per query (see
+    :func:`drop_below_quantile`); rows are then computed whole, a tile at a time. Grouped-query attention when
     ``Hq`` is a multiple of ``Hkv``. Accumulates in float32; returns ``[B, Lq, Hq, D]`` in the
     input dtype. Rows that attend no key are 0.
     """
@@ -63,21 +66,21 @@ def attention(
         raise ValueError(f"query length {q_len} exceeds key length {kv_len}: queries must be the last keys")
     if q_heads % key.shape[1]:
         raise ValueError(f"query heads ({q_heads}) must be a multiple of key/value heads ({key.shape[1]})")
-    scaling = 1.0 / math.sqrt(head_dim) if scaling is None else scaling
-    if logit_scale != 1.0:
-        rotary_dims = 2 * inv_freq.shape[-1]
-        query = torch.cat((query[..., :rotary_dims] * logit_scale, query[..., rotary_dims:]), dim=-1)
-    groups = q_heads // key.shape[1]
-    if groups > 1:  # a view: no copy of the cache
-        key, value = (t[:, :, None].expand(-1, -1, groups, -1, -1).flatten(1, 2) for t in (key, value))
-    block = _pick_block(query, backend)
     offset = kv_len - q_len
+    if drop is not None and bool((drop > 0).any()):
+        rows = torch.arange(offset, kv_len, device=query.device)
+        value = _expand_heads(value, q_heads)
+        out = torch.cat([probabilities @ value[:, :, keys].to(probabilities.dtype) for probabilities, keys in
+                         attention_probabilities(query, key, parts, inv_freq, rows, scaling, key_padding,
+                                                 sliding_window, logit_scale, positions, drop)], dim=2)
+        return out.to(query.dtype).transpose(1, 2)
+    query, key, scaling, positions = _prepare(query, key, inv_freq, scaling, logit_scale, positions)
+    value = _expand_heads(value, q_heads)
+    block = _pick_block(query, backend)
 
     accumulate = torch.float64 if query.dtype == torch.float64 else torch.float32
     out = torch.zeros(batch, q_heads, q_len, value.shape[-1], dtype=accumulate, device=query.device)
     lse = torch.full((batch, q_heads, q_len), NEG_INF, dtype=accumulate, device=query.device)
-    if positions is None:
-        positions = torch.arange(kv_len, device=query.device).expand(batch, -1)
     q_positions = positions[:, offset:]
     for part in parts:
         hi = part.max_distance
@@ -99,6 +102,34 @@ def attention(
         for rows, part_out, part_lse in pieces:
             out[:, :, rows], lse[:, :, rows] = merge(out[:, :, rows], lse[:, :, rows], part_out, part_lse)
     return out.to(query.dtype).transpose(1, 2)
+
+
+def _prepare(query, key, inv_freq, scaling, logit_scale, positions):
+    """Default scale and positions, the logit scale on the query's rotary dims, GQA keys as a view."""
+    scaling = 1.0 / math.sqrt(query.shape[-1]) if scaling is None else scaling
+    if logit_scale != 1.0:
+        rotary_dims = 2 * inv_freq.shape[-1]
+        query = torch.cat((query[..., :rotary_dims] * logit_scale, query[..., rotary_dims:]), dim=-1)
+    if positions is None:
+        positions = torch.arange(key.shape[2], device=query.device).expand(query.shape[0], -1)
+    return query, _expand_heads(key, query.shape[1]), scaling, positions
+
+
+def _expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """Key/value heads repeated for grouped-query attention, as a view (no copy of the cache)."""
+    groups = heads // x.shape[1]
+    return x if groups == 1 else x[:, :, None].expand(-1, -1, groups, -1, -1).flatten(1, 2)
+
+
+def attention_probabilities(query, key, parts, inv_freq, rows, scaling=None, key_padding=None, sliding_window=None,
+                            logit_scale=1.0, positions=None, drop=None):
+    """Whole attention rows of the queries at absolute indices ``rows``: yields ``(probabilities [B, H, T, K], keys)``.
+
+    ``query [B, Hq, R, D]`` may be any subset of the positions (a dispersion probe samples some);
+    the arguments mean what they mean in :func:`attention`. ``DROP_TILE`` rows at a time.
+    """
+    query, key, scaling, positions = _prepare(query, key, inv_freq, scaling, logit_scale, positions)
+    yield from row_probabilities(query, key, parts, inv_freq, rows, scaling, positions, key_padding, sliding_window, drop, DROP_TILE)
 
 
 def _shifted(x: torch.Tensor, shift, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
@@ -183,32 +214,95 @@ def _masked_tiles(q, k, v, lo, hi, offset, scaling, key_padding, span, block, ti
     The general path (key padding, decoding, narrow bands, chunked regions): each query tile meets
     only the keys it can reach, with a ``[B, 1, T, K]`` mask of that size.
     """
-    q_len, kv_len = q.shape[2], k.shape[2]
+    q_len = q.shape[2]
     pieces = []
     for start in range(0, q_len, tile):
         stop = min(q_len, start + tile)
-        first_i, last_i = start + offset, stop - 1 + offset
-        k_start = 0 if hi is None else max(0, first_i - hi + 1)
-        k_stop = min(kv_len, last_i - lo + 1)
-        if k_stop <= k_start:
+        rows = torch.arange(start + offset, stop + offset, device=q.device)
+        keys, allowed = _region(rows, lo, hi, k.shape[2], key_padding, span)
+        if keys is None:
             continue
-        i = torch.arange(first_i, last_i + 1, device=q.device)[:, None]
-        j = torch.arange(k_start, k_stop, device=q.device)[None, :]
-        allowed = j <= i - lo
-        if hi is not None:
-            allowed &= j > i - hi
-        if key_padding is not None:
-            allowed = allowed[None, None] & key_padding[:, None, None, k_start:k_stop]  # [B, 1, T, K]
-        if span is not None:
-            key_span, positions = span
-            span_first, span_stop = key_span(positions[:, first_i : last_i + 1])  # [B, T] each
-            key_positions = positions[:, None, None, k_start:k_stop]
-            allowed = allowed & (key_positions >= span_first[:, None, :, None]) & (key_positions < span_stop[:, None, :, None])
         mask = None if bool(allowed.all()) else _additive(allowed, q.dtype)
-        rows, keys = slice(start, stop), slice(k_start, k_stop)
-        result = block(q[:, :, rows], k[:, :, keys], v[:, :, keys], mask, False, scaling)
-        pieces.append((rows, *_with_empty_rows(result, mask)))
+        result = block(q[:, :, start:stop], k[:, :, keys], v[:, :, keys], mask, False, scaling)
+        pieces.append((slice(start, stop), *_with_empty_rows(result, mask)))
     return pieces
+
+
+def _region(rows, lo, hi, kv_len, key_padding, span):
+    """The keys query ``rows`` (absolute indices) can reach in a part, and which pairs are in it.
+
+    Returns ``(keys, allowed)``: a slice of keys and a boolean ``[T, K]`` or ``[B, 1, T, K]`` mask,
+    or ``(None, None)`` when the rows reach no key.
+    """
+    k_start = 0 if hi is None else max(0, int(rows.min()) - hi + 1)
+    k_stop = min(kv_len, int(rows.max()) - lo + 1)
+    if k_stop <= k_start:
+        return None, None
+    i, j = rows[:, None], torch.arange(k_start, k_stop, device=rows.device)[None, :]
+    allowed = j <= i - lo
+    if hi is not None:
+        allowed &= j > i - hi
+    if key_padding is not None:
+        allowed = allowed[None, None] & key_padding[:, None, None, k_start:k_stop]  # [B, 1, T, K]
+    if span is not None:
+        key_span, positions = span
+        span_first, span_stop = key_span(positions[:, rows])  # [B, T] each
+        key_positions = positions[:, None, None, k_start:k_stop]
+        allowed = allowed & (key_positions >= span_first[:, None, :, None]) & (key_positions < span_stop[:, None, :, None])
+    return slice(k_start, k_stop), allowed
+
+
+def row_probabilities(query, key, parts, inv_freq, rows, scaling, positions, key_padding=None,
+                      sliding_window=None, drop=None, tile=128):
+    """Whole attention rows, ``tile`` queries at a time: yields ``(probabilities [B, H, T, K], keys)``.
+
+    ``query [B, H, R, D]`` holds the queries at absolute indices ``rows [R]`` (any subset of the
+    keys, e.g. sampled rows for a dispersion probe); ``key`` is already expanded to ``H`` heads.
+    Each pair's score is computed in the part it belongs to; ``drop [B, R]`` applies Drop
+    Attention. Memory is ``O(tile * Lkv)`` per head, never ``Lkv^2``.
+    """
+    compute = torch.float64 if query.dtype == torch.float64 else torch.float32
+    kv_len = key.shape[2]
+    shifted = [(part, _shifted(query, part.query_shift, positions[:, rows], inv_freq),
+                _shifted(key, part.key_shift, positions, inv_freq)) for part in parts]
+    for start in range(0, rows.numel(), tile):
+        tile_rows = rows[start : start + tile]
+        k_start = 0 if sliding_window is None else max(0, int(tile_rows.min()) - sliding_window + 1)
+        k_stop = int(tile_rows.max()) + 1
+        scores = torch.full((*query.shape[:2], tile_rows.numel(), k_stop - k_start), NEG_INF, dtype=compute, device=query.device)
+        for part, q, k in shifted:
+            hi = part.max_distance
+            if sliding_window is not None:
+                hi = sliding_window if hi is None else min(hi, sliding_window)
+            if hi is not None and hi <= part.min_distance:
+                continue
+            span = None if part.key_span is None else (part.key_span, positions)
+            keys, allowed = _region(tile_rows, part.min_distance, hi, kv_len, key_padding, span)
+            if keys is None:
+                continue
+            part_scores = (q[:, :, start : start + tile].to(compute) @ k[:, :, keys].to(compute).transpose(-1, -2)) * scaling
+            window = scores[..., keys.start - k_start : keys.stop - k_start]
+            window.copy_(torch.where(allowed, part_scores, window))
+        if drop is not None:
+            scores = drop_below_quantile(scores, drop[:, start : start + tile])
+        yield torch.softmax(scores, dim=-1).nan_to_num(0.0), slice(k_start, k_stop)
+
+
+def drop_below_quantile(scores: torch.Tensor, rates: torch.Tensor) -> torch.Tensor:
+    """Drop Attention: per row, scores below the row's ``rate``-quantile of its attendable scores become -inf.
+
+    ``scores [B, H, T, K]`` is -inf where a key may not be attended; ``rates [B, T]`` in [0, 1).
+    With ``m`` attendable scores in ascending order ``s_0 <= ... <= s_{m-1}``, the threshold is the
+    order statistic ``s_k``, ``k = ceil(rate * (m - 1))``: exactly the scores that ``torch.quantile``
+    (linear interpolation) puts strictly below the quantile, decided on the scores themselves so
+    that float32 and float64 agree. Scores equal to ``s_k`` are kept: the best key always survives.
+    """
+    attendable = torch.isfinite(scores).sum(-1, keepdim=True)  # [B, H, T, 1]
+    rank = torch.ceil(rates[:, None, :, None].double() * (attendable - 1).clamp(min=0) - 1e-9).long()
+    ordered = scores.sort(dim=-1).values  # the -inf of unattendable keys first
+    index = (scores.shape[-1] - attendable + rank).clamp(max=scores.shape[-1] - 1)
+    threshold = ordered.gather(-1, index)
+    return scores.masked_fill((scores < threshold) & (attendable > 0), NEG_INF)
 
 
 def _with_empty_rows(result, mask):

@@ -8,6 +8,8 @@ O(n^2 * D) tensors on purpose -- it is the slow, obvious definition the kernel i
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -41,13 +43,18 @@ def dense_attention(
     attention_scaling: float = 1.0,
     key_padding: torch.Tensor | None = None,
     logit_scale: float = 1.0,
+    drop_rates: torch.Tensor | None = None,
+    return_weights: bool = False,
 ) -> torch.Tensor:
     """Attention of unrotated ``query [B, Hq, Lq, D]`` over ``key``/``value [B, Hkv, Lkv, D]`` in float64.
 
     ``relative_positions [B or 1, Lq, Lkv]``: RoPE's position per pair, NaN where not attended.
     ``key_padding [B, Lkv]``: False for padding keys. ``attention_scaling`` multiplies cos and sin
     of both q and k as transformers does; ``logit_scale`` multiplies the rotary part of the logits.
-    Returns ``[B, Lq, Hq, D]`` in float64; rows with no attended key are 0.
+    ``drop_rates [B, Lq]``: Drop Attention -- per row, the attended scores strictly below the
+    ``k``-th smallest one, ``k = ceil(rate * (m - 1))`` of ``m``, are dropped (what ``torch.quantile``
+    puts below the quantile). Returns ``[B, Lq, Hq, D]`` in float64 (and
+    the ``[B, Hq, Lq, Lkv]`` weights with ``return_weights``); rows with no attended key are 0.
     """
     q, k, v = (t.to(torch.float64) for t in (query, key, value))
     groups = q.shape[1] // k.shape[1]
@@ -64,5 +71,14 @@ def dense_attention(
     plain_logits = q[..., rot:] @ k[..., rot:].transpose(-1, -2)
     scores = (rotary_logits * logit_scale + plain_logits) * scaling
     scores = scores.masked_fill(~attended[:, None], float("-inf"))
+    if drop_rates is not None:
+        for b, h, i in torch.cartesian_prod(*(torch.arange(n) for n in scores.shape[:3])).tolist():
+            row = scores[b, h, i]
+            attended_scores = row[torch.isfinite(row)]
+            if attended_scores.numel() and drop_rates[b, i] > 0:
+                k = math.ceil(float(drop_rates[b, i]) * (attended_scores.numel() - 1) - 1e-9)
+                cut = attended_scores.kthvalue(k + 1).values
+                scores[b, h, i] = row.masked_fill(row < cut, float("-inf"))
     weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
-    return (weights @ v).transpose(1, 2)
+    out = (weights @ v).transpose(1, 2)
+    return (out, weights) if return_weights else out

@@ -11,6 +11,8 @@ batches would silently go wrong.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import itertools
 import weakref
@@ -25,6 +27,7 @@ from transformers.masking_utils import AttentionMaskInterface
 from .. import methods
 from ..attention import kernel, reference
 from ..attention.rotary import find_rotary, inverse_frequencies
+from ..methods import drop as drops
 from ..methods.base import PositionMethod
 from ..methods.scaling import ALIASES as FREQUENCY_METHODS
 from ..methods.scaling import Scaling
@@ -40,12 +43,30 @@ class Applied:
     previous: str
     scaling: Scaling | None = None
     restore_rotary: Callable[[], None] | None = None
+    drop: drops.Drop | drops.DynamicDrop | None = None
 
     def describe(self) -> str:
-        return self.method.describe() + (f" + {self.scaling.describe()}" if self.scaling else "")
+        extras = [x.describe() for x in (self.scaling, self.drop) if x is not None]
+        return " + ".join([self.method.describe(), *extras])
 
 
 _applied: "weakref.WeakKeyDictionary[nn.Module, Applied]" = weakref.WeakKeyDictionary()
+_probe: contextvars.ContextVar = contextvars.ContextVar("longreach_probe", default=None)
+
+
+@contextlib.contextmanager
+def probing(rows: torch.Tensor, top_k: int):
+    """Record, per layer, the mean (over heads) of the ``top_k`` largest attention probabilities of the
+    queries at absolute indices ``rows`` during prefill, with whatever method is applied.
+
+    Yields a dict ``{layer index: [batch, len(rows)] tensor}`` filled by the forward pass.
+    """
+    record: dict[int, torch.Tensor] = {}
+    token = _probe.set((rows, top_k, record))
+    try:
+        yield record
+    finally:
+        _probe.reset(token)
 
 
 def training_window(config) -> int:
@@ -60,13 +81,16 @@ def training_window(config) -> int:
     return int(config.max_position_embeddings)
 
 
-def apply(model: nn.Module, method: str = "string", *, scaling: dict | None = None, backend: str = "auto", **params) -> nn.Module:
+def apply(model: nn.Module, method: str = "string", *, scaling: dict | None = None, drop: dict | None = None,
+          backend: str = "auto", **params) -> nn.Module:
     """Switch ``model``'s attention to ``method`` (see ``longreach.methods.available()``); returns the model.
 
     ``method`` is a position method (``rope``, ``string``, ``rerope``, ``self_extend``, ``dca``) or a
     frequency method (``pi``, ``ntk``, ``dynamic``, ``yarn``, ``llama3``), each with its parameters.
     ``scaling={"rope_type": "yarn", "factor": 2.0, ...}`` adds a frequency method to a position
     method (transformers' ``rope_parameters`` keys; ``pi`` and ``ntk`` are accepted as types).
+    ``method="drop"`` / ``"dynamic_drop"`` (Drop Attention, Dynamic Drop Attention) with their
+    parameters, or ``drop={"method": "dynamic_drop", ...}`` beside another method, drops low scores.
     ``backend``: ``"auto"`` (CPU flash attention on CPU, memory-efficient attention on CUDA),
     ``"cpu_flash"``, ``"cuda_efficient"``, ``"math"``, or ``"reference"`` (the dense float64 oracle,
     O(n^2), for tests). Applying again replaces the previous method; :func:`remove` undoes it.
@@ -83,20 +107,31 @@ def apply(model: nn.Module, method: str = "string", *, scaling: dict | None = No
         if scaling is not None:
             raise ValueError(f"{method} is a frequency method already; give scaling= with a position method instead")
         method, scaling, params = "rope", {"rope_type": method, **params}, {}
+    elif method in drops.DROPS:
+        if drop is not None:
+            raise ValueError(f"{method} is a drop method already; give drop= with a position method instead")
+        method, drop, params = "rope", {"method": method, **params}, {}
     window = training_window(model.config)
     position_method = methods.create(method, training_window=window, **params)
     frequency = None
     if scaling is not None:
         scaling = dict(scaling)
         frequency = Scaling.create(scaling.pop("rope_type", None) or scaling.pop("method", "missing"), window, **scaling)
+    dropping = None
+    if drop is not None:
+        drop = dict(drop)
+        dropping = drops.create(drop.pop("method", "drop"), **drop)
+        layers = model.config.get_text_config().num_hidden_layers
+        if max(dropping.layers) >= layers:
+            raise ValueError(f"layers={list(dropping.layers)} is out of range: layer indices 0 .. {layers - 1}")
     if model in _applied:
         remove(model)
     restore_rotary = _rescale(model, frequency) if frequency else None
     name = f"longreach_{position_method.name}_{next(_names)}"
     forward = _reference_forward if backend == "reference" else _kernel_forward
-    AttentionInterface.register(name, _bind(forward, position_method, weakref.ref(find_rotary(model)), backend))
+    AttentionInterface.register(name, _bind(forward, position_method, dropping, window, weakref.ref(find_rotary(model)), backend))
     AttentionMaskInterface.register(name, key_padding_mask)
-    _applied[model] = Applied(position_method, name, model.config._attn_implementation, frequency, restore_rotary)
+    _applied[model] = Applied(position_method, name, model.config._attn_implementation, frequency, restore_rotary, dropping)
     model.set_attn_implementation(name)
     return model
 
@@ -164,7 +199,7 @@ def key_padding_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, a
     return None if bool(padding.all()) else padding[:, None, None, :]
 
 
-def _bind(forward: Callable, method: PositionMethod, rotary_ref, backend: str) -> Callable:
+def _bind(forward: Callable, method: PositionMethod, dropping, window: int, rotary_ref, backend: str) -> Callable:
     def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         if dropout:
             raise ValueError(f"longreach attention does not support dropout (got dropout={dropout}); call model.eval()")
@@ -173,10 +208,30 @@ def _bind(forward: Callable, method: PositionMethod, rotary_ref, backend: str) -
         rotary = rotary_ref()
         inv_freq = inverse_frequencies(rotary, getattr(module, "layer_type", None))
         padding = _key_padding(attention_mask, query.shape[2], key.shape[2])
-        out = forward(method, rotary, module, query, key, value, inv_freq, scaling, padding, backend, kwargs)
+        positions = _key_positions(kwargs, query.shape[0], key.shape[2], query.device)
+        rates = None
+        if dropping is not None and getattr(module, "layer_idx", None) in dropping.layers:
+            generated = query.shape[2] == 1 and key.shape[2] > 1  # a one-token step against the cache
+            rates = dropping.rates(positions[:, -query.shape[2] :], window, generated)
+        out = forward(method, rotary, module, query, key, value, inv_freq, scaling, padding, positions, rates, backend, kwargs)
+        if (probe := _probe.get()) is not None and query.shape[2] == key.shape[2]:
+            _record(probe, method, module, query, key, inv_freq, scaling, padding, positions, rates, kwargs)
         return out, None
 
     return attention_forward
+
+
+def _record(probe, method, module, query, key, inv_freq, scaling, padding, positions, rates, kwargs) -> None:
+    rows, top_k, record = probe
+    rows = rows[rows < query.shape[2]].to(query.device)
+    tops = [
+        probabilities.topk(min(top_k, probabilities.shape[-1]), dim=-1).values.mean(-1).mean(1)  # [B, T]
+        for probabilities, _ in kernel.attention_probabilities(
+            query[:, :, rows], key, method.parts(), inv_freq, rows, scaling, padding, kwargs.get("sliding_window"),
+            method.logit_scale, positions, None if rates is None else rates[:, rows],
+        )
+    ]
+    record[module.layer_idx] = torch.cat(tops, dim=-1).float().cpu()
 
 
 def _key_padding(mask: torch.Tensor | None, q_len: int, kv_len: int) -> torch.Tensor | None:
@@ -204,20 +259,20 @@ def _key_positions(kwargs: dict, batch: int, kv_len: int, device) -> torch.Tenso
     return q_pos.to(device).expand(batch, -1)[:, -1:] - back
 
 
-def _kernel_forward(method, rotary, module, query, key, value, inv_freq, scaling, padding, backend, kwargs):
-    positions = _key_positions(kwargs, query.shape[0], key.shape[2], query.device)
+def _kernel_forward(method, rotary, module, query, key, value, inv_freq, scaling, padding, positions, rates, backend, kwargs):
     return kernel.attention(
         query, key, value, method.parts(), inv_freq, scaling=scaling, key_padding=padding,
-        sliding_window=kwargs.get("sliding_window"), logit_scale=method.logit_scale, positions=positions, backend=backend,
+        sliding_window=kwargs.get("sliding_window"), logit_scale=method.logit_scale, positions=positions, drop=rates,
+        backend=backend,
     )
 
 
-def _reference_forward(method, rotary, module, query, key, value, inv_freq, scaling, padding, backend, kwargs):
+def _reference_forward(method, rotary, module, query, key, value, inv_freq, scaling, padding, positions, rates, backend, kwargs):
     """Undo RoPE at the true positions, then the dense per-pair oracle (float64, O(n^2))."""
     if kwargs.get("position_ids") is None:
         raise ValueError("the reference backend needs position_ids in the attention kwargs")
     q_pos = kwargs["position_ids"].expand(query.shape[0], -1).to(query.device)
-    k_pos = _key_positions(kwargs, query.shape[0], key.shape[2], query.device)
+    k_pos = positions
     layer_type = getattr(module, "layer_type", None)
     attention_scaling = getattr(rotary, f"{layer_type}_attention_scaling", None) or getattr(rotary, "attention_scaling", 1.0)
     q_raw = reference.unrotate(query, q_pos, inv_freq, attention_scaling)
@@ -227,6 +282,6 @@ def _reference_forward(method, rotary, module, query, key, value, inv_freq, scal
     if window is not None:
         P = torch.where(q_pos[:, :, None] - k_pos[:, None, :] < window, P, torch.nan)
     out = reference.dense_attention(
-        q_raw, k_raw, value, P, inv_freq, scaling, attention_scaling, padding, method.logit_scale
+        q_raw, k_raw, value, P, inv_freq, scaling, attention_scaling, padding, method.logit_scale, rates
     )
     return out.to(query.dtype)

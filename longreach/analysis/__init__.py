@@ -1,0 +1,1 @@
+"""Why a model's effective context falls short: dispersion, position frequency, cost."""

@@ -1,0 +1,99 @@
+"""Drop Attention (DA) and Dynamic Drop Attention (DDA) (Dynamic Drop Attention paper, section 3.2-3.3;
+``papers/dynamic-drop-attention.txt``).
+
+For a query, over the keys it may attend, the attention scores below the row's ``q``-quantile
+(``q`` = the drop rate; what ``torch.quantile`` puts below it) are set to -inf before the softmax.
+Ties at the quantile are kept, so the best key always survives. DA uses one rate;
+DDA leaves tokens inside the training window alone, splits the tokens beyond it into chunks of
+``chunk`` tokens and gives chunk ``k`` the rate ``min(initial_rate + k * step, max_rate)``;
+generated tokens (one-token decoding steps) use ``generated_rate`` (the paper found 0 best).
+Only the chosen ``layers`` drop (the paper: the first three). Composes with any position or
+frequency method.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+
+def _check_rate(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ValueError(f"{name}={value!r} is out of range: 0 <= {name} < 1")
+
+
+def _check_layers(layers) -> tuple[int, ...]:
+    layers = tuple(layers) if not isinstance(layers, int) else (layers,)
+    if not layers or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in layers):
+        raise ValueError(f"layers={layers!r} is out of range: a non-empty list of layer indices >= 0")
+    return layers
+
+
+@dataclass(frozen=True)
+class Drop:
+    """Drop Attention: every query drops the scores below its ``rate``-quantile, on ``layers``."""
+
+    name: ClassVar[str] = "drop"
+    paper: ClassVar[str] = "Dynamic Drop Attention paper, Drop Attention (DA), Eq. 1"
+
+    rate: float = 0.3
+    layers: tuple[int, ...] = (0, 1, 2)
+
+    def __post_init__(self) -> None:
+        _check_rate("rate", self.rate)
+        object.__setattr__(self, "layers", _check_layers(self.layers))
+
+    def rates(self, positions: torch.Tensor, training_window: int, generated: bool) -> torch.Tensor:
+        """The drop rate of every query ``[B, Lq]`` at absolute ``positions``."""
+        return torch.full(positions.shape, float(self.rate), dtype=torch.float64, device=positions.device)
+
+    def describe(self) -> str:
+        return f"drop(rate={self.rate}, layers={list(self.layers)})"
+
+
+@dataclass(frozen=True)
+class DynamicDrop:
+    """Dynamic Drop Attention: a rate growing chunk by chunk beyond the training window."""
+
+    name: ClassVar[str] = "dynamic_drop"
+    paper: ClassVar[str] = "Dynamic Drop Attention paper, DDA, Eq. 3 (best: 0.15, +0.05, max 0.3)"
+
+    initial_rate: float = 0.15
+    step: float = 0.05
+    max_rate: float = 0.3
+    chunk: int = 1000
+    generated_rate: float = 0.0
+    layers: tuple[int, ...] = (0, 1, 2)
+
+    def __post_init__(self) -> None:
+        for name in ("initial_rate", "max_rate", "generated_rate"):
+            _check_rate(name, getattr(self, name))
+        if isinstance(self.step, bool) or not isinstance(self.step, (int, float)) or self.step < 0:
+            raise ValueError(f"step={self.step!r} is out of range: step >= 0")
+        if self.max_rate < self.initial_rate:
+            raise ValueError(f"max_rate={self.max_rate} is out of range: initial_rate = {self.initial_rate} <= max_rate < 1")
+        if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1:
+            raise ValueError(f"chunk={self.chunk!r} is out of range: an integer >= 1")
+        object.__setattr__(self, "layers", _check_layers(self.layers))
+
+    def rates(self, positions: torch.Tensor, training_window: int, generated: bool) -> torch.Tensor:
+        if generated:
+            return torch.full(positions.shape, float(self.generated_rate), dtype=torch.float64, device=positions.device)
+        chunk = torch.div(positions - training_window, self.chunk, rounding_mode="floor")
+        rates = torch.clamp(self.initial_rate + chunk * self.step, max=self.max_rate)
+        return torch.where(positions >= training_window, rates.double(), 0.0)
+
+    def describe(self) -> str:
+        return (f"dynamic_drop(initial_rate={self.initial_rate}, step={self.step}, max_rate={self.max_rate}, "
+                f"chunk={self.chunk}, generated_rate={self.generated_rate}, layers={list(self.layers)})")
+
+
+DROPS = {cls.name: cls for cls in (Drop, DynamicDrop)}
+
+
+def create(name: str, **params):
+    if name not in DROPS:
+        raise ValueError(f"unknown drop method {name!r}; supported: {', '.join(DROPS)}")
+    return DROPS[name](**params)
