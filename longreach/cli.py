@@ -58,6 +58,62 @@ def _dispersion(args: argparse.Namespace) -> None:
     print(f"wrote {dispersion.save(results, out / 'dispersion.json')} and {dispersion.plot(results, out / 'dispersion.png', window)}")
 
 
+def _freq(args: argparse.Namespace) -> None:
+    import numpy as np
+
+    from .analysis import frequency
+
+    sources = [x for x in (args.lengths_file, args.texts, args.synthetic) if x]
+    if len(sources) != 1:
+        raise ValueError("give exactly one of --lengths-file, --texts (with --model) or --synthetic")
+    if args.lengths_file:
+        lengths, name = np.loadtxt(args.lengths_file, dtype=np.int64, ndmin=1), Path(args.lengths_file).name
+    elif args.texts:
+        from transformers import AutoTokenizer
+
+        from .models import _default_cached
+
+        tokenizer = AutoTokenizer.from_pretrained(_default_cached() if args.model == "default" else args.model)
+        lengths, name = frequency.token_lengths(Path(args.texts), tokenizer), args.texts
+    else:
+        lengths, name = frequency.synthetic(args.synthetic, args.seed), args.synthetic
+    print(f"{len(lengths):,} documents, {int(lengths.sum()):,} tokens ({name}); L = {args.window}\n")
+    print("| packing | share at i < L/2 | share at i >= 3L/4 |\n|---|---|---|")
+    for packing in frequency.PACKINGS:
+        s = frequency.shares(frequency.frequency(lengths, args.window, packing))
+        print(f"| {packing} | {s['i < L/2']:.1%} | {s['i >= 3L/4']:.1%} |")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    print(f"\nwrote {frequency.plot(lengths, args.window, out, f'position frequency: {name}, L = {args.window}')}")
+
+
+def _matrix(args: argparse.Namespace) -> None:
+    from .analysis import matrix
+    from .eval import runner
+
+    spec = runner.MethodSpec.parse(args.method)
+    P, description = matrix.matrix(spec.name, args.length, args.window, **dict(spec.params))
+    out = Path(args.out or f"matrix_{spec.name}_{args.length}.png")
+    if args.length <= 24:
+        print("\n".join(" ".join("  ." if v != v else f"{v:3g}" for v in row) for row in P))  # NaN: not attended
+    print(f"wrote {matrix.plot(P, f'{description}, L = {args.window or args.length}', out)}")
+
+
+def _cost(args: argparse.Namespace) -> None:
+    from .analysis import cost
+    from .eval import runner
+
+    shape = cost.shape_of(cost.load_config(args.model))
+    lengths = runner.parse_lengths(args.lengths)
+    dtype_bytes = cost.DTYPE_BYTES[args.dtype]
+    print(f"{shape.name}: {shape.layers} layers, {shape.heads} heads ({shape.kv_heads} KV), head dim {shape.head_dim}, "
+          f"{shape.parameters:,} parameters; {args.dtype}\n")
+    print(cost.markdown(cost.table(shape, lengths, dtype_bytes, args.sliding_window), args.sliding_window))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    print(f"\nwrote {cost.plot(shape, lengths, out, dtype_bytes, args.sliding_window)}")
+
+
 def _methods(args: argparse.Namespace) -> None:
     from .methods import available
 
@@ -107,6 +163,31 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--top-k", type=int, default=1, help="mean of the k largest probabilities (default 1: the max)")
     probe.add_argument("--out", default="runs/dispersion", help="folder for dispersion.json and dispersion.png")
     probe.set_defaults(run=_dispersion)
+
+    freq = commands.add_parser("freq", help="position frequency f(i) under three packings, with shares and a plot")
+    freq.add_argument("--window", type=int, default=2048, help="training window L (default 2048, as the paper)")
+    freq.add_argument("--lengths-file", help="a text file of document lengths, one per line")
+    freq.add_argument("--texts", help="a folder of .txt files, tokenized with --model's tokenizer")
+    freq.add_argument("--model", default="default", help="tokenizer for --texts (default: the bundled SmolLM2)")
+    freq.add_argument("--synthetic", help="lognormal[:mean=6.5,sigma=1.4,count=100000], exponential[:scale=..], fixed[:length=..]")
+    freq.add_argument("--seed", type=int, default=0)
+    freq.add_argument("--out", default="runs/frequency.png")
+    freq.set_defaults(run=_freq)
+
+    pictures = commands.add_parser("matrix", help="a method's relative-position matrix as a picture")
+    pictures.add_argument("method", help="method[:param=value,...], e.g. string:shift=3,local_window=1")
+    pictures.add_argument("--length", type=int, default=9, help="matrix size (default 9, the paper's Figure 5)")
+    pictures.add_argument("--window", type=int, help="training window L (default: --length)")
+    pictures.add_argument("--out", help="PNG path (default matrix_METHOD_LENGTH.png)")
+    pictures.set_defaults(run=_matrix)
+
+    costs = commands.add_parser("cost", help="attention FLOPs, KV-cache and weight memory per length, from a config")
+    costs.add_argument("--model", default="default", help="'default', a config.json, a local folder or a hub id")
+    costs.add_argument("--lengths", default="4k,32k,128k,1024k", help="k = 1024 (default 4k,32k,128k,1024k)")
+    costs.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16", "float8"])
+    costs.add_argument("--sliding-window", type=int, default=4096)
+    costs.add_argument("--out", default="runs/cost.png")
+    costs.set_defaults(run=_cost)
 
     listing = commands.add_parser("methods", help="every method: paper, what it changes, parameters with defaults and ranges")
     listing.set_defaults(run=_methods)

@@ -1,0 +1,158 @@
+"""What long context costs (long-context primer): attention FLOPs and KV-cache memory, from a config.
+
+Per layer and head, attention is two matrix products (``Q K^T`` and ``P V``) of ``2 * head_dim``
+FLOPs per attended (query, key) pair, so attention FLOPs = ``4 * head_dim * heads * layers * pairs``
+with ``pairs`` = ``n^2`` (full), ``n(n+1)/2`` (causal) or ``sum_i min(i+1, w)`` (sliding window w).
+The KV cache holds keys and values of every layer: ``2 * layers * kv_heads * head_dim * n * bytes``
+(so grouped-query attention counts). Weights are counted exactly on the meta device (no memory,
+no download).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+
+DEVICES_GB = (24, 80, 141)
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1}
+
+
+@dataclass(frozen=True)
+class Shape:
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    parameters: int
+    name: str = ""
+
+
+def shape_of(config) -> Shape:
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return Shape(config.num_hidden_layers, heads, getattr(config, "num_key_value_heads", None) or heads, head_dim,
+                 count_parameters(config), Path(str(getattr(config, "_name_or_path", "") or "")).name or config.model_type)
+
+
+def count_parameters(config) -> int:
+    """Exact parameter count: the model built on the meta device (no memory is allocated)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(copy.deepcopy(config))
+    return sum(p.numel() for p in model.parameters())
+
+
+def attention_pairs(n: int, mode: str, window: int | None = None) -> int:
+    """Attended (query, key) pairs for ``n`` tokens: ``full``, ``causal`` or ``sliding`` (window ``w``)."""
+    if mode == "full":
+        return n * n
+    if mode == "causal":
+        return n * (n + 1) // 2
+    if mode == "sliding":
+        if not window or window < 1:
+            raise ValueError(f"window={window!r} is out of range: sliding attention needs a window >= 1")
+        w = min(window, n)
+        return w * (w + 1) // 2 + (n - w) * w
+    raise ValueError(f"mode={mode!r} is not one of: full, causal, sliding")
+
+
+def attention_flops(shape: Shape, n: int, mode: str, window: int | None = None) -> int:
+    return 4 * shape.head_dim * shape.heads * shape.layers * attention_pairs(n, mode, window)
+
+
+def kv_cache_bytes(shape: Shape, n: int, dtype_bytes: int = 2) -> int:
+    return 2 * shape.layers * shape.kv_heads * shape.head_dim * n * dtype_bytes
+
+
+def table(shape: Shape, lengths: list[int], dtype_bytes: int = 2, window: int = 4096) -> list[dict]:
+    weights = shape.parameters * dtype_bytes
+    rows = []
+    for n in lengths:
+        kv = kv_cache_bytes(shape, n, dtype_bytes)
+        rows.append({
+            "tokens": n,
+            "full_flops": attention_flops(shape, n, "full"),
+            "causal_flops": attention_flops(shape, n, "causal"),
+            "sliding_flops": attention_flops(shape, n, "sliding", window),
+            "kv_bytes": kv,
+            "weight_bytes": weights,
+            **{f"fits_{gb}GB": weights + kv <= gb * 10**9 for gb in DEVICES_GB},
+        })
+    return rows
+
+
+def markdown(rows: list[dict], window: int) -> str:
+    fits = " | ".join(f"fits {gb} GB" for gb in DEVICES_GB)
+    lines = [f"| tokens | attention FLOPs (full) | causal | sliding w={window} | KV cache | weights | {fits} |",
+             "|---" * (6 + len(DEVICES_GB)) + "|"]
+    for r in rows:
+        marks = " | ".join("yes" if r[f"fits_{gb}GB"] else "no" for gb in DEVICES_GB)
+        lines.append(f"| {r['tokens']:,} | {r['full_flops']:.3g} | {r['causal_flops']:.3g} | {r['sliding_flops']:.3g} | "
+                     f"{_bytes(r['kv_bytes'])} | {_bytes(r['weight_bytes'])} | {marks} |")
+    return "\n".join(lines)
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def plot(shape: Shape, lengths: list[int], path: Path, dtype_bytes: int = 2, window: int = 4096) -> Path:
+    """Log-log: quadratic attention compute vs sliding-window compute (left), linear KV memory (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    n = np.unique(np.geomspace(min(lengths), max(lengths), 60).astype(int))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for mode, label in (("full", "full attention"), ("causal", "causal attention"), ("sliding", f"sliding window {window}")):
+        left.loglog(n, [attention_flops(shape, int(x), mode, window) for x in n], label=label)
+    left.set(xlabel="tokens", ylabel="attention FLOPs per forward pass", title="compute: quadratic vs sliding window")
+    right.loglog(n, [kv_cache_bytes(shape, int(x), dtype_bytes) / 1e9 for x in n], label="KV cache")
+    right.axhline(shape.parameters * dtype_bytes / 1e9, color="grey", linestyle="--", label="weights")
+    for gb in DEVICES_GB:
+        right.axhline(gb, color="black", linestyle=":", linewidth=0.8)
+        right.text(n[0], gb, f" {gb} GB", va="bottom", fontsize=7)
+    right.set(xlabel="tokens", ylabel="GB", title=f"memory: linear KV cache ({dtype_bytes}-byte values)")
+    for ax in (left, right):
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.suptitle(shape.name)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def load_config(source: str):
+    """A config from ``default``, a ``config.json`` file, a local folder or a hub id; never weights."""
+    from transformers import AutoConfig
+
+    if source == "default":
+        from ..models import _default_cached
+
+        return AutoConfig.from_pretrained(_default_cached())
+    path = Path(source)
+    if path.is_file():
+        return AutoConfig.from_pretrained(path.parent) if path.name == "config.json" else _from_json(path)
+    try:
+        return AutoConfig.from_pretrained(source)
+    except OSError:
+        raise RuntimeError(f"cannot read a config from {source!r}: not a file, a folder with config.json, or a reachable hub id") from None
+
+
+def _from_json(path: Path):
+    import json
+
+    from transformers import AutoConfig
+
+    data = json.loads(path.read_text())
+    return AutoConfig.for_model(data.pop("model_type"), **data)

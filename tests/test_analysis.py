@@ -1,0 +1,94 @@
+"""Position frequency, position-matrix pictures and cost: exact numbers worked by hand."""
+
+import numpy as np
+import pytest
+import transformers
+from conftest import tiny_model
+
+from longreach import cli
+from longreach.analysis import cost, frequency, matrix
+
+
+def test_frequency_by_hand_for_each_packing():
+    lengths = [3, 5, 10]  # L = 4: natural truncates to 3, 4, 4; 18 tokens in all
+    assert frequency.frequency(lengths, 4, "natural").tolist() == [11, 8, 5, 2]  # sum max(|s| - i, 0)
+    assert frequency.frequency(lengths, 4, "concatenated").tolist() == [18, 13, 8, 4]  # 4 windows of 4 + a rest of 2
+    # uniform: 18 / 2.5 = 7.2 sequences with lengths evenly over 1..4: f(i) = 7.2/4 * sum_{l > i} (l - i)
+    assert np.allclose(frequency.frequency(lengths, 4, "uniform"), [18, 10.8, 5.4, 1.8])
+
+
+def test_shares_and_the_papers_skew():
+    f = frequency.frequency([4], 4, "natural")  # 4, 3, 2, 1
+    assert frequency.shares(f) == {"i < L/2": 0.7, "i >= 3L/4": 0.1}
+    lengths = frequency.synthetic("lognormal:count=1000000")  # a million documents
+    natural = frequency.shares(frequency.frequency(lengths, 2048))
+    assert natural["i < L/2"] > 0.8 and natural["i >= 3L/4"] < 0.05  # the paper's SlimPajama shape
+    concatenated = frequency.shares(frequency.frequency(lengths, 2048, "concatenated"))
+    assert concatenated["i < L/2"] == pytest.approx(0.75, abs=1e-3)  # linear decline: 3/4 of the area
+
+
+def test_frequency_errors_and_token_lengths(tmp_path):
+    with pytest.raises(ValueError, match="packing='packed' is not one of"):
+        frequency.frequency([3], 4, "packed")
+    with pytest.raises(ValueError, match="window=0 is out of range"):
+        frequency.frequency([3], 0)
+    with pytest.raises(ValueError, match="synthetic distribution 'zipf' is not one of"):
+        frequency.synthetic("zipf")
+    (tmp_path / "a.txt").write_text("abc")
+    (tmp_path / "b.txt").write_text("abcdefgh")
+    from conftest import byte_tokenizer
+
+    assert frequency.token_lengths(tmp_path, byte_tokenizer()).tolist() == [3, 8]
+
+
+def test_matrix_reproduces_figure_5_and_refuses_frequency_methods(tmp_path):
+    P, description = matrix.matrix("string", 9, shift=3, local_window=1)
+    assert np.nan_to_num(P, nan=-1)[8].tolist() == [6, 5, 4, 3, 2, 1, 2, 1, 0]
+    assert description.startswith("string(shift=3, local_window=1")
+    assert matrix.plot(P, "fig 5", tmp_path / "m.png").stat().st_size > 0
+    big, _ = matrix.matrix("dca", 300, training_window=200)
+    assert matrix.plot(big, "dca", tmp_path / "big.png").stat().st_size > 0
+    with pytest.raises(ValueError, match="'yarn' is a frequency method"):
+        matrix.matrix("yarn", 9)
+
+
+def llama_8b_shape():
+    config = transformers.LlamaConfig(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                                      hidden_size=4096, intermediate_size=14336, vocab_size=128256)
+    return cost.shape_of(config)
+
+
+def test_kv_cache_of_a_llama_31_8b_shaped_config():
+    shape = llama_8b_shape()
+    assert cost.kv_cache_bytes(shape, 1) == 131_072  # 2 * 32 layers * 8 KV heads * 128 * 2 bytes
+    assert cost.kv_cache_bytes(shape, 128 * 1024) == 16 * 2**30
+    assert shape.parameters == 8_030_261_248  # Llama 3.1 8B, counted on the meta device
+
+
+def test_attention_flops_by_hand():
+    shape = cost.Shape(layers=2, heads=3, kv_heads=1, head_dim=4, parameters=0)
+    assert cost.attention_pairs(4, "full") == 16 and cost.attention_pairs(4, "causal") == 10
+    assert cost.attention_pairs(5, "sliding", 2) == 1 + 2 + 2 + 2 + 2  # min(i + 1, w) for i = 0..4
+    assert cost.attention_pairs(3, "sliding", 10) == cost.attention_pairs(3, "causal")
+    assert cost.attention_flops(shape, 4, "causal") == 4 * 4 * 3 * 2 * 10
+    with pytest.raises(ValueError, match="window=None is out of range"):
+        cost.attention_pairs(4, "sliding")
+
+
+def test_parameter_count_on_meta_equals_the_real_model():
+    model = tiny_model("qwen2")
+    assert cost.count_parameters(model.config) == sum(p.numel() for p in model.parameters())
+
+
+def test_cli_commands_write_their_pictures(tmp_path, capsys):
+    config = tmp_path / "config.json"
+    tiny_model("llama").config.to_json_file(config)
+    cli.main(["cost", "--model", str(config), "--lengths", "1k,4k", "--out", str(tmp_path / "cost.png")])
+    cli.main(["freq", "--synthetic", "exponential:count=1000", "--window", "256", "--out", str(tmp_path / "freq.png")])
+    cli.main(["matrix", "self_extend:group_size=2,neighbor_window=2", "--length", "8", "--out", str(tmp_path / "m.png")])
+    cli.main(["methods"])
+    out = capsys.readouterr().out
+    assert "| 1,024 |" in out and "| natural |" in out and "| `dca` | position |" in out
+    assert all((tmp_path / name).stat().st_size > 0 for name in ("cost.png", "freq.png", "m.png"))
+    with pytest.raises(SystemExit, match="give exactly one of"):
+        cli.main(["freq", "--out", str(tmp_path / "x.png")])
