@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 METHODS = {"rope": {}, "string": {}, "rerope": {}, "self_extend": {}, "dca": {}}  # defaults for L = n
+DROPS = {"drop": {"rate": 0.3}, "dynamic_drop": {}}  # every row dropped; DDA with L = n/2 (half the rows beyond it)
 
 
 def measure(method: str, n: int, heads: int, dim: int, repeats: int, device: str) -> dict:
@@ -26,13 +28,18 @@ def measure(method: str, n: int, heads: int, dim: int, repeats: int, device: str
     import torch
 
     from longreach.attention import kernel
-    from longreach.methods import create
+    from longreach.methods import create, drop
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, heads, n, dim, device=device) for _ in range(3))
     inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, device=device).float() / dim))
     if method == "sdpa":
         run = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    elif method in DROPS:
+        positions = torch.arange(n, device=device)[None]
+        rates = drop.create(method, **DROPS[method]).rates(positions, n // 2, generated=False)
+        parts = create("rope", training_window=n).parts()
+        run = lambda: kernel.attention(q, k, v, parts, inv_freq, drop=rates)
     else:
         parts = create(method, training_window=n, **METHODS[method]).parts()
         run = lambda: kernel.attention(q, k, v, parts, inv_freq)
@@ -50,7 +57,7 @@ def measure(method: str, n: int, heads: int, dim: int, repeats: int, device: str
         best = min(best, time.perf_counter() - start)
     if device == "cuda":
         peak = torch.cuda.max_memory_allocated() - 4 * q.numel() * q.element_size()
-    else:
+    else:  # the child runs with a fixed glibc mmap threshold, so RSS tracks live memory
         peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
     return {"seconds": best, "peak_bytes": max(0, peak)}
 
@@ -71,7 +78,9 @@ def main() -> None:
     lengths = [int(x) for x in args.lengths.split(",")]
     rows = [
         f"Attention only, fp32, batch 1, {args.heads} heads, head dim {args.dim}, device {args.device} "
-        f"({platform.processor() or platform.machine()}); best of {args.repeats}; peak = growth of peak memory over the inputs.",
+        f"({platform.processor() or platform.machine()}, {os.cpu_count()} cores); best of {args.repeats}; "
+        "peak = growth of peak memory over the inputs. drop: DA at rate 0.3 on every row; dynamic_drop: DDA "
+        "(0.15, +0.05 per 1000 tokens, max 0.3) with L = n/2.",
         "",
         "| method | n | time (s) | time / SDPA | peak memory (MiB) | SDPA peak (MiB) |",
         "|---|---|---|---|---|---|",
@@ -79,12 +88,13 @@ def main() -> None:
     print("\n".join(rows), flush=True)
     for n in lengths:
         results = {}
-        for method in ["sdpa", *METHODS]:
+        for method in ["sdpa", *METHODS, *DROPS]:
             command = [sys.executable, __file__, "--one", method, str(n), "--heads", str(args.heads), "--dim", str(args.dim),
                        "--repeats", str(args.repeats), "--device", args.device]
-            results[method] = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+            env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+            results[method] = json.loads(subprocess.run(command, capture_output=True, text=True, check=True, env=env).stdout)
         base = results["sdpa"]
-        for method in METHODS:
+        for method in [*METHODS, *DROPS]:
             r = results[method]
             row = (f"| {method} | {n} | {r['seconds']:.3f} | {r['seconds'] / base['seconds']:.2f}x | "
                    f"{r['peak_bytes'] / 2**20:.0f} | {base['peak_bytes'] / 2**20:.0f} |")

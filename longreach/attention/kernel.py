@@ -68,12 +68,21 @@ def attention(
         raise ValueError(f"query heads ({q_heads}) must be a multiple of key/value heads ({key.shape[1]})")
     offset = kv_len - q_len
     if drop is not None and bool((drop > 0).any()):
-        rows = torch.arange(offset, kv_len, device=query.device)
+        # Rows before the first dropping one take the fast path (DDA drops only beyond the window).
+        first = int((drop > 0).any(0).nonzero()[0])
+        common = dict(scaling=scaling, sliding_window=sliding_window, logit_scale=logit_scale)
+        head = [] if first == 0 else [attention(
+            query[:, :, :first], key[:, :, : offset + first], value[:, :, : offset + first], parts, inv_freq,
+            key_padding=None if key_padding is None else key_padding[:, : offset + first],
+            positions=None if positions is None else positions[:, : offset + first], backend=backend, tile=tile, **common,
+        ).transpose(1, 2)]
+        rows = torch.arange(offset + first, kv_len, device=query.device)
         value = _expand_heads(value, q_heads)
-        out = torch.cat([probabilities @ value[:, :, keys].to(probabilities.dtype) for probabilities, keys in
-                         attention_probabilities(query, key, parts, inv_freq, rows, scaling, key_padding,
-                                                 sliding_window, logit_scale, positions, drop)], dim=2)
-        return out.to(query.dtype).transpose(1, 2)
+        tail = [probabilities @ value[:, :, keys].to(probabilities.dtype) for probabilities, keys in attention_probabilities(
+            query[:, :, first:], key, parts, inv_freq, rows, key_padding=key_padding, positions=positions,
+            drop=drop[:, first:], **common)]
+        return torch.cat([*(h.to(torch.float64 if query.dtype == torch.float64 else torch.float32) for h in head), *tail],
+                         dim=2).to(query.dtype).transpose(1, 2)
     query, key, scaling, positions = _prepare(query, key, inv_freq, scaling, logit_scale, positions)
     value = _expand_heads(value, q_heads)
     block = _pick_block(query, backend)
@@ -296,13 +305,19 @@ def drop_below_quantile(scores: torch.Tensor, rates: torch.Tensor) -> torch.Tens
     order statistic ``s_k``, ``k = ceil(rate * (m - 1))``: exactly the scores that ``torch.quantile``
     (linear interpolation) puts strictly below the quantile, decided on the scores themselves so
     that float32 and float64 agree. Scores equal to ``s_k`` are kept: the best key always survives.
+    The order statistic is found with ``kthvalue`` (selection, not a sort), once per distinct ``k``.
     """
-    attendable = torch.isfinite(scores).sum(-1, keepdim=True)  # [B, H, T, 1]
-    rank = torch.ceil(rates[:, None, :, None].double() * (attendable - 1).clamp(min=0) - 1e-9).long()
-    ordered = scores.sort(dim=-1).values  # the -inf of unattendable keys first
-    index = (scores.shape[-1] - attendable + rank).clamp(max=scores.shape[-1] - 1)
-    threshold = ordered.gather(-1, index)
-    return scores.masked_fill((scores < threshold) & (attendable > 0), NEG_INF)
+    attendable = torch.isfinite(scores[:, 0]).sum(-1)  # [B, T]: the same keys for every head
+    rank = torch.ceil(rates.double() * (attendable - 1).clamp(min=0) - 1e-9).long()
+    rank = torch.where((rates > 0) & (attendable > 0), rank, -1)  # -1: nothing to drop
+    if not bool((rank > 0).any()):
+        return scores
+    unattendable_last = scores.masked_fill(torch.isneginf(scores), float("inf"))
+    threshold = torch.full(scores.shape[:-1], NEG_INF, dtype=scores.dtype, device=scores.device)  # [B, H, T]
+    for k in rank[rank > 0].unique().tolist():
+        b, t = (rank == k).nonzero(as_tuple=True)
+        threshold[b, :, t] = unattendable_last[b, :, t].kthvalue(k + 1, dim=-1).values
+    return scores.masked_fill(scores < threshold[..., None], NEG_INF)
 
 
 def _with_empty_rows(result, mask):
