@@ -7,10 +7,12 @@ re-rotated by the part's shifts; the parts' results are merged by their log-sum-
 
     O = (exp(lse_a) O_a + exp(lse_b) O_b) / (exp(lse_a) + exp(lse_b))
 
-Memory is O(n): a region is never materialised as an n x n mask. An unbounded region
-(``hi = None``) without padding is one causal call on a shifted square plus an unmasked rectangle;
-a bounded region, or any region with key padding, is computed in query tiles of ``tile`` rows
-against only the keys the tile can reach, with a tile-sized mask.
+Memory is O(n): a region is never materialised as an n x n mask. Without padding, an unbounded
+region (``hi = None``) is one causal call on a shifted square plus an unmasked rectangle and a band
+is three blocks per query tile (:func:`_band`); key padding, decoding, narrow bands and chunked
+regions (DCA) use query tiles against only the keys a tile can reach, with a tile-sized mask.
+Drop Attention needs whole rows: :func:`row_probabilities` computes them ``DROP_TILE`` queries at a
+time.
 
 Queries are the last ``Lq`` of the ``Lkv`` keys (prefill: ``Lq = Lkv``; decode: ``Lq = 1`` against
 the whole KV cache), so the distance of query row ``t`` to key ``j`` is ``t + Lkv - Lq - j``; with
@@ -56,8 +58,8 @@ def attention(
     ``logit_scale`` multiplies the rotary part of the logits. ``positions [B, Lkv]``: the keys'
     absolute positions, for parts whose shifts or spans depend on them (default ``0 .. Lkv-1``;
     the queries are the last ``Lq``). ``drop [B, Lq]``: Drop Attention rates per query (see
-    :func:`drop_below_quantile`); rows are then computed whole, a tile at a time. Grouped-query attention when
-    ``Hq`` is a multiple of ``Hkv``. Accumulates in float32; returns ``[B, Lq, Hq, D]`` in the
+    :func:`drop_below_quantile`); rows from the first dropping one on are computed whole, a tile at
+    a time. Grouped-query attention when ``Hq`` is a multiple of ``Hkv``. Accumulates in float32; returns ``[B, Lq, Hq, D]`` in the
     input dtype. Rows that attend no key are 0.
     """
     batch, q_heads, q_len, head_dim = query.shape
@@ -68,21 +70,9 @@ def attention(
         raise ValueError(f"query heads ({q_heads}) must be a multiple of key/value heads ({key.shape[1]})")
     offset = kv_len - q_len
     if drop is not None and bool((drop > 0).any()):
-        # Rows before the first dropping one take the fast path (DDA drops only beyond the window).
-        first = int((drop > 0).any(0).nonzero()[0])
-        common = dict(scaling=scaling, sliding_window=sliding_window, logit_scale=logit_scale)
-        head = [] if first == 0 else [attention(
-            query[:, :, :first], key[:, :, : offset + first], value[:, :, : offset + first], parts, inv_freq,
-            key_padding=None if key_padding is None else key_padding[:, : offset + first],
-            positions=None if positions is None else positions[:, : offset + first], backend=backend, tile=tile, **common,
-        ).transpose(1, 2)]
-        rows = torch.arange(offset + first, kv_len, device=query.device)
-        value = _expand_heads(value, q_heads)
-        tail = [probabilities @ value[:, :, keys].to(probabilities.dtype) for probabilities, keys in attention_probabilities(
-            query[:, :, first:], key, parts, inv_freq, rows, key_padding=key_padding, positions=positions,
-            drop=drop[:, first:], **common)]
-        return torch.cat([*(h.to(torch.float64 if query.dtype == torch.float64 else torch.float32) for h in head), *tail],
-                         dim=2).to(query.dtype).transpose(1, 2)
+        common = dict(scaling=scaling, key_padding=key_padding, sliding_window=sliding_window, logit_scale=logit_scale,
+                      positions=positions)
+        return _attention_with_drop(query, key, value, parts, inv_freq, drop, common, backend, tile)
     query, key, scaling, positions = _prepare(query, key, inv_freq, scaling, logit_scale, positions)
     value = _expand_heads(value, q_heads)
     block = _pick_block(query, backend)
@@ -111,6 +101,26 @@ def attention(
         for rows, part_out, part_lse in pieces:
             out[:, :, rows], lse[:, :, rows] = merge(out[:, :, rows], lse[:, :, rows], part_out, part_lse)
     return out.to(query.dtype).transpose(1, 2)
+
+
+def _attention_with_drop(query, key, value, parts, inv_freq, drop, common, backend, tile):
+    """Rows before the first dropping one take the fast path (DDA drops only beyond the window);
+    the rest are computed whole with :func:`attention_probabilities`."""
+    offset = key.shape[2] - query.shape[2]
+    first = int((drop > 0).any(0).nonzero()[0])
+    accumulate = torch.float64 if query.dtype == torch.float64 else torch.float32
+    pieces = []
+    if first:
+        keep = offset + first
+        head = {**common, "key_padding": None if common["key_padding"] is None else common["key_padding"][:, :keep],
+                "positions": None if common["positions"] is None else common["positions"][:, :keep]}
+        out = attention(query[:, :, :first], key[:, :, :keep], value[:, :, :keep], parts, inv_freq, backend=backend, tile=tile, **head)
+        pieces.append(out.transpose(1, 2).to(accumulate))
+    rows = torch.arange(offset + first, key.shape[2], device=query.device)
+    value = _expand_heads(value, query.shape[1])
+    for probabilities, keys in attention_probabilities(query[:, :, first:], key, parts, inv_freq, rows, drop=drop[:, first:], **common):
+        pieces.append(probabilities @ value[:, :, keys].to(probabilities.dtype))
+    return torch.cat(pieces, dim=2).to(query.dtype).transpose(1, 2)
 
 
 def _prepare(query, key, inv_freq, scaling, logit_scale, positions):
