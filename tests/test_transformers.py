@@ -215,3 +215,11 @@ def test_frequency_method_errors():
         longreach.apply(tiny_model("llama"), "rope", scaling={"rope_type": "ntk-by-parts"})
     with pytest.raises(ValueError, match="one set of rope_parameters; Gemma3ForCausalLM has one per layer type"):
         longreach.apply(tiny_model("gemma3"), "string", shift=20, local_window=4, scaling={"rope_type": "yarn"})
+
+
+def test_reapplying_keeps_the_models_own_window_after_a_rescale():
+    model = tiny_model("llama")
+    longreach.apply(model, "yarn", factor=1.5, original_max_position_embeddings=64)  # the paper's protocol shape
+    longreach.apply(model, "string", shift=20, local_window=4)
+    assert longreach.applied(model).training_window == 96
+    assert model.config.rope_parameters["rope_type"] == "default"

@@ -41,6 +41,7 @@ class Applied:
     method: PositionMethod
     name: str
     previous: str
+    window: int
     scaling: Scaling | None = None
     restore_rotary: Callable[[], None] | None = None
     drop: drops.Drop | drops.DynamicDrop | None = None
@@ -103,6 +104,22 @@ def apply(model: nn.Module, method: str = "string", *, scaling: dict | None = No
     valid_backends = ("auto", "reference", *kernel.BACKENDS)
     if backend not in valid_backends:
         raise ValueError(f"backend={backend!r} is not one of: {', '.join(valid_backends)}")
+    window = _applied[model].window if model in _applied else training_window(model.config)  # before any rescaling
+    position_method, frequency, dropping = _resolve(model, window, method, scaling, drop, params)
+    if model in _applied:
+        remove(model)
+    restore_rotary = _rescale(model, frequency) if frequency else None
+    name = f"longreach_{position_method.name}_{next(_names)}"
+    forward = _reference_forward if backend == "reference" else _kernel_forward
+    AttentionInterface.register(name, _bind(forward, position_method, dropping, window, weakref.ref(find_rotary(model)), backend))
+    AttentionMaskInterface.register(name, key_padding_mask)
+    _applied[model] = Applied(position_method, name, model.config._attn_implementation, window, frequency, restore_rotary, dropping)
+    model.set_attn_implementation(name)
+    return model
+
+
+def _resolve(model, window, method, scaling, drop, params):
+    """Validate everything before touching the model: ``(position method, frequency method, drop method)``."""
     if method in FREQUENCY_METHODS:
         if scaling is not None:
             raise ValueError(f"{method} is a frequency method already; give scaling= with a position method instead")
@@ -111,29 +128,18 @@ def apply(model: nn.Module, method: str = "string", *, scaling: dict | None = No
         if drop is not None:
             raise ValueError(f"{method} is a drop method already; give drop= with a position method instead")
         method, drop, params = "rope", {"method": method, **params}, {}
-    window = training_window(model.config)
     position_method = methods.create(method, training_window=window, **params)
-    frequency = None
+    frequency = dropping = None
     if scaling is not None:
         scaling = dict(scaling)
         frequency = Scaling.create(scaling.pop("rope_type", None) or scaling.pop("method", "missing"), window, **scaling)
-    dropping = None
     if drop is not None:
         drop = dict(drop)
         dropping = drops.create(drop.pop("method", "drop"), **drop)
         layers = model.config.get_text_config().num_hidden_layers
         if max(dropping.layers) >= layers:
             raise ValueError(f"layers={list(dropping.layers)} is out of range: layer indices 0 .. {layers - 1}")
-    if model in _applied:
-        remove(model)
-    restore_rotary = _rescale(model, frequency) if frequency else None
-    name = f"longreach_{position_method.name}_{next(_names)}"
-    forward = _reference_forward if backend == "reference" else _kernel_forward
-    AttentionInterface.register(name, _bind(forward, position_method, dropping, window, weakref.ref(find_rotary(model)), backend))
-    AttentionMaskInterface.register(name, key_padding_mask)
-    _applied[model] = Applied(position_method, name, model.config._attn_implementation, frequency, restore_rotary, dropping)
-    model.set_attn_implementation(name)
-    return model
+    return position_method, frequency, dropping
 
 
 def remove(model: nn.Module) -> nn.Module:
