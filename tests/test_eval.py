@@ -97,6 +97,7 @@ def test_lengths_methods_and_depths_parse_with_clear_errors():
     spec = runner.MethodSpec.parse("string:shift=2048,local_window=64,mscale=true")
     assert spec.name == "string" and dict(spec.params) == {"shift": 2048, "local_window": 64, "mscale": True}
     assert spec.label == "string:local_window=64,mscale=True,shift=2048"
+    assert dict(runner.MethodSpec.parse("drop:rate=0.3,layers=0;1;2").params) == {"rate": 0.3, "layers": (0, 1, 2)}
     for bad in ("2q", "2.5", "8"):
         with pytest.raises(ValueError, match=f"length '{bad}' is out of range: a whole number of tokens >= 16"):
             runner.parse_lengths(bad)
@@ -178,9 +179,10 @@ def test_method_specs_expand_the_paper_protocol_and_compose():
 def test_any_mix_of_methods_runs_through_the_runner(tmp_path):
     model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024)
     specs = ["rope", "string:shift=300,local_window=8", "dca:protocol=paper", "self_extend", "rerope:leak=2",
-             "yarn:factor=2", "string+ntk:factor=2,shift=300,local_window=8"]
+             "yarn:factor=2", "string+ntk:factor=2,shift=300,local_window=8", "dynamic_drop:chunk=100,layers=0;1"]
     grid = runner.Grid("tiny", ["passkey"], [runner.MethodSpec.parse(m) for m in specs], [700], [0.5], 1)
     records = runner.read_results(runner.run(grid, tmp_path, loaded=(model, byte_tokenizer())))
     assert [r["method"] for r in records] == [runner.MethodSpec.parse(m).label for m in specs]
     assert records[2]["resolved"] == "dca(chunk_size=511, local_window=85)"
-    assert records[-1]["resolved"].startswith("string(shift=300, local_window=8, mscale=False) + ntk(factor=2)")
+    assert records[-2]["resolved"].startswith("string(shift=300, local_window=8, mscale=False) + ntk(factor=2)")
+    assert records[-1]["resolved"].startswith("rope + dynamic_drop(initial_rate=0.15") and "layers=[0, 1]" in records[-1]["resolved"]

@@ -24,7 +24,8 @@ RESULTS = "results.jsonl"
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """A method and its parameters as written on the command line: ``string:shift=2731,local_window=128``."""
+    """A method and its parameters as written on the command line: ``string:shift=2731,local_window=128``
+    (lists with ``;``: ``drop:rate=0.3,layers=0;1;2``)."""
 
     name: str
     params: tuple[tuple[str, object], ...] = ()
@@ -69,6 +70,8 @@ class MethodSpec:
 
 
 def _value(text: str):
+    if ";" in text:  # a list, e.g. layers=0;1;2
+        return tuple(_value(item) for item in text.split(";") if item)
     for convert in (int, float):
         try:
             return convert(text)
