@@ -57,16 +57,22 @@ def _task_section(out: Path, task: str, rows: list[dict], threshold: float) -> s
     cell = defaultdict(list)
     for r in rows:
         cell[r["method"], r["length"]].append(r["score"])
-    lines = [f"## {task}\n", "| method | " + " | ".join(_fmt_length(n) for n in lengths) + " | " +
-             ("" if perplexity else "effective length |"), "|---" * (len(lengths) + 1 + (not perplexity)) + "|"]
+    header = "| method | " + " | ".join(_fmt_length(n) for n in lengths) + " |"
+    lines = [f"## {task}\n"]
+    if perplexity:
+        lines += ["Perplexity / mean log-perplexity (nats per token); lower is better.\n", header, "|---" * (len(lengths) + 1) + "|"]
+    else:
+        lines += [header + " effective length |", "|---" * (len(lengths) + 2) + "|"]
     series, effective = {}, {}
     for method in methods:
         means = {n: mean(cell[method, n]) for n in lengths if cell[method, n]}
-        counts = [len(cell[method, n]) for n in lengths]
-        row = " | ".join(f"{means[n]:.1f} (n={c})" if n in means else "—" for n, c in zip(lengths, counts))
+        counts = {n: len(cell[method, n]) for n in lengths}
         if perplexity:
+            logs = {n: mean(r["log_ppl"] for r in rows if r["method"] == method and r["length"] == n) for n in means}
+            row = " | ".join(f"{means[n]:.2f} / {logs[n]:.4f} (n={counts[n]})" if n in means else "—" for n in lengths)
             lines.append(f"| {method} | {row} |")
         else:
+            row = " | ".join(f"{means[n]:.1f} (n={counts[n]})" if n in means else "—" for n in lengths)
             effective[method] = effective_length(means, threshold)
             lines.append(f"| {method} | {row} | {_fmt_length(effective[method]) if effective[method] else 'none'} |")
         series[method] = (list(means), list(means.values()))
