@@ -62,6 +62,33 @@ def measure(method: str, n: int, heads: int, dim: int, repeats: int, device: str
     return {"seconds": best, "peak_bytes": max(0, peak)}
 
 
+def interleaved(lengths: list[int], methods: list[str], heads: int, dim: int, repeats: int) -> list[str]:
+    """Time ratios in one process, alternating SDPA and each method ``repeats`` times (medians):
+    less exposed to a shared machine's drift than separate processes. Time only, no memory."""
+    import statistics
+
+    import torch
+
+    from longreach.attention import kernel
+    from longreach.methods import create
+
+    rows = ["| method | n | median time / SDPA (interleaved) |", "|---|---|---|"]
+    for n in lengths:
+        q, k, v = (torch.randn(1, heads, n, dim) for _ in range(3))
+        inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+        sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        for method in methods:
+            parts = create(method, training_window=n, **METHODS[method]).parts()
+            ours = lambda: kernel.attention(q, k, v, parts, inv_freq)
+            ratios = []
+            for _ in range(repeats + 1):
+                start = time.perf_counter(); sdpa(); base = time.perf_counter() - start
+                start = time.perf_counter(); ours(); ratios.append((time.perf_counter() - start) / base)
+            rows.append(f"| {method} | {n} | {statistics.median(ratios[1:]):.2f}x |")
+            print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lengths", default="4096,8192,16384")
@@ -69,13 +96,22 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--methods", help="comma-separated subset of: " + ", ".join([*METHODS, *DROPS]))
     parser.add_argument("--write", action="store_true", help="also write bench/RESULTS.md")
+    parser.add_argument("--interleaved", action="store_true", help="position methods only: ratios in one process, alternating with SDPA")
     parser.add_argument("--one", nargs=2, metavar=("METHOD", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         print(json.dumps(measure(args.one[0], int(args.one[1]), args.heads, args.dim, args.repeats, args.device)))
         return
     lengths = [int(x) for x in args.lengths.split(",")]
+    if args.interleaved:
+        interleaved(lengths, args.methods.split(",") if args.methods else list(METHODS), args.heads, args.dim, args.repeats)
+        return
+    chosen = args.methods.split(",") if args.methods else [*METHODS, *DROPS]
+    unknown = sorted(set(chosen) - set(METHODS) - set(DROPS))
+    if unknown:
+        parser.error(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join([*METHODS, *DROPS])}")
     rows = [
         f"Attention only, fp32, batch 1, {args.heads} heads, head dim {args.dim}, device {args.device} "
         f"({platform.processor() or platform.machine()}, {os.cpu_count()} cores); best of {args.repeats}; "
@@ -88,13 +124,13 @@ def main() -> None:
     print("\n".join(rows), flush=True)
     for n in lengths:
         results = {}
-        for method in ["sdpa", *METHODS, *DROPS]:
+        for method in ["sdpa", *chosen]:
             command = [sys.executable, __file__, "--one", method, str(n), "--heads", str(args.heads), "--dim", str(args.dim),
                        "--repeats", str(args.repeats), "--device", args.device]
             env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
             results[method] = json.loads(subprocess.run(command, capture_output=True, text=True, check=True, env=env).stdout)
         base = results["sdpa"]
-        for method in [*METHODS, *DROPS]:
+        for method in chosen:
             r = results[method]
             row = (f"| {method} | {n} | {r['seconds']:.3f} | {r['seconds'] / base['seconds']:.2f}x | "
                    f"{r['peak_bytes'] / 2**20:.0f} | {base['peak_bytes'] / 2**20:.0f} |")
