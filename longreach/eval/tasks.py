@@ -228,8 +228,7 @@ class CommonWords:
 
     def build(self, tokenizer, length: int, depth: float | None, seed: int) -> Case:
         rng = random.Random(f"cwe/{length}/{seed}")
-        _, _, verbs = _word_lists()
-        nouns, adjectives, _ = _word_lists()
+        nouns, adjectives, verbs = _word_lists()
         pool = sorted(set(nouns + adjectives + verbs))
         common_repeats, rare_repeats = (6, 1) if length < 4096 else (30, 3)
         words = rng.sample(pool, 10 + length)
