@@ -139,7 +139,9 @@ def test_unknown_method_lists_the_supported_ones():
 
 def test_available_lists_every_method_with_defaults_and_ranges():
     rows = {row["name"]: row for row in methods.available()}
-    assert set(rows) == {"rope", "string", "rerope", "self_extend", "dca", "pi", "ntk", "dynamic", "yarn", "llama3"}
+    assert set(rows) == {"rope", "string", "rerope", "self_extend", "dca", "pi", "ntk", "dynamic", "yarn", "llama3",
+                         "drop", "dynamic_drop"}
+    assert rows["dynamic_drop"]["parameters"]["chunk"] == 1000 and rows["drop"]["kind"] == "drop"
     assert rows["string"]["parameters"] == {"shift": None, "local_window": 128, "mscale": False}
     assert "2410.18745" in rows["string"]["paper"] and "2402.17463" in rows["dca"]["paper"]
     for row in rows.values():

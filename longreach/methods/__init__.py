@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import MISSING, fields
 
-from . import scaling
+from . import drop, scaling
 from .base import Part, PositionMethod
 from .dca import DualChunk
 from .rerope import ReRope
@@ -39,6 +39,10 @@ def available() -> list[dict]:
                      "changes": f"RoPE frequencies: transformers' '{scaling.TRANSFORMERS_TYPE[name]}' rope type"
                      + (" with rope_theta * factor^(d/(d-2))" if name == "ntk" else ""),
                      "parameters": dict(params), "ranges": {k: scaling.RANGES[k] for k in params}})
+    for name, cls in drop.DROPS.items():
+        params = {f.name: f.default for f in fields(cls)}
+        rows.append({"name": name, "kind": "drop", "paper": cls.paper, "changes": drop.CHANGES[name],
+                     "parameters": params, "ranges": {k: drop.RANGES[k] for k in params}})
     return rows
 
 

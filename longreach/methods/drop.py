@@ -91,6 +91,15 @@ class DynamicDrop:
 
 
 DROPS = {cls.name: cls for cls in (Drop, DynamicDrop)}
+CHANGES = {
+    "drop": "attention: per query, scores below the row's rate-quantile of its attendable scores -> -inf",
+    "dynamic_drop": "attention: as drop, with rate 0 inside the window and min(initial_rate + k step, max_rate) in chunk k beyond it",
+}
+RANGES = {
+    "rate": "0 <= rate < 1", "initial_rate": "0 <= initial_rate <= max_rate", "step": "step >= 0",
+    "max_rate": "initial_rate <= max_rate < 1", "chunk": "integer >= 1", "generated_rate": "0 <= generated_rate < 1",
+    "layers": "layer indices >= 0 (the paper: the first three)",
+}
 
 
 def create(name: str, **params):
