@@ -59,8 +59,8 @@ def attention(
     absolute positions, for parts whose shifts or spans depend on them (default ``0 .. Lkv-1``;
     the queries are the last ``Lq``). ``drop [B, Lq]``: Drop Attention rates per query (see
     :func:`drop_below_quantile`); rows from the first dropping one on are computed whole, a tile at
-    a time. Grouped-query attention when ``Hq`` is a multiple of ``Hkv``. Accumulates in float32; returns ``[B, Lq, Hq, D]`` in the
-    input dtype. Rows that attend no key are 0.
+    a time. Grouped-query attention when ``Hq`` is a multiple of ``Hkv``. Accumulates in float32;
+    returns ``[B, Lq, Hq, D]`` in the input dtype. Rows that attend no key are 0.
     """
     batch, q_heads, q_len, head_dim = query.shape
     kv_len = key.shape[2]
@@ -77,19 +77,16 @@ def attention(
     value = _expand_heads(value, q_heads)
     block = _pick_block(query, backend)
 
-    accumulate = torch.float64 if query.dtype == torch.float64 else torch.float32
+    accumulate = _accumulation(query.dtype)
     out = torch.zeros(batch, q_heads, q_len, value.shape[-1], dtype=accumulate, device=query.device)
     lse = torch.full((batch, q_heads, q_len), NEG_INF, dtype=accumulate, device=query.device)
     q_positions = positions[:, offset:]
     for part in parts:
-        hi = part.max_distance
-        if sliding_window is not None:
-            hi = sliding_window if hi is None else min(hi, sliding_window)
-        if hi is not None and hi <= part.min_distance:
+        lo, hi = part.min_distance, _upper_bound(part, sliding_window)
+        if hi is not None and hi <= lo:
             continue
         q = _shifted(query, part.query_shift, q_positions, inv_freq)
-        k = _shifted(key, part.key_shift, positions, inv_freq)
-        lo = part.min_distance
+        k = _expand_heads(_shifted(key, part.key_shift, positions, inv_freq), q_heads)
         structured = key_padding is None and part.key_span is None and block is not _math and q_len > SMALL_QUERY
         if structured and hi is None:
             pieces = _unbounded(q, k, value, lo, offset, scaling, block)
@@ -109,7 +106,7 @@ def _attention_with_drop(query, key, value, parts, inv_freq, drop, common, backe
     the rest are computed whole with :func:`attention_probabilities`."""
     offset = key.shape[2] - query.shape[2]
     first = int((drop > 0).any(0).nonzero()[0])
-    accumulate = torch.float64 if query.dtype == torch.float64 else torch.float32
+    accumulate = _accumulation(query.dtype)
     pieces = []
     if first:
         keep = offset + first
@@ -125,14 +122,17 @@ def _attention_with_drop(query, key, value, parts, inv_freq, drop, common, backe
 
 
 def _prepare(query, key, inv_freq, scaling, logit_scale, positions):
-    """Default scale and positions, the logit scale on the query's rotary dims, GQA keys as a view."""
+    """Default scale and positions, the logit scale on the query's rotary dims.
+
+    Keys stay at their own head count: each part shifts them once per KV head, then expands.
+    """
     scaling = 1.0 / math.sqrt(query.shape[-1]) if scaling is None else scaling
     if logit_scale != 1.0:
         rotary_dims = 2 * inv_freq.shape[-1]
         query = torch.cat((query[..., :rotary_dims] * logit_scale, query[..., rotary_dims:]), dim=-1)
     if positions is None:
         positions = torch.arange(key.shape[2], device=query.device).expand(query.shape[0], -1)
-    return query, _expand_heads(key, query.shape[1]), scaling, positions
+    return query, key, scaling, positions
 
 
 def _expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -150,6 +150,18 @@ def attention_probabilities(query, key, parts, inv_freq, rows, scaling=None, key
     """
     query, key, scaling, positions = _prepare(query, key, inv_freq, scaling, logit_scale, positions)
     yield from row_probabilities(query, key, parts, inv_freq, rows, scaling, positions, key_padding, sliding_window, drop, DROP_TILE)
+
+
+def _upper_bound(part: Part, sliding_window: int | None) -> int | None:
+    """The part's exclusive distance bound under the model's sliding window (``None``: unbounded)."""
+    if sliding_window is None:
+        return part.max_distance
+    return sliding_window if part.max_distance is None else min(part.max_distance, sliding_window)
+
+
+def _accumulation(dtype: torch.dtype) -> torch.dtype:
+    """float64 stays float64; everything else accumulates in float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _shifted(x: torch.Tensor, shift, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
@@ -277,23 +289,22 @@ def row_probabilities(query, key, parts, inv_freq, rows, scaling, positions, key
     """Whole attention rows, ``tile`` queries at a time: yields ``(probabilities [B, H, T, K], keys)``.
 
     ``query [B, H, R, D]`` holds the queries at absolute indices ``rows [R]`` (any subset of the
-    keys, e.g. sampled rows for a dispersion probe); ``key`` is already expanded to ``H`` heads.
+    keys, e.g. sampled rows for a dispersion probe); ``key [B, Hkv, Lkv, D]`` is expanded to ``H``
+    heads after each part's shift.
     Each pair's score is computed in the part it belongs to; ``drop [B, R]`` applies Drop
     Attention. Memory is ``O(tile * Lkv)`` per head, never ``Lkv^2``.
     """
-    compute = torch.float64 if query.dtype == torch.float64 else torch.float32
+    compute = _accumulation(query.dtype)
     kv_len = key.shape[2]
     shifted = [(part, _shifted(query, part.query_shift, positions[:, rows], inv_freq),
-                _shifted(key, part.key_shift, positions, inv_freq)) for part in parts]
+                _expand_heads(_shifted(key, part.key_shift, positions, inv_freq), query.shape[1])) for part in parts]
     for start in range(0, rows.numel(), tile):
         tile_rows = rows[start : start + tile]
         k_start = 0 if sliding_window is None else max(0, int(tile_rows.min()) - sliding_window + 1)
         k_stop = int(tile_rows.max()) + 1
         scores = torch.full((*query.shape[:2], tile_rows.numel(), k_stop - k_start), NEG_INF, dtype=compute, device=query.device)
         for part, q, k in shifted:
-            hi = part.max_distance
-            if sliding_window is not None:
-                hi = sliding_window if hi is None else min(hi, sliding_window)
+            hi = _upper_bound(part, sliding_window)
             if hi is not None and hi <= part.min_distance:
                 continue
             span = None if part.key_span is None else (part.key_span, positions)
@@ -369,7 +380,7 @@ def _math(q, k, v, mask, causal, scaling):
 
     Only ever called on tiles (the kernel routes it through the tiled path), so memory stays O(n).
     """
-    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    compute = _accumulation(q.dtype)
     scores = (q.to(compute) @ k.to(compute).transpose(-1, -2)) * scaling
     if causal:
         scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).triu(1), NEG_INF)
