@@ -71,9 +71,9 @@ def _freq(args: argparse.Namespace) -> None:
     elif args.texts:
         from transformers import AutoTokenizer
 
-        from .models import _default_cached
+        from .models import default_path
 
-        tokenizer = AutoTokenizer.from_pretrained(_default_cached() if args.model == "default" else args.model)
+        tokenizer = AutoTokenizer.from_pretrained(default_path() if args.model == "default" else args.model)
         lengths, name = frequency.token_lengths(Path(args.texts), tokenizer), args.texts
     else:
         lengths, name = frequency.synthetic(args.synthetic, args.seed), args.synthetic

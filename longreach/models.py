@@ -42,7 +42,7 @@ def load(name: str = DEFAULT, dtype: torch.dtype = torch.float32, device: str = 
     """Return ``(model, tokenizer)`` in eval mode with SDPA attention (the stock baseline)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    source = _default_cached() if name == DEFAULT else name
+    source = default_path() if name == DEFAULT else name
     if not Path(source).exists() and not _hub_reachable():
         raise RuntimeError(
             f"cannot load model {name!r}: no such local folder, and the Hugging Face hub cannot be reached "
@@ -78,7 +78,7 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def _default_cached() -> Path:
+def default_path() -> Path:
     """The default model as safetensors in the cache, converted from the GGUF once."""
     target = cache_dir() / "SmolLM2-135M-Instruct"
     if (target / "model.safetensors").exists():

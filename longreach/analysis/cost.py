@@ -137,9 +137,9 @@ def load_config(source: str):
     from transformers import AutoConfig
 
     if source == "default":
-        from ..models import _default_cached
+        from ..models import default_path
 
-        return AutoConfig.from_pretrained(_default_cached())
+        return AutoConfig.from_pretrained(default_path())
     path = Path(source)
     if path.is_file():
         return AutoConfig.from_pretrained(path.parent) if path.name == "config.json" else _from_json(path)

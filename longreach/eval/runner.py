@@ -147,7 +147,7 @@ class Grid:
                 self.keys.append((self.model, method.label, task, length, depth, seed))
 
 
-def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, dtype=None) -> Path:
+def run(grid: Grid, out: Path, limit: int | None = None, loaded=None) -> Path:
     """Run the grid's missing cases, appending to ``out/results.jsonl``; returns that path."""
     import longreach
     from longreach import models
@@ -163,7 +163,7 @@ def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, dtype=None
     if not pending:
         return path
     specs = {m.label: m for m in grid.methods}
-    model, tokenizer = loaded or models.load(grid.model, **({"dtype": dtype} if dtype else {}))
+    model, tokenizer = loaded or models.load(grid.model)
     window = longreach.training_window(model.config)
     for spec in grid.methods:  # validate every method before spending time
         method, kwargs = spec.arguments(window)
@@ -171,13 +171,17 @@ def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, dtype=None
     with path.open("a", encoding="utf-8") as sink, tqdm(pending, desc="cases", unit="case") as bar:
         if not _ends_with_newline(path):
             sink.write("\n")  # end a line cut short by a crash, so the next record stands alone
+        case = applied = None
         for key in bar:
             _, label, task_name, length, depth, seed = key
             bar.set_postfix_str(f"{task_name} {length} {label}")
             task = tasks.get(task_name)
-            case = task.build(tokenizer, length, depth, seed)
-            method, kwargs = specs[label].arguments(window)
-            longreach.apply(model, method, **kwargs)
+            if case is None or (case.task, case.length, case.depth, case.seed) != (task.name, length, depth, seed):
+                case = task.build(tokenizer, length, depth, seed)  # the grid lists methods innermost: one prompt for all
+            if label != applied:
+                method, kwargs = specs[label].arguments(window)
+                longreach.apply(model, method, **kwargs)
+                applied = label
             start = time.perf_counter()
             if hasattr(task, "evaluate"):
                 result = task.evaluate(model, tokenizer, case)
