@@ -213,7 +213,7 @@ def _bind(forward: Callable, method: PositionMethod, dropping, window: int, rota
             raise NotImplementedError("longreach attention does not support attention logit softcapping (Gemma 2)")
         rotary = rotary_ref()
         inv_freq = inverse_frequencies(rotary, getattr(module, "layer_type", None))
-        padding = _key_padding(attention_mask, query.shape[2], key.shape[2])
+        padding = _key_padding(attention_mask, key.shape[2])
         positions = _key_positions(kwargs, query.shape[0], key.shape[2], query.device)
         rates = None
         if dropping is not None and getattr(module, "layer_idx", None) in dropping.layers:
@@ -240,7 +240,8 @@ def _record(probe, method, module, query, key, inv_freq, scaling, padding, posit
     record[module.layer_idx] = torch.cat(tops, dim=-1).float().cpu()
 
 
-def _key_padding(mask: torch.Tensor | None, q_len: int, kv_len: int) -> torch.Tensor | None:
+def _key_padding(mask: torch.Tensor | None, kv_len: int) -> torch.Tensor | None:
+    """The ``[B, Lkv]`` key-padding mask our mask function produced (``None``: no padding)."""
     if mask is None:
         return None
     if mask.dim() != 4 or mask.shape[-2] != 1 or mask.shape[-1] != kv_len or mask.dtype != torch.bool:
