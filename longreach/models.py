@@ -39,8 +39,15 @@ def default_gguf() -> Path:
 
 
 def load(name: str = DEFAULT, dtype: torch.dtype = torch.float32, device: str = "cpu", trust_remote_code: bool = False):
-    """Return ``(model, tokenizer)`` in eval mode with SDPA attention (the stock baseline)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """Return ``(model, tokenizer)`` in eval mode with SDPA attention (the stock baseline).
+
+    A model saved with ``save_pretrained`` after ``longreach.apply`` comes back with the same method
+    applied (its config records it; plain ``from_pretrained`` keeps only a frequency method, which
+    lives in ``rope_parameters``).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from .integrations.transformers import CONFIG_KEY, reapply
 
     source = default_path() if name == DEFAULT else name
     if not Path(source).exists() and not _hub_reachable():
@@ -48,17 +55,27 @@ def load(name: str = DEFAULT, dtype: torch.dtype = torch.float32, device: str = 
             f"cannot load model {name!r}: no such local folder, and the Hugging Face hub cannot be reached "
             "(offline). Pass a local path, or 'default' for the bundled SmolLM2-135M."
         )
+    if Path(source).is_dir() and not (Path(source) / "config.json").exists():
+        raise RuntimeError(f"cannot load model {name!r}: the folder {source} holds no config.json (not a saved model)")
     try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+        recorded = getattr(config, CONFIG_KEY, None)
+        if recorded and recorded.get("replaced_rope_parameters"):  # build the model's own rotary; apply rescales it again
+            config.get_text_config().rope_parameters = recorded["replaced_rope_parameters"]
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=dtype, attn_implementation="sdpa", use_safetensors=True, trust_remote_code=trust_remote_code
+            source, config=config, dtype=dtype, attn_implementation="sdpa", use_safetensors=True,
+            trust_remote_code=trust_remote_code,
         )
     except OSError as error:
         raise RuntimeError(
             f"cannot load model {name!r}: not a local folder and not fetchable from the Hugging Face hub "
             f"(offline?). Pass a local path, or 'default' for the bundled SmolLM2-135M. ({error.__class__.__name__})"
         ) from None
-    return model.to(device).eval(), tokenizer
+    model = model.to(device).eval()
+    if recorded:
+        reapply(model, recorded)
+    return model, tokenizer
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:

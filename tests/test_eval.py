@@ -126,7 +126,7 @@ def test_the_pipeline_end_to_end_on_a_tiny_model(tmp_path):
     records = runner.read_results(path)
     assert len(records) == len(grid.keys) == 2 * 2 * (2 + 1 + 2 + 1 + 1)
     assert {runner.case_key(r) for r in records} == set(grid.keys)
-    assert {r["resolved"] for r in records} == {"rope", "string(shift=300, local_window=8, mscale=False)"}
+    assert {r["resolved"] for r in records} == {"rope [L=1024]", "string(shift=300, local_window=8, mscale=False) [L=1024]"}
     assert all(r["prompt_hash"] and r["seconds"] >= 0 for r in records)
     markdown = report.build(tmp_path)
     for name in ["summary.md", "compare_niah4.png", "compare_ppl.png", "heatmap_niah_rope.png", "heatmap_niah4_string_local_window_8_shift_300.png"]:
@@ -183,6 +183,6 @@ def test_any_mix_of_methods_runs_through_the_runner(tmp_path):
     grid = runner.Grid("tiny", ["passkey"], [runner.MethodSpec.parse(m) for m in specs], [700], [0.5], 1)
     records = runner.read_results(runner.run(grid, tmp_path, loaded=(model, byte_tokenizer())))
     assert [r["method"] for r in records] == [runner.MethodSpec.parse(m).label for m in specs]
-    assert records[2]["resolved"] == "dca(chunk_size=511, local_window=85)"
+    assert records[2]["resolved"] == "dca(chunk_size=511, local_window=85, mscale=False) [L=1024]"
     assert records[-2]["resolved"].startswith("string(shift=300, local_window=8, mscale=False) + ntk(factor=2)")
     assert records[-1]["resolved"].startswith("rope + dynamic_drop(initial_rate=0.15") and "layers=[0, 1]" in records[-1]["resolved"]

@@ -2,13 +2,14 @@
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 import transformers
 from conftest import tiny_model
 
 import longreach
-from longreach.integrations.transformers import key_padding_mask
+from longreach.integrations.transformers import key_positions_mask
 
 STRING = dict(shift=20, local_window=4)  # tiny models: L = 96, so S = 20 < n = 80 exercises both parts
 
@@ -87,8 +88,32 @@ def test_string_defaults_come_from_the_training_window():
     model = tiny_model("llama", max_position_embeddings=600)
     assert longreach.apply(model, "string") is model
     assert (longreach.applied(model).shift, longreach.applied(model).local_window) == (200, 128)
-    model = tiny_model("llama", rope_parameters={"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0, "original_max_position_embeddings": 48})
-    assert longreach.training_window(model.config) == 48
+    assert longreach.describe(model) == "string(shift=200, local_window=128, mscale=False) [L=600]"
+
+
+def test_the_training_window_is_max_position_embeddings_not_the_original_one():
+    """Llama 3.1: trained to 131072 after an 8192 stage; the STRING paper uses L = 128K, S = L/3."""
+    llama31 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
+    model = tiny_model("llama", max_position_embeddings=131072, rope_parameters=llama31)
+    assert longreach.training_window(model.config) == 131072
+    longreach.apply(model, "string")
+    assert longreach.applied(model).shift == 43691
+    longreach.apply(model, "string", shift=40_000)  # the README's line
+    assert longreach.applied(model).shift == 40_000
+
+
+def test_training_window_can_be_overridden():
+    model = tiny_model("llama")
+    longreach.apply(model, "string", training_window=60, local_window=4)
+    assert (longreach.applied(model).shift, longreach.applied(model).training_window) == (20, 60)
+    assert longreach.describe(model).endswith("[L=60]")
+    longreach.apply(model, "dca", training_window=np.int64(80))
+    assert longreach.applied(model).chunk_size == 60
+    with pytest.raises(ValueError, match="training_window=1 is out of range"):
+        longreach.apply(model, "string", training_window=1, local_window=4)
+    with pytest.raises(ValueError, match="training_window must be an integer"):
+        longreach.apply(model, "string", training_window=60.5, local_window=4)
 
 
 def test_string_default_window_needs_a_big_enough_model():
@@ -113,12 +138,14 @@ def test_a_model_without_rope_is_refused():
         longreach.apply(transformers.GPT2LMHeadModel(config), "string")
 
 
-def test_mask_function_passes_only_key_padding():
-    assert key_padding_mask(2, 4, 4, attention_mask=torch.ones(2, 4, dtype=torch.bool)) is None
+def test_mask_function_passes_key_positions_only():
+    assert key_positions_mask(2, 4, 4, attention_mask=torch.ones(2, 4, dtype=torch.bool)) is None
     mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]]).bool()
-    assert torch.equal(key_padding_mask(2, 4, 4, attention_mask=mask), mask[:, None, None, :])
+    assert key_positions_mask(2, 4, 4, attention_mask=mask)[:, 0, 0].tolist() == [[0, 1, 2, 3], [-1, -1, 0, 1]]
     # decoding: the 2D mask is one token short of the cache, as transformers pads it
-    assert key_padding_mask(2, 1, 5, attention_mask=mask).shape == (2, 1, 1, 5)
+    assert key_positions_mask(2, 1, 5, q_offset=4, attention_mask=mask)[:, 0, 0].tolist() == [[0, 1, 2, 3, 4], [-1, -1, 0, 1, 2]]
+    # a static cache: 8 slots, 3 cached tokens and one query; the 4 empty slots are -1
+    assert key_positions_mask(1, 1, 8, q_offset=torch.tensor(3))[0, 0, 0].tolist() == [0, 1, 2, 3, -1, -1, -1, -1]
 
 
 def test_custom_dense_masks_are_refused_clearly():

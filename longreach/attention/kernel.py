@@ -22,7 +22,7 @@ left padding this index distance equals the position distance of every real toke
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 
@@ -33,7 +33,6 @@ NEG_INF = float("-inf")
 SMALL_QUERY = 16  # decoding and short chunks: one small masked tile is cheapest
 MIN_BAND_TILE = 32  # narrower bands are computed with masked tiles
 DROP_TILE = 32  # query rows per tile when rows are computed whole (Drop Attention): O(32 * n) memory
-Block = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
 def attention(
@@ -45,7 +44,7 @@ def attention(
     scaling: float | None = None,
     key_padding: torch.Tensor | None = None,
     sliding_window: int | None = None,
-    logit_scale: float = 1.0,
+    logit_scale: float | torch.Tensor = 1.0,
     positions: torch.Tensor | None = None,
     drop: torch.Tensor | None = None,
     backend: str = "auto",
@@ -55,7 +54,7 @@ def attention(
 
     ``key_padding [B, Lkv]`` is False at padding keys. ``sliding_window`` (the model's, e.g.
     Mistral or Gemma 3 local layers) limits every part to ``i - j < sliding_window``.
-    ``logit_scale`` multiplies the rotary part of the logits. ``positions [B, Lkv]``: the keys'
+    ``logit_scale`` (a number, or one per sequence ``[B]``) multiplies the rotary part of the logits. ``positions [B, Lkv]``: the keys'
     absolute positions, for parts whose shifts or spans depend on them (default ``0 .. Lkv-1``;
     the queries are the last ``Lq``). ``drop [B, Lq]``: Drop Attention rates per query (see
     :func:`drop_below_quantile`); rows from the first dropping one on are computed whole, a tile at
@@ -76,29 +75,98 @@ def attention(
     query, key, scaling, positions = _prepare(query, key, inv_freq, scaling, logit_scale, positions)
     value = _expand_heads(value, q_heads)
     block = _pick_block(query, backend)
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    # backends without a backward of their own run on tiles, differentiated by _math_backward (O(tile * n) memory)
+    whole_blocks = block is not _math and not (needs_grad and block not in BACKWARDS)
 
-    accumulate = _accumulation(query.dtype)
-    out = torch.zeros(batch, q_heads, q_len, value.shape[-1], dtype=accumulate, device=query.device)
-    lse = torch.full((batch, q_heads, q_len), NEG_INF, dtype=accumulate, device=query.device)
     q_positions = positions[:, offset:]
+    plans, shifted = [], []
     for part in parts:
         lo, hi = part.min_distance, _upper_bound(part, sliding_window)
         if hi is not None and hi <= lo:
             continue
         q = _shifted(query, part.query_shift, q_positions, inv_freq)
         k = _expand_heads(_shifted(key, part.key_shift, positions, inv_freq), q_heads)
-        structured = key_padding is None and part.key_span is None and block is not _math and q_len > SMALL_QUERY
+        structured = whole_blocks and key_padding is None and part.key_span is None and q_len > SMALL_QUERY
         if structured and hi is None:
-            pieces = _unbounded(q, k, value, lo, offset, scaling, block)
+            plans.append(lambda lo=lo: _unbounded(q_len, lo, offset))
         elif structured and hi - lo - 1 >= MIN_BAND_TILE:
             # bands use tiles twice as tall: fewer, larger unmasked calls beat the wasted diagonal halves (measured)
-            pieces = _band(q, k, value, lo, hi, offset, scaling, block, min(2 * tile, hi - lo - 1))
+            band_tile = min(2 * tile, hi - lo - 1)
+            plans.append(lambda lo=lo, hi=hi, t=band_tile: _band(q_len, lo, hi, offset, t, query.dtype, query.device))
         else:
             span = None if part.key_span is None else (part.key_span, positions)
-            pieces = _masked_tiles(q, k, value, lo, hi, offset, scaling, key_padding, span, block, tile)
-        for rows, part_out, part_lse in pieces:
-            out[:, :, rows], lse[:, :, rows] = merge(out[:, :, rows], lse[:, :, rows], part_out, part_lse)
+            plans.append(lambda lo=lo, hi=hi, span=span: _masked_tiles(q_len, kv_len, lo, hi, offset, key_padding, span, tile, query.dtype))
+        shifted += [q, k]
+    if not shifted:  # the model's sliding window excludes every part
+        return torch.zeros(batch, q_len, q_heads, value.shape[-1], dtype=query.dtype, device=query.device)
+    if needs_grad:
+        out, _ = _PartsAttention.apply(plans, block, scaling, value, *shifted)
+    else:
+        out, _ = _run(plans, block, scaling, value, shifted)
     return out.to(query.dtype).transpose(1, 2)
+
+
+class Block(NamedTuple):
+    """One call of a backend: the query ``rows`` against the ``keys``, with an additive ``mask`` or a
+    top-left ``causal`` mask (or neither)."""
+
+    rows: slice
+    keys: slice
+    mask: torch.Tensor | None = None
+    causal: bool = False
+
+
+def _run(plans, block, scaling, value, shifted):
+    """Every part's blocks, merged by log-sum-exp: ``(out, lse)`` in the accumulation dtype."""
+    q0 = shifted[0]
+    batch, heads, q_len = q0.shape[:3]
+    accumulate = _accumulation(q0.dtype)
+    out = torch.zeros(batch, heads, q_len, value.shape[-1], dtype=accumulate, device=q0.device)
+    lse = torch.full((batch, heads, q_len), NEG_INF, dtype=accumulate, device=q0.device)
+    for plan, q, k in zip(plans, shifted[0::2], shifted[1::2]):
+        for b in plan():
+            part_out, part_lse = block(q[:, :, b.rows], k[:, :, b.keys], value[:, :, b.keys], b.mask, b.causal, scaling)
+            if b.mask is not None:
+                part_out, part_lse = _with_empty_rows(part_out, part_lse, b.mask)
+            out[:, :, b.rows], lse[:, :, b.rows] = merge(out[:, :, b.rows], lse[:, :, b.rows], part_out, part_lse)
+    return out, lse
+
+
+class _PartsAttention(torch.autograd.Function):
+    """The parts' attention with an exact backward.
+
+    The merged output is one softmax over all keys, each scored in its part, so the gradient of
+    every block is the flash-attention backward evaluated with the *merged* output and
+    log-sum-exp (as split-KV flash attention does): ``P = exp(S - lse)``,
+    ``dS = P * (dO V^T - rowsum(dO * O))``. The backward replays the same blocks.
+    """
+
+    @staticmethod
+    def forward(ctx, plans, block, scaling, value, *shifted):
+        out, lse = _run(plans, block, scaling, value, shifted)
+        ctx.save_for_backward(value, out, lse, *shifted)
+        ctx.plans, ctx.backward, ctx.scaling = plans, BACKWARDS.get(block, _math_backward), scaling
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, _):
+        value, out, lse, *shifted = ctx.saved_tensors
+        lse = lse.masked_fill(torch.isneginf(lse), float("inf"))  # rows that attend nothing: P = 0
+        accumulate = out.dtype
+        grad_value = torch.zeros(value.shape, dtype=accumulate, device=value.device)
+        grads = [torch.zeros(t.shape, dtype=accumulate, device=t.device) for t in shifted]
+        for index, plan in enumerate(ctx.plans):
+            q, k = shifted[2 * index], shifted[2 * index + 1]
+            grad_q, grad_k = grads[2 * index], grads[2 * index + 1]
+            for b in plan():
+                dq, dk, dv = ctx.backward(grad_out[:, :, b.rows], q[:, :, b.rows], k[:, :, b.keys], value[:, :, b.keys],
+                                          out[:, :, b.rows], lse[:, :, b.rows], b.mask, b.causal, ctx.scaling)
+                grad_q[:, :, b.rows] += dq
+                grad_k[:, :, b.keys] += dk
+                grad_value[:, :, b.keys] += dv
+        return (None, None, None, grad_value.to(value.dtype), *(g.to(t.dtype) for g, t in zip(grads, shifted)))
 
 
 def _attention_with_drop(query, key, value, parts, inv_freq, drop, common, backend, tile):
@@ -127,12 +195,19 @@ def _prepare(query, key, inv_freq, scaling, logit_scale, positions):
     Keys stay at their own head count: each part shifts them once per KV head, then expands.
     """
     scaling = 1.0 / math.sqrt(query.shape[-1]) if scaling is None else scaling
-    if logit_scale != 1.0:
+    if isinstance(logit_scale, torch.Tensor) or logit_scale != 1.0:
         rotary_dims = 2 * inv_freq.shape[-1]
-        query = torch.cat((query[..., :rotary_dims] * logit_scale, query[..., rotary_dims:]), dim=-1)
+        factor = per_sequence(logit_scale, query.dtype, query.device)
+        query = torch.cat((query[..., :rotary_dims] * factor, query[..., rotary_dims:]), dim=-1)
     if positions is None:
         positions = torch.arange(key.shape[2], device=query.device).expand(query.shape[0], -1)
     return query, key, scaling, positions
+
+
+def per_sequence(value: float | torch.Tensor, dtype: torch.dtype, device) -> torch.Tensor:
+    """A number, or one value per sequence ``[B]`` shaped ``[B, 1, 1, 1]`` to broadcast over heads and positions."""
+    value = torch.as_tensor(value, dtype=dtype, device=device)
+    return value.view(-1, 1, 1, 1) if value.dim() else value
 
 
 def _expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -166,8 +241,8 @@ def _accumulation(dtype: torch.dtype) -> torch.dtype:
 
 def _shifted(x: torch.Tensor, shift, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """``x`` moved by a constant shift, or by ``shift(positions)`` per token (``[B, L]`` -> ``[B, 1, L]``)."""
-    if callable(shift):
-        return rotate(x, shift(positions)[:, None, :].to(torch.float64), inv_freq)
+    if callable(shift):  # in float64: fractional shifts (Leaky ReRoPE) of large positions keep their precision
+        return rotate(x, shift(positions.to(torch.float64))[:, None, :], inv_freq)
     return rotate(x, shift, inv_freq) if shift else x
 
 
@@ -184,29 +259,24 @@ def merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: 
     return out_a * weight_a + out_b.to(out_a.dtype) * weight_b, torch.logaddexp(lse_a, lse_b)
 
 
-def _unbounded(q, k, v, lo, offset, scaling, block):
+def _unbounded(q_len, lo, offset):
     """Pairs with ``i - j >= lo``, no padding: one unmasked rectangle and one causal square.
 
     Query row ``t`` (``i = t + offset``) sees keys ``j <= i - lo``. Rows from ``first`` on see
     something; keys below ``first + offset - lo`` are seen by all of them (rectangle), the rest form
     a square whose top-left-aligned causal mask is exactly the region.
     """
-    q_len = q.shape[2]
     first = max(0, lo - offset)
     if first >= q_len:
-        return []
+        return
     shared = first + offset - lo
     rows = slice(first, q_len)
-    q_rows = q[:, :, rows]
-    pieces = []
     if shared > 0:
-        pieces.append((rows, *block(q_rows, k[:, :, :shared], v[:, :, :shared], None, False, scaling)))
-    end = shared + (q_len - first)
-    pieces.append((rows, *block(q_rows, k[:, :, shared:end], v[:, :, shared:end], None, True, scaling)))
-    return pieces
+        yield Block(rows, slice(0, shared))
+    yield Block(rows, slice(shared, shared + (q_len - first)), causal=True)
 
 
-def _band(q, k, v, lo, hi, offset, scaling, block, tile):
+def _band(q_len, lo, hi, offset, tile, dtype, device):
     """Pairs with ``lo <= i - j < hi``, no padding, ``tile <= hi - lo - 1``: three blocks per query tile.
 
     For the tile of rows ``i in [a, a + T)`` the reachable keys ``(a - hi, a + T - lo)`` split into
@@ -214,50 +284,37 @@ def _band(q, k, v, lo, hi, offset, scaling, block, tile):
     middle block every row sees whole, and a lower block ``[a - lo, +T)`` where the region is
     top-left causal. Work is the band's own area plus O(T^2) per tile; no n-sized mask.
     """
-    q_len, kv_len = q.shape[2], k.shape[2]
-    upper = torch.ones(tile, tile, dtype=torch.bool, device=q.device).tril(-1)  # True where u < t: outside
-    upper = torch.zeros(upper.shape, dtype=q.dtype, device=q.device).masked_fill(upper, NEG_INF)
-    pieces = []
+    upper = torch.ones(tile, tile, dtype=torch.bool, device=device).tril(-1)  # True where u < t: outside
+    upper = torch.zeros(upper.shape, dtype=dtype, device=device).masked_fill(upper, NEG_INF)
     for start in range(0, q_len, tile):
         stop = min(q_len, start + tile)
         a, rows = start + offset, slice(start, stop)
-        q_tile = q[:, :, rows]
         top = a - hi + 1
         if top + tile > 0:  # upper block, clipped at key 0
             first_key = max(0, top)
-            mask = upper[: stop - start, first_key - top :]
-            keys = slice(first_key, top + tile)
-            pieces.append((rows, *_with_empty_rows(block(q_tile, k[:, :, keys], v[:, :, keys], mask, False, scaling), mask)))
+            yield Block(rows, slice(first_key, top + tile), upper[: stop - start, first_key - top :])
         middle = slice(max(0, top + tile), max(0, a - lo))
         if middle.stop > middle.start:
-            pieces.append((rows, *block(q_tile, k[:, :, middle], v[:, :, middle], None, False, scaling)))
+            yield Block(rows, middle)
         skip = max(0, lo - a)  # rows with i < lo see nothing in the lower block
         if skip < stop - start:
-            lower_rows = slice(start + skip, stop)
-            keys = slice(a + skip - lo, a - lo + (stop - start))
-            pieces.append((lower_rows, *block(q[:, :, lower_rows], k[:, :, keys], v[:, :, keys], None, True, scaling)))
-    return pieces
+            yield Block(slice(start + skip, stop), slice(a + skip - lo, a - lo + (stop - start)), causal=True)
 
 
-def _masked_tiles(q, k, v, lo, hi, offset, scaling, key_padding, span, block, tile):
+def _masked_tiles(q_len, kv_len, lo, hi, offset, key_padding, span, tile, dtype):
     """Pairs with ``lo <= i - j < hi`` (``hi=None``: unbounded), unpadded keys and, when ``span =
     (key_span, positions)`` is given, key positions in ``key_span(query positions)``; a mask per tile.
 
     The general path (key padding, decoding, narrow bands, chunked regions): each query tile meets
     only the keys it can reach, with a ``[B, 1, T, K]`` mask of that size.
     """
-    q_len = q.shape[2]
-    pieces = []
+    device = key_padding.device if key_padding is not None else None
     for start in range(0, q_len, tile):
         stop = min(q_len, start + tile)
-        rows = torch.arange(start + offset, stop + offset, device=q.device)
-        keys, allowed = _region(rows, lo, hi, k.shape[2], key_padding, span)
-        if keys is None:
-            continue
-        mask = None if bool(allowed.all()) else _additive(allowed, q.dtype)
-        result = block(q[:, :, start:stop], k[:, :, keys], v[:, :, keys], mask, False, scaling)
-        pieces.append((slice(start, stop), *_with_empty_rows(result, mask)))
-    return pieces
+        rows = torch.arange(start + offset, stop + offset, device=device)
+        keys, allowed = _region(rows, lo, hi, kv_len, key_padding, span)
+        if keys is not None:
+            yield Block(slice(start, stop), keys, None if bool(allowed.all()) else _additive(allowed, dtype))
 
 
 def _region(rows, lo, hi, kv_len, key_padding, span):
@@ -342,13 +399,11 @@ def drop_below_quantile(scores: torch.Tensor, rates: torch.Tensor) -> torch.Tens
     return scores.masked_fill(scores < threshold[..., None], NEG_INF)
 
 
-def _with_empty_rows(result, mask):
+def _with_empty_rows(out, lse, mask):
     """Mark rows whose mask hides every key as empty (lse = -inf): backends may report 0 there."""
-    out, lse = result
-    if mask is not None:
-        empty = torch.isneginf(mask).all(-1)
-        if bool(empty.any()):
-            lse = lse.masked_fill(empty.expand_as(lse), NEG_INF)
+    empty = torch.isneginf(mask).all(-1)
+    if bool(empty.any()):
+        lse = lse.masked_fill(empty.expand_as(lse), NEG_INF)
     return out, lse
 
 
@@ -391,10 +446,36 @@ def _math(q, k, v, mask, causal, scaling):
     return weights @ v.to(compute), lse
 
 
-BACKENDS: dict[str, Block] = {"cpu_flash": _cpu_flash, "cuda_efficient": _cuda_efficient, "math": _math}
+def _cpu_flash_backward(grad_out, q, k, v, out, lse, mask, causal, scaling):
+    """PyTorch's CPU flash-attention backward, given the merged output and log-sum-exp."""
+    dtype = q.dtype
+    grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad_out.to(dtype), q, k, v, out.to(dtype), lse.to(_accumulation(dtype)), 0.0, causal, attn_mask=mask, scale=scaling
+    )
+    return tuple(g.to(out.dtype) for g in grads)
 
 
-def _pick_block(query: torch.Tensor, backend: str) -> Block:
+def _math_backward(grad_out, q, k, v, out, lse, mask, causal, scaling):
+    """The attention backward written out (Dao et al. 2022, FlashAttention, Algorithm 4), for one tile:
+    ``P = exp(S - lse)``, ``dV = P^T dO``, ``dS = P * (dO V^T - rowsum(dO * O))``, ``dQ = dS K s``, ``dK = dS^T Q s``."""
+    compute = out.dtype
+    q, k, v = q.to(compute), k.to(compute), v.to(compute)
+    scores = (q @ k.transpose(-1, -2)) * scaling
+    if causal:
+        scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).triu(1), NEG_INF)
+    if mask is not None:
+        scores = scores + mask.to(compute)
+    p = torch.exp(scores - lse[..., None])
+    grad_scores = p * (grad_out @ v.transpose(-1, -2) - (grad_out * out).sum(-1, keepdim=True))
+    return grad_scores @ k * scaling, grad_scores.transpose(-1, -2) @ q * scaling, p.transpose(-1, -2) @ grad_out
+
+
+BACKENDS: dict[str, Callable] = {"cpu_flash": _cpu_flash, "cuda_efficient": _cuda_efficient, "math": _math}
+BACKWARDS: dict[Callable, Callable] = {_cpu_flash: _cpu_flash_backward, _math: _math_backward}
+"""Backends with a backward of their own; the others are differentiated tile by tile with :func:`_math_backward`."""
+
+
+def _pick_block(query: torch.Tensor, backend: str) -> Callable:
     if backend == "auto":
         if query.dtype == torch.float64:
             backend = "math"

@@ -42,7 +42,7 @@ def dense_attention(
     scaling: float,
     attention_scaling: float = 1.0,
     key_padding: torch.Tensor | None = None,
-    logit_scale: float = 1.0,
+    logit_scale: float | torch.Tensor = 1.0,
     drop_rates: torch.Tensor | None = None,
     return_weights: bool = False,
 ) -> torch.Tensor:
@@ -50,7 +50,8 @@ def dense_attention(
 
     ``relative_positions [B or 1, Lq, Lkv]``: RoPE's position per pair, NaN where not attended.
     ``key_padding [B, Lkv]``: False for padding keys. ``attention_scaling`` multiplies cos and sin
-    of both q and k as transformers does; ``logit_scale`` multiplies the rotary part of the logits.
+    of both q and k as transformers does; ``logit_scale`` (a number, or one per sequence ``[B]``)
+    multiplies the rotary part of the logits.
     ``drop_rates [B, Lq]``: Drop Attention -- per row, the attended scores strictly below the
     ``k``-th smallest one, ``k = ceil(rate * (m - 1))`` of ``m``, are dropped (what ``torch.quantile``
     puts below the quantile). Returns ``[B, Lq, Hq, D]`` in float64 (and
@@ -69,7 +70,9 @@ def dense_attention(
     q_pair = (q_head * cos[:, None] + _half_turn(q_head) * sin[:, None]) * attention_scaling**2
     rotary_logits = (q_pair * k[..., :rot][:, :, None, :, :]).sum(-1)
     plain_logits = q[..., rot:] @ k[..., rot:].transpose(-1, -2)
-    scores = (rotary_logits * logit_scale + plain_logits) * scaling
+    factor = torch.as_tensor(logit_scale, dtype=torch.float64, device=rotary_logits.device)
+    factor = factor.view(-1, 1, 1, 1) if factor.dim() else factor  # one per sequence, or one number
+    scores = (rotary_logits * factor + plain_logits) * scaling
     scores = scores.masked_fill(~attended[:, None], float("-inf"))
     if drop_rates is not None:
         for b, h, i in torch.cartesian_prod(*(torch.arange(n) for n in scores.shape[:3])).tolist():

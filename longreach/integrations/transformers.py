@@ -1,12 +1,16 @@
 """Plug a position method into a stock transformers model through its public extension points.
 
-``apply`` registers one attention function with ``AttentionInterface`` and one mask function
-with ``AttentionMaskInterface`` under a fresh name, and switches the model to it with
-``set_attn_implementation``; no transformers class is patched. The mask function hands the
-attention function a key-padding mask ``[B, 1, 1, Lkv]`` (or ``None``) instead of the dense
-``[B, 1, Lq, Lkv]`` causal mask, so nothing n x n is built: causality and the method's regions
-come from the kernel. Without the mask registration transformers would pass ``None`` and padded
-batches would silently go wrong.
+One attention function and one mask function are registered, once, under the name ``longreach``
+(``AttentionInterface`` and ``AttentionMaskInterface``); ``apply`` switches a model to them with
+``set_attn_implementation``. No transformers class is patched. What is applied lives with the
+model (``model._longreach`` and the same object on every attention module), so a deep copy of an
+applied model is applied exactly like its original and each can be removed on its own.
+
+The mask function hands the attention function, instead of a dense ``[B, 1, Lq, Lkv]`` causal mask,
+the keys' absolute positions ``[B, 1, 1, Lkv]`` (int64, -1 for keys not to attend: left padding and
+the empty slots of a static cache), or ``None`` when every key is real. Nothing n x n is built:
+causality and the method's regions come from the kernel. Without the mask registration
+transformers would pass ``None`` and padded batches would silently go wrong.
 """
 
 from __future__ import annotations
@@ -14,44 +18,62 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import copy
-import itertools
-import weakref
+import dataclasses
+import math
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from torch import nn
 from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface
+from transformers.masking_utils import AttentionMaskInterface, causal_mask_function
 
 from .. import methods
 from ..attention import kernel, reference
 from ..attention.rotary import find_rotary, inverse_frequencies
 from ..methods import drop as drops
-from ..methods.base import PositionMethod
+from ..methods.base import PositionMethod, require_int
 from ..methods.scaling import ALIASES as FREQUENCY_METHODS
 from ..methods.scaling import Scaling
 
+NAME = "longreach"
+CONFIG_KEY = "longreach"  # the applied method, recorded in the model's config (saved by save_pretrained)
 SUPPORTED_FAMILIES = "Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 3, Phi-3, SmolLM and other decoder-only RoPE models"
-_names = itertools.count()
 
 
 @dataclass
 class Applied:
+    """What ``apply`` did to one model; everything ``remove`` needs to undo it (no closures: deep-copyable)."""
+
     method: PositionMethod
-    name: str
     previous: str
     window: int
+    rotary: nn.Module
+    backend: str = "auto"
     scaling: Scaling | None = None
-    restore_rotary: Callable[[], None] | None = None
     drop: drops.Drop | drops.DynamicDrop | None = None
+    replaced_rotary: nn.Module | None = None  # the model's own rotary module, when a frequency method replaced it
+    replaced_rope_parameters: dict | None = None
 
     def describe(self) -> str:
         extras = [x.describe() for x in (self.scaling, self.drop) if x is not None]
-        return " + ".join([self.method.describe(), *extras])
+        return " + ".join([self.method.describe(), *extras]) + f" [L={self.window}]"
+
+    def record(self) -> dict:
+        """The JSON-able description saved in the model's config: enough for :func:`longreach.load` to re-apply."""
+        params = {f.name: getattr(self.method, f.name) for f in dataclasses.fields(self.method) if f.name != "training_window"}
+        scaling = None if self.scaling is None else {"rope_type": self.scaling.name, **self.scaling.params}
+        drop = None if self.drop is None else {"method": self.drop.name, **_jsonable(dataclasses.asdict(self.drop))}
+        return {"method": self.method.name, "params": _jsonable(params), "training_window": self.window,
+                "scaling": scaling, "drop": drop, "backend": self.backend,
+                "replaced_rope_parameters": self.replaced_rope_parameters}
 
 
-_applied: "weakref.WeakKeyDictionary[nn.Module, Applied]" = weakref.WeakKeyDictionary()
+def _jsonable(values: dict) -> dict:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+
+
 _probe: contextvars.ContextVar = contextvars.ContextVar("longreach_probe", default=None)
 
 
@@ -71,25 +93,28 @@ def probing(rows: torch.Tensor, top_k: int):
 
 
 def training_window(config) -> int:
-    """``L``: ``original_max_position_embeddings`` where the config has one, else ``max_position_embeddings``."""
+    """``L``: the text config's ``max_position_embeddings``, what the model was trained or tuned for.
+
+    Not ``original_max_position_embeddings``: on Llama 3.1 that is the window before its long-context
+    stage (8192); the model was trained to 131072 and the STRING paper uses L = 128K for it.
+    """
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    rope = getattr(config, "rope_parameters", None) or {}
-    for source in (rope, rope.get("full_attention") or {}):
-        if isinstance(source, dict) and source.get("original_max_position_embeddings"):
-            return int(source["original_max_position_embeddings"])
-    if getattr(config, "original_max_position_embeddings", None):
-        return int(config.original_max_position_embeddings)
     return int(config.max_position_embeddings)
 
 
-def apply(model: nn.Module, method: str = "string", *, scaling: dict | None = None, drop: dict | None = None,
-          backend: str = "auto", **params) -> nn.Module:
+_model_window = training_window  # apply's keyword argument of the same name hides the function there
+
+
+def apply(model: nn.Module, method: str = "string", *, training_window: int | None = None, scaling: dict | None = None,
+          drop: dict | None = None, backend: str = "auto", **params) -> nn.Module:
     """Switch ``model``'s attention to ``method`` (see ``longreach.methods.available()``); returns the model.
 
     ``method`` is a position method (``rope``, ``string``, ``rerope``, ``self_extend``, ``dca``) or a
     frequency method (``pi``, ``ntk``, ``dynamic``, ``yarn``, ``llama3``), each with its parameters.
-    ``scaling={"rope_type": "yarn", "factor": 2.0, ...}`` adds a frequency method to a position
-    method (transformers' ``rope_parameters`` keys; ``pi`` and ``ntk`` are accepted as types).
+    ``training_window=N`` overrides ``L`` (default: the config's ``max_position_embeddings``), from
+    which every default is derived. ``scaling={"rope_type": "yarn", "factor": 2.0, ...}`` adds a
+    frequency method to a position method (transformers' ``rope_parameters`` keys; ``pi`` and ``ntk``
+    are accepted as types); ``L`` stays the model's own window unless ``training_window`` says otherwise.
     ``method="drop"`` / ``"dynamic_drop"`` (Drop Attention, Dynamic Drop Attention) with their
     parameters, or ``drop={"method": "dynamic_drop", ...}`` beside another method, drops low scores.
     ``backend``: ``"auto"`` (CPU flash attention on CPU, memory-efficient attention on CUDA),
@@ -101,25 +126,53 @@ def apply(model: nn.Module, method: str = "string", *, scaling: dict | None = No
             f"{model.__class__.__name__} has no rotary position embedding (no module with an inv_freq buffer); "
             f"longreach's methods work on RoPE models: {SUPPORTED_FAMILIES}"
         )
+    _check_model(model, backend)
+    state = _state(model)
+    if training_window is None:
+        window = state.window if state else _model_window(model.config)  # before any rescaling
+    else:
+        require_int("training_window", _integer(training_window), 2, None, "an integer >= 2 (tokens)")
+        window = int(training_window)
+    position_method, frequency, dropping = _resolve(model, window, method, scaling, drop, params)
+    remove(model)
+    applied = Applied(position_method, model.config._attn_implementation, window, find_rotary(model), backend, frequency, dropping)
+    if frequency:
+        _rescale(model, frequency, applied)
+    _attach(model, applied)
+    model.set_attn_implementation(NAME)
+    setattr(model.config, CONFIG_KEY, applied.record())
+    return model
+
+
+def _integer(value):
+    """numpy and torch integers count as integers."""
+    if hasattr(value, "__index__") and not isinstance(value, bool):
+        return int(value.__index__())
+    return value
+
+
+def _check_model(model: nn.Module, backend: str) -> None:
     valid_backends = ("auto", "reference", *kernel.BACKENDS)
     if backend not in valid_backends:
         raise ValueError(f"backend={backend!r} is not one of: {', '.join(valid_backends)}")
-    window = _applied[model].window if model in _applied else training_window(model.config)  # before any rescaling
-    position_method, frequency, dropping = _resolve(model, window, method, scaling, drop, params)
-    if model in _applied:
-        remove(model)
-    restore_rotary = _rescale(model, frequency) if frequency else None
-    name = f"longreach_{position_method.name}_{next(_names)}"
-    forward = _reference_forward if backend == "reference" else _kernel_forward
-    AttentionInterface.register(name, _bind(forward, position_method, dropping, window, weakref.ref(find_rotary(model)), backend))
-    AttentionMaskInterface.register(name, key_padding_mask)
-    _applied[model] = Applied(position_method, name, model.config._attn_implementation, window, frequency, restore_rotary, dropping)
-    model.set_attn_implementation(name)
-    return model
+    device = next(model.parameters()).device.type
+    if backend == "cuda_efficient" and device != "cuda":
+        raise ValueError(f"backend='cuda_efficient' needs a model on a CUDA device; this model is on {device!r}")
+    if backend == "cpu_flash" and device not in ("cpu", "meta"):
+        raise ValueError(f"backend='cpu_flash' needs a model on the CPU; this model is on {device!r}")
+    text = model.config.get_text_config()
+    if getattr(text, "attn_logit_softcapping", None) is not None:
+        raise ValueError(
+            f"{model.__class__.__name__} uses attention logit softcapping (attn_logit_softcapping="
+            f"{text.attn_logit_softcapping}, Gemma 2), which longreach's attention does not support"
+        )
 
 
 def _resolve(model, window, method, scaling, drop, params):
     """Validate everything before touching the model: ``(position method, frequency method, drop method)``."""
+    if not isinstance(method, str):
+        raise ValueError(f"method={method!r} must be a method name; see longreach.available()")
+    params = {k: _integer(v) for k, v in params.items()}
     if method in FREQUENCY_METHODS:
         if scaling is not None:
             raise ValueError(f"{method} is a frequency method already; give scaling= with a position method instead")
@@ -131,10 +184,17 @@ def _resolve(model, window, method, scaling, drop, params):
     position_method = methods.create(method, training_window=window, **params)
     frequency = dropping = None
     if scaling is not None:
-        scaling = dict(scaling)
-        frequency = Scaling.create(scaling.pop("rope_type", None) or scaling.pop("method", "missing"), window, **scaling)
+        if not isinstance(scaling, dict):
+            raise ValueError(f"scaling={scaling!r} must be a dict such as {{'rope_type': 'yarn', 'factor': 2.0}}")
+        scaling = {k: _integer(v) for k, v in scaling.items()}
+        kind = scaling.pop("rope_type", None) or scaling.pop("method", None)
+        if kind is None:
+            raise ValueError(f"scaling={scaling!r} names no rope_type; give e.g. {{'rope_type': 'yarn', 'factor': 2.0}}")
+        frequency = Scaling.create(kind, window, **scaling)
     if drop is not None:
-        drop = dict(drop)
+        if not isinstance(drop, dict):
+            raise ValueError(f"drop={drop!r} must be a dict such as {{'method': 'dynamic_drop'}}")
+        drop = {k: _integer(v) for k, v in drop.items()}
         dropping = drops.create(drop.pop("method", "drop"), **drop)
         layers = model.config.get_text_config().num_hidden_layers
         if max(dropping.layers) >= layers:
@@ -142,29 +202,68 @@ def _resolve(model, window, method, scaling, drop, params):
     return position_method, frequency, dropping
 
 
+def reapply(model: nn.Module, record: dict) -> nn.Module:
+    """Apply what :meth:`Applied.record` describes (the ``longreach`` entry of a saved config)."""
+    return apply(model, record["method"], training_window=record["training_window"], scaling=record.get("scaling"),
+                 drop=record.get("drop"), backend=record.get("backend", "auto"), **record.get("params", {}))
+
+
 def remove(model: nn.Module) -> nn.Module:
     """Restore the attention (and RoPE frequencies) the model had before :func:`apply`; a no-op on an untouched model."""
-    state = _applied.pop(model, None)
-    if state is not None:
-        model.set_attn_implementation(state.previous)
-        AttentionInterface._global_mapping.pop(state.name, None)
-        AttentionMaskInterface._global_mapping.pop(state.name, None)
-        if state.restore_rotary:
-            state.restore_rotary()
+    state = _state(model)
+    if state is None:
+        return model
+    for module in model.modules():
+        module.__dict__.pop("_longreach", None)
+    model.set_attn_implementation(state.previous)
+    if state.replaced_rotary is not None:
+        parent, attribute = _parent_of(model, state.rotary)
+        setattr(parent, attribute, state.replaced_rotary)
+        model.config.get_text_config().rope_parameters = state.replaced_rope_parameters
+    if hasattr(model.config, CONFIG_KEY):
+        delattr(model.config, CONFIG_KEY)
     return model
 
 
 def describe(model: nn.Module) -> str:
-    """What is applied to ``model``: ``"rope"`` for an untouched model."""
-    state = _applied.get(model)
+    """What is applied to ``model``, with the ``L`` it used: ``"rope"`` for an untouched model."""
+    state = _state(model)
     return state.describe() if state else "rope"
 
 
-def _rescale(model: nn.Module, frequency: Scaling) -> Callable[[], None]:
+def applied(model: nn.Module) -> PositionMethod | None:
+    """The position method currently applied to ``model``, if any."""
+    state = _state(model)
+    return state.method if state else None
+
+
+def _state(model: nn.Module) -> Applied | None:
+    return model.__dict__.get("_longreach")
+
+
+def _attach(model: nn.Module, state: Applied) -> None:
+    """The same state on the model and on every module that may call the attention function.
+
+    Stored in ``__dict__`` (not as submodules), so ``state_dict`` is unchanged and ``copy.deepcopy``
+    copies it once, pointing at the copy's own rotary module.
+    """
+    model.__dict__["_longreach"] = state
+    for module in model.modules():
+        if hasattr(module, "layer_idx"):
+            module.__dict__["_longreach"] = state
+
+
+def _parent_of(model: nn.Module, child: nn.Module) -> tuple[nn.Module, str]:
+    path = next(name for name, module in model.named_modules() if module is child)
+    parent_name, _, attribute = path.rpartition(".")
+    return model.get_submodule(parent_name), attribute
+
+
+def _rescale(model: nn.Module, frequency: Scaling, state: Applied) -> None:
     """Rebuild the rotary embedding with transformers' initialiser for the new ``rope_parameters``.
 
-    A new module of the model's own rotary class replaces the old one (kept for restoring);
-    the model config's ``rope_parameters`` are updated too, so that saving the model records them.
+    A new module of the model's own rotary class replaces the old one (kept in ``state`` for
+    restoring); the config's ``rope_parameters`` are updated too, so that saving the model records them.
     """
     config = model.config.get_text_config()
     current = config.rope_parameters
@@ -173,122 +272,171 @@ def _rescale(model: nn.Module, frequency: Scaling) -> Callable[[], None]:
             f"frequency methods need one set of rope_parameters; {model.__class__.__name__} has one per layer type "
             f"({', '.join(current)}): apply a position method without scaling"
         )
-    rotary = find_rotary(model)
-    parent_name, _, attribute = next(n for n, m in model.named_modules() if m is rotary).rpartition(".")
-    parent = model.get_submodule(parent_name)
+    rotary = state.rotary
+    parent, attribute = _parent_of(model, rotary)
     new_config = copy.deepcopy(config)
     new_config.rope_parameters = frequency.rope_parameters(current, 2 * rotary.inv_freq.shape[-1])
     replacement = type(rotary)(new_config).to(rotary.inv_freq.device)
     setattr(parent, attribute, replacement)
     config.rope_parameters = copy.deepcopy(new_config.rope_parameters)
-
-    def restore() -> None:
-        setattr(parent, attribute, rotary)
-        config.rope_parameters = current
-
-    return restore
+    state.replaced_rotary, state.replaced_rope_parameters, state.rotary = rotary, current, replacement
 
 
-def applied(model: nn.Module) -> PositionMethod | None:
-    """The position method currently applied to ``model``, if any."""
-    state = _applied.get(model)
-    return state.method if state else None
+# --- the mask function ---------------------------------------------------------------------------------
 
 
-def key_padding_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, attention_mask=None, **_) -> torch.Tensor | None:
-    """``AttentionMaskInterface`` function: only which keys are real, ``[B, 1, 1, Lkv]``, or ``None``."""
+def _plain_causal(mask_function: Callable | None) -> bool:
+    """Whether transformers asked for a causal (or causal sliding-window) mask, the only kinds the kernel builds."""
+    if mask_function is None or mask_function is causal_mask_function:
+        return True
+    if getattr(mask_function, "__name__", "") != "and_mask" or not mask_function.__closure__:
+        return False
+    parts = [f for cell in mask_function.__closure__ for f in (cell.cell_contents if isinstance(cell.cell_contents, tuple) else ())]
+    return bool(parts) and all(
+        f is causal_mask_function or getattr(f, "__qualname__", "").startswith("sliding_window_overlay") for f in parts
+    )
+
+
+def key_positions_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, attention_mask=None, mask_function=None,
+                       **_) -> torch.Tensor | None:
+    """``AttentionMaskInterface`` function: the keys' absolute positions ``[B, 1, 1, Lkv]``, -1 where not to attend.
+
+    Keys at or beyond ``q_offset + q_length`` are empty slots of a static cache. With left padding the
+    positions count real tokens (``cumsum(mask) - 1``, as ``generate`` does), also when the caller gave
+    no ``position_ids``. ``None`` when every key is real and unpadded.
+    """
+    if not _plain_causal(mask_function):
+        raise ValueError(
+            "longreach attention supports causal attention with a 2D padding mask only; this call asked for another "
+            "mask (packed sequences in one row, or a model-specific mask): unpack the sequences or pass an attention_mask"
+        )
+    device = attention_mask.device if attention_mask is not None else None
+    end = q_offset + q_length  # the keys that exist: every cached token and the queries
+    index = torch.arange(kv_offset, kv_offset + kv_length, device=device)
+    empty = index >= end
     if attention_mask is None:
-        return None
-    if (missing := kv_offset + kv_length - attention_mask.shape[-1]) > 0:  # as transformers pads it
-        attention_mask = torch.nn.functional.pad(attention_mask, (0, missing), value=True)
-    padding = attention_mask[:, kv_offset : kv_offset + kv_length].bool()
-    return None if bool(padding.all()) else padding[:, None, None, :]
+        if not bool(empty.any()):
+            return None
+        return index.masked_fill(empty, -1).expand(batch_size, -1)[:, None, None, :]
+    full = attention_mask.bool()
+    if (missing := kv_offset + kv_length - full.shape[-1]) > 0:  # as transformers pads it: the new tokens are real
+        full = torch.nn.functional.pad(full, (0, missing), value=True)
+    real = full[:, kv_offset : kv_offset + kv_length] & ~empty
+    padded = not bool(full[:, : int(end)].all())
+    if not padded:
+        if bool(real.all()):
+            return None
+        return index.masked_fill(empty, -1).expand(batch_size, -1)[:, None, None, :]
+    positions = full.long().cumsum(-1)[:, kv_offset : kv_offset + kv_length] - 1
+    return positions.masked_fill(~real, -1)[:, None, None, :]
 
 
-def _bind(forward: Callable, method: PositionMethod, dropping, window: int, rotary_ref, backend: str) -> Callable:
-    def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-        if dropout:
-            raise ValueError(f"longreach attention does not support dropout (got dropout={dropout}); call model.eval()")
-        if kwargs.get("softcap") is not None:
-            raise NotImplementedError("longreach attention does not support attention logit softcapping (Gemma 2)")
-        rotary = rotary_ref()
-        inv_freq = inverse_frequencies(rotary, getattr(module, "layer_type", None))
-        padding = _key_padding(attention_mask, key.shape[2])
-        positions = _key_positions(kwargs, query.shape[0], key.shape[2], query.device)
-        rates = None
-        if dropping is not None and getattr(module, "layer_idx", None) in dropping.layers:
-            generated = query.shape[2] == 1 and key.shape[2] > 1  # a one-token step against the cache
-            rates = dropping.rates(positions[:, -query.shape[2] :], window, generated)
-        out = forward(method, rotary, module, query, key, value, inv_freq, scaling, padding, positions, rates, backend, kwargs)
-        if (probe := _probe.get()) is not None and query.shape[2] == key.shape[2]:
-            _record(probe, method, module, query, key, inv_freq, scaling, padding, positions, rates, kwargs)
-        return out, None
-
-    return attention_forward
+# --- the attention function ------------------------------------------------------------------------------
 
 
-def _record(probe, method, module, query, key, inv_freq, scaling, padding, positions, rates, kwargs) -> None:
+@dataclass
+class Keys:
+    """The real keys of one attention call: how many (trailing empty slots dropped), which are padding,
+    their absolute positions for the method, and the positions RoPE rotated them at."""
+
+    count: int
+    padding: torch.Tensor | None  # [B, count] bool, False at padding; None: no padding
+    positions: torch.Tensor  # [B, count]
+    rotated_at: torch.Tensor  # [B, count]
+
+
+def _keys(mask: torch.Tensor | None, kv_len: int, position_ids: torch.Tensor | None, batch: int, device) -> Keys:
+    if mask is None:
+        count, padding, marks = kv_len, None, None
+    else:
+        if mask.dim() != 4 or mask.shape[-2] != 1 or mask.shape[-1] != kv_len or mask.dtype != torch.int64:
+            raise ValueError(
+                f"longreach attention got a custom attention mask of shape {tuple(mask.shape)} ({mask.dtype}); "
+                "it supports causal attention with a 2D padding mask [batch, keys] only"
+            )
+        marks = mask[:, 0, 0, :].to(device)
+        real = marks >= 0
+        present = real.any(0).nonzero()
+        count = int(present[-1]) + 1 if present.numel() else kv_len
+        marks, real = marks[:, :count], real[:, :count]
+        padding = None if bool(real.all()) else real
+    back = torch.arange(count - 1, -1, -1, device=device)
+    last = torch.full((1, 1), count - 1, device=device) if position_ids is None else position_ids.to(device)[:, -1:]
+    rotated_at = (last - back).expand(batch, -1)
+    positions = marks if padding is not None else rotated_at
+    return Keys(count, padding, positions, rotated_at)
+
+
+_warned_attentions = False
+
+
+def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """The function registered with ``AttentionInterface`` under ``longreach``: reads what is applied from ``module``."""
+    global _warned_attentions
+    state = module.__dict__.get("_longreach")
+    if state is None:
+        raise ValueError(f"{module.__class__.__name__} has attn_implementation='longreach' but no method: use longreach.apply(model, ...)")
+    if dropout:
+        raise ValueError(f"longreach attention does not support attention dropout (got dropout={dropout}); set the config's attention_dropout=0")
+    if kwargs.get("softcap") is not None:
+        raise ValueError("longreach attention does not support attention logit softcapping (Gemma 2)")
+    if kwargs.get("output_attentions") and not _warned_attentions:
+        warnings.warn("longreach attention does not return attention weights (output_attentions=True gives None); "
+                      "use longreach.integrations.transformers.probing or the dense reference backend", stacklevel=2)
+        _warned_attentions = True
+    batch, q_len = query.shape[0], query.shape[2]
+    if query.device.type == "meta":
+        return query.new_empty(batch, q_len, query.shape[1], value.shape[-1]), None
+    keys = _keys(attention_mask, key.shape[2], kwargs.get("position_ids"), batch, query.device)
+    key, value = key[:, :, : keys.count], value[:, :, : keys.count]
+    inv_freq = inverse_frequencies(state.rotary, getattr(module, "layer_type", None))
+    rates = None
+    if state.drop is not None and getattr(module, "layer_idx", None) in state.drop.layers:
+        generated = q_len == 1 and keys.count > 1  # a one-token step against the cache
+        rates = state.drop.rates(keys.positions[:, -q_len:], state.window, generated)
+    logit_scale = state.method.logit_scale_at(keys.positions[:, -1] + 1)
+    sliding_window = kwargs.get("sliding_window")
+    if state.backend == "reference":
+        out = _reference(state, module, query, key, value, inv_freq, scaling, keys, sliding_window, logit_scale, rates)
+    else:
+        out = kernel.attention(
+            query, key, value, state.method.parts(), inv_freq, scaling=scaling, key_padding=keys.padding,
+            sliding_window=sliding_window, logit_scale=logit_scale, positions=keys.positions, drop=rates, backend=state.backend,
+        )
+    if (probe := _probe.get()) is not None and q_len == keys.count:
+        _record(probe, state.method, module, query, key, inv_freq, scaling, keys, sliding_window, logit_scale, rates)
+    return out, None
+
+
+def _record(probe, method, module, query, key, inv_freq, scaling, keys, sliding_window, logit_scale, rates) -> None:
     rows, top_k, record = probe
     rows = rows[rows < query.shape[2]].to(query.device)
     tops = [
         probabilities.topk(min(top_k, probabilities.shape[-1]), dim=-1).values.mean(-1).mean(1)  # [B, T]
         for probabilities, _ in kernel.attention_probabilities(
-            query[:, :, rows], key, method.parts(), inv_freq, rows, scaling, padding, kwargs.get("sliding_window"),
-            method.logit_scale, positions, None if rates is None else rates[:, rows],
+            query[:, :, rows], key, method.parts(), inv_freq, rows, scaling, keys.padding, sliding_window,
+            logit_scale, keys.positions, None if rates is None else rates[:, rows],
         )
     ]
     record[module.layer_idx] = torch.cat(tops, dim=-1).float().cpu()
 
 
-def _key_padding(mask: torch.Tensor | None, kv_len: int) -> torch.Tensor | None:
-    """The ``[B, Lkv]`` key-padding mask our mask function produced (``None``: no padding)."""
-    if mask is None:
-        return None
-    if mask.dim() != 4 or mask.shape[-2] != 1 or mask.shape[-1] != kv_len or mask.dtype != torch.bool:
-        raise ValueError(
-            f"longreach attention got a custom attention mask of shape {tuple(mask.shape)} ({mask.dtype}); "
-            "it supports causal attention with a 2D padding mask [batch, keys] only"
-        )
-    return mask[:, 0, 0, :]
-
-
-def _key_positions(kwargs: dict, batch: int, kv_len: int, device) -> torch.Tensor:
-    """Absolute positions of the keys ``[B, Lkv]``: contiguous, ending at the last query's position.
-
-    transformers passes the queries' ``position_ids`` (padding-aware under ``generate``); the cache
-    holds the keys before them, so key ``j`` sits at ``last - (Lkv - 1 - j)`` (negative for left padding,
-    which is masked). Without ``position_ids`` the keys are at ``0 .. Lkv-1``.
-    """
-    q_pos = kwargs.get("position_ids")
-    back = torch.arange(kv_len - 1, -1, -1, device=device)
-    if q_pos is None:
-        return (kv_len - 1 - back).expand(batch, -1)
-    return q_pos.to(device).expand(batch, -1)[:, -1:] - back
-
-
-def _kernel_forward(method, rotary, module, query, key, value, inv_freq, scaling, padding, positions, rates, backend, kwargs):
-    return kernel.attention(
-        query, key, value, method.parts(), inv_freq, scaling=scaling, key_padding=padding,
-        sliding_window=kwargs.get("sliding_window"), logit_scale=method.logit_scale, positions=positions, drop=rates,
-        backend=backend,
-    )
-
-
-def _reference_forward(method, rotary, module, query, key, value, inv_freq, scaling, padding, positions, rates, backend, kwargs):
-    """Undo RoPE at the true positions, then the dense per-pair oracle (float64, O(n^2))."""
-    if kwargs.get("position_ids") is None:
-        raise ValueError("the reference backend needs position_ids in the attention kwargs")
-    q_pos = kwargs["position_ids"].expand(query.shape[0], -1).to(query.device)
-    k_pos = positions
+def _reference(state, module, query, key, value, inv_freq, scaling, keys, sliding_window, logit_scale, rates):
+    """Undo RoPE where it was applied, then the dense per-pair oracle at the method's positions (float64, O(n^2))."""
+    q_len = query.shape[2]
     layer_type = getattr(module, "layer_type", None)
+    rotary = state.rotary
     attention_scaling = getattr(rotary, f"{layer_type}_attention_scaling", None) or getattr(rotary, "attention_scaling", 1.0)
-    q_raw = reference.unrotate(query, q_pos, inv_freq, attention_scaling)
-    k_raw = reference.unrotate(key, k_pos, inv_freq, attention_scaling)
-    P = method.relative_positions(q_pos[:, :, None], k_pos[:, None, :])
-    window = kwargs.get("sliding_window")
-    if window is not None:
-        P = torch.where(q_pos[:, :, None] - k_pos[:, None, :] < window, P, torch.nan)
-    out = reference.dense_attention(
-        q_raw, k_raw, value, P, inv_freq, scaling, attention_scaling, padding, method.logit_scale, rates
-    )
+    q_raw = reference.unrotate(query, keys.rotated_at[:, -q_len:], inv_freq, attention_scaling)
+    k_raw = reference.unrotate(key, keys.rotated_at, inv_freq, attention_scaling)
+    q_pos, k_pos = keys.positions[:, -q_len:, None], keys.positions[:, None, :]
+    P = state.method.relative_positions(q_pos, k_pos)
+    if sliding_window is not None:
+        P = torch.where(q_pos - k_pos < sliding_window, P, torch.nan)
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scaling is None else scaling
+    out = reference.dense_attention(q_raw, k_raw, value, P, inv_freq, scale, attention_scaling, keys.padding, logit_scale, rates)
     return out.to(query.dtype)
+
+
+AttentionInterface.register(NAME, attention_forward)
+AttentionMaskInterface.register(NAME, key_positions_mask)

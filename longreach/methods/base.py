@@ -64,6 +64,10 @@ class PositionMethod:
         """Factor on the logits of the rotary dimensions (1.0: none)."""
         return 1.0
 
+    def logit_scale_at(self, sequence_lengths: torch.Tensor) -> float | torch.Tensor:
+        """The logit factor for sequences of ``sequence_lengths [B]`` tokens: a number, or one per sequence."""
+        return self.logit_scale
+
     def describe(self) -> str:
         values = ", ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self) if f.name != "training_window")
         return f"{self.name}({values})" if values else self.name

@@ -10,7 +10,10 @@ every key sits at ``j mod c``. The query's position depends on where the key is:
 
 This follows the official ChunkLlama code (``chunkllama_attn_replace.py``), whose earlier-chunk
 query sits at ``min(2c - 1, s)``; that equals SPEC.md's ``s`` whenever ``s >= 2l + 1`` (always
-with the defaults). The paper's defaults are ``s = 3L/4``; the local window is ``L/8`` here
+with the defaults). ``mscale=True`` reproduces the official code's length-dependent temperature:
+once a sequence of ``n`` tokens is longer than ``L``, cos and sin are multiplied by
+``0.05 ln(n / L) + 1``, so the rotary logits by its square (``get_mscale`` in
+``chunkllama_attn_replace.py``, with ``n`` the tokens so far, cache included). The paper's defaults are ``s = 3L/4``; the local window is ``L/8`` here
 (SPEC.md), ``L/16`` in the official code. Three parts, one per chunk relation, with per-token
 shifts and chunk-aligned key spans.
 """
@@ -31,11 +34,13 @@ class DualChunk(PositionMethod):
     name = "dca"
     paper = "An et al. 2024, Training-Free Long-Context Scaling of LLMs (DCA, arXiv:2402.17463)"
     changes = "positions: keys at j mod c; queries by chunk relation (same, previous, earlier)"
-    ranges = {"chunk_size": "integer > local_window (default 3L/4)", "local_window": "integer, 0 < local_window < chunk_size (default L/8)"}
+    ranges = {"chunk_size": "integer > local_window (default 3L/4)", "local_window": "integer, 0 < local_window < chunk_size (default L/8)",
+              "mscale": "True/False: official (0.05 ln(n/L) + 1) on cos/sin beyond L"}
 
     training_window: int
     chunk_size: int | None = None
     local_window: int | None = None
+    mscale: bool = False
 
     def __post_init__(self) -> None:
         L = self.training_window
@@ -45,6 +50,15 @@ class DualChunk(PositionMethod):
             object.__setattr__(self, "local_window", L // 8)
         require_int("chunk_size", self.chunk_size, 2, None, "chunk_size > local_window > 0")
         require_int("local_window", self.local_window, 1, self.chunk_size - 1, f"0 < local_window < chunk_size = {self.chunk_size}")
+        if not isinstance(self.mscale, bool):
+            raise ValueError(f"mscale must be True or False, got {self.mscale!r}")
+
+    def logit_scale_at(self, sequence_lengths: torch.Tensor) -> float | torch.Tensor:
+        """With ``mscale``: ``(0.05 ln(n / L) + 1)^2`` for sequences of ``n > L`` tokens, else 1."""
+        if not self.mscale:
+            return 1.0
+        ratio = sequence_lengths.double() / self.training_window
+        return torch.where(ratio > 1, (0.05 * torch.log(ratio.clamp(min=1)) + 1) ** 2, 1.0)
 
     @property
     def chunk(self) -> int:

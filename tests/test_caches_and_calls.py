@@ -1,0 +1,201 @@
+"""The caches and calls people use: static and sliding caches, compile, padding without position_ids,
+copies, the registries, meta tensors, softcapping, output_attentions, save/load, DCA's temperature."""
+
+import copy
+import gc
+import math
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from conftest import tiny_model
+from transformers import AttentionInterface, StaticCache
+from transformers.masking_utils import AttentionMaskInterface
+
+import longreach
+
+METHODS = {
+    "string": dict(shift=20, local_window=4),
+    "rerope": dict(window=30, leak=2.0),
+    "self_extend": dict(group_size=3, neighbor_window=16),
+    "dca": dict(chunk_size=30, local_window=6),
+    "dynamic_drop": dict(chunk=8, initial_rate=0.2, layers=(0, 1)),
+}
+CACHE_FAMILIES = {"llama": {}, "mistral": {"sliding_window": 24}, "gemma3": {}}  # full, sliding, hybrid caches
+
+
+def ids(n, seed=0, batch=2):
+    return torch.randint(3, 97, (batch, n), generator=torch.Generator().manual_seed(seed))
+
+
+def left_padded(n=40, pad=7, seed=0):
+    x = ids(n, seed)
+    mask = torch.ones_like(x)
+    mask[1, :pad] = 0
+    return x, mask
+
+
+@pytest.mark.parametrize("family", sorted(CACHE_FAMILIES))
+@pytest.mark.parametrize("name", sorted(METHODS))
+@torch.no_grad()
+def test_a_static_cache_equals_the_dynamic_cache(family, name):
+    """transformers hands a static cache over whole (max_cache_len keys, most of them empty slots)."""
+    model = tiny_model(family, **CACHE_FAMILIES[family])
+    longreach.apply(model, name, **METHODS[name])
+    x, mask = left_padded()
+    settings = dict(attention_mask=mask, max_new_tokens=12, min_new_tokens=12, do_sample=False)
+    assert torch.equal(model.generate(x, cache_implementation="static", **settings), model.generate(x, **settings))
+    cache = StaticCache(config=model.config, max_cache_len=64)  # a chunked prefill into a static cache
+    first = model(x[:, :25], attention_mask=mask[:, :25], past_key_values=cache, use_cache=True).logits
+    second = model(x[:, 25:], attention_mask=mask, past_key_values=cache, use_cache=True).logits
+    whole = model(x, attention_mask=mask).logits
+    assert (torch.cat([first, second], 1) - whole)[mask.bool()].abs().max() <= 1e-5
+
+
+@torch.no_grad()
+def test_compiled_forward_with_a_static_cache_equals_eager():
+    model = tiny_model("llama")
+    longreach.apply(model, "string", **METHODS["string"])
+    x = ids(40, batch=1)
+    eager = model.generate(x, max_new_tokens=4, do_sample=False)
+    model.forward = torch.compile(model.forward, backend="eager")
+    assert torch.equal(model.generate(x, max_new_tokens=4, do_sample=False, cache_implementation="static"), eager)
+
+
+@pytest.mark.parametrize("name", ["self_extend", "dca", "dynamic_drop"])
+@torch.no_grad()
+def test_left_padding_without_position_ids_does_not_move_absolute_positions(name):
+    """The usual scoring call model(ids, attention_mask=m): keys' positions come from the mask."""
+    model = tiny_model("llama")
+    longreach.apply(model, name, **METHODS[name])
+    x = ids(50, batch=1)
+    for pad in (3, 17):
+        padded = torch.cat([torch.zeros(1, pad, dtype=torch.long), x], 1)
+        mask = (torch.arange(pad + 50) >= pad).long()[None]
+        assert (model(padded, attention_mask=mask).logits[0, pad:] - model(x).logits[0]).abs().max() <= 1e-5
+
+
+@torch.no_grad()
+def test_a_deep_copy_is_applied_like_its_original_and_removed_on_its_own():
+    x = ids(80, batch=1)
+    for name, params in (("string", METHODS["string"]), ("yarn", {"factor": 2.0})):
+        model = tiny_model("llama")
+        longreach.apply(model, name, **params)
+        want = model(x).logits
+        twin = copy.deepcopy(model)
+        assert longreach.describe(twin) == longreach.describe(model) != "rope"
+        longreach.remove(model)
+        assert torch.equal(twin(x).logits, want)
+        assert longreach.describe(model) == "rope" and longreach.describe(twin) != "rope"
+        longreach.remove(twin)
+        assert torch.equal(twin(x).logits, model(x).logits)
+
+
+def test_applied_models_do_not_grow_the_registries():
+    before = len(AttentionInterface._global_mapping), len(AttentionMaskInterface._global_mapping)
+    for i in range(20):
+        longreach.apply(tiny_model("llama"), "string", shift=10 + i, local_window=4)
+    gc.collect()
+    assert (len(AttentionInterface._global_mapping), len(AttentionMaskInterface._global_mapping)) == before
+
+
+@torch.no_grad()
+def test_meta_tensors_work_as_with_stock_attention():
+    model = tiny_model("llama")
+    longreach.apply(model, "string", **METHODS["string"])
+    model.to("meta")
+    assert model(ids(30).to("meta")).logits.shape == (2, 30, 97)
+
+
+def test_gemma2_softcapping_is_refused_at_apply():
+    config = transformers.Gemma2Config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with pytest.raises(ValueError, match="attn_logit_softcapping=50.0, Gemma 2"):
+        longreach.apply(model, "string", shift=20, local_window=4)
+    assert longreach.applied(model) is None
+
+
+@torch.no_grad()
+def test_output_attentions_warns_instead_of_returning_nothing_silently():
+    model = tiny_model("llama")
+    longreach.apply(model, "string", **METHODS["string"])
+    import longreach.integrations.transformers as integration
+
+    integration._warned_attentions = False
+    with pytest.warns(UserWarning, match="does not return attention weights"):
+        model(ids(30), output_attentions=True)
+
+
+@torch.no_grad()
+def test_packed_sequences_are_refused_not_mixed():
+    model = tiny_model("llama")
+    longreach.apply(model, "string", **METHODS["string"])
+    packed = torch.cat([torch.arange(20), torch.arange(20)])[None]
+    with pytest.raises(ValueError, match="packed sequences"):
+        model(ids(40, batch=1), position_ids=packed, use_cache=False)  # transformers detects packing without a cache
+
+
+@pytest.mark.parametrize("name, params", [("string", {**METHODS["string"], "training_window": 90}),
+                                          ("dca", {**METHODS["dca"], "mscale": True}),
+                                          ("ntk", {"factor": 3.0}),
+                                          ("self_extend", {**METHODS["self_extend"], "scaling": {"rope_type": "yarn", "factor": 2.0},
+                                                           "drop": {"method": "drop", "rate": 0.2, "layers": [1]}})])
+@torch.no_grad()
+def test_save_pretrained_records_the_method_and_load_reapplies_it(tmp_path, name, params):
+    model = tiny_model("llama")
+    x = ids(80, batch=1)
+    longreach.apply(model, name, **params)
+    want, described = model(x).logits, longreach.describe(model)
+    model.save_pretrained(tmp_path)
+    _byte_tokenizer().save_pretrained(tmp_path)
+    loaded, _ = longreach.load(str(tmp_path))
+    assert longreach.describe(loaded) == described
+    assert (loaded(x).logits - want).abs().max() <= 1e-5
+    longreach.remove(loaded)
+    assert torch.allclose(loaded(x).logits, tiny_model("llama")(x).logits, atol=1e-5)  # back to the stock model
+    plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)  # without longreach: frequencies only
+    assert longreach.describe(plain) == "rope"
+
+
+def _byte_tokenizer():
+    from conftest import byte_tokenizer
+
+    return byte_tokenizer()
+
+
+def test_dca_mscale_is_the_official_length_dependent_temperature():
+    method = longreach.methods.create("dca", training_window=100, chunk_size=60, local_window=10, mscale=True)
+    scale = method.logit_scale_at(torch.tensor([50, 100, 101, 400]))
+    assert scale[:2].tolist() == [1.0, 1.0]
+    assert scale[3].item() == pytest.approx((0.05 * math.log(4) + 1) ** 2)
+    assert longreach.methods.create("dca", training_window=100).logit_scale_at(torch.tensor([400])) == 1.0
+
+
+@torch.no_grad()
+def test_dca_mscale_equals_the_reference_in_prefill_and_decoding():
+    model = tiny_model("llama", dtype=torch.float64)
+    x, mask = left_padded(n=130, pad=40)  # row 0 is beyond L = 96, row 1 (90 real tokens) inside it
+    longreach.apply(model, "dca", mscale=True, **METHODS["dca"])
+    kernel = model(x, attention_mask=mask).logits
+    longreach.apply(model, "dca", mscale=True, backend="reference", **METHODS["dca"])
+    reference = model(x, attention_mask=mask).logits
+    assert (kernel - reference)[mask.bool()].abs().max() <= 1e-8
+    steps = []
+    for backend in ("auto", "reference"):  # decoding: n grows by one (cached states keep the temperature of their n)
+        longreach.apply(model, "dca", mscale=True, backend=backend, **METHODS["dca"])
+        prefix = model(x[:, :-1], attention_mask=mask[:, :-1], use_cache=True)
+        steps.append(model(x[:, -1:], attention_mask=mask, past_key_values=prefix.past_key_values).logits)
+    assert (steps[0] - steps[1]).abs().max() <= 1e-8
+    longreach.apply(model, "dca", **METHODS["dca"])
+    assert (model(x, attention_mask=mask).logits - kernel)[0].abs().max() > 1e-5  # it changes row 0 ...
+    assert (model(x, attention_mask=mask).logits - kernel)[1][mask[1].bool()].abs().max() <= 1e-8  # ... not row 1
+
+
+def test_numpy_integers_are_integers_and_the_cuda_backend_needs_cuda():
+    model = tiny_model("llama")
+    longreach.apply(model, "string", shift=np.int64(20), local_window=np.int32(4))
+    assert longreach.applied(model).shift == 20 and type(longreach.applied(model).shift) is int
+    with pytest.raises(ValueError, match="backend='cuda_efficient' needs a model on a CUDA device; this model is on 'cpu'"):
+        longreach.apply(model, "rope", backend="cuda_efficient")
