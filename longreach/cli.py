@@ -7,6 +7,48 @@ import sys
 from pathlib import Path
 
 DEMO_LENGTHS = "2k,4k,6k,8k"
+MAX_MATRIX = 4096  # matrix pictures are dense length x length arrays
+
+
+def positive(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is out of range: an integer >= 1")
+    return value
+
+
+def writable_folder(path: str, flag: str = "--out") -> Path:
+    """``path`` as a folder we can write in (made if missing), or a one-line error naming ``flag``."""
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{flag}={path} is a file, not a folder: give a folder for the results")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".longreach-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise ValueError(f"{flag}={path} is not a writable folder ({error.strerror or error})") from None
+    return folder
+
+
+def writable_file(path: str, flag: str = "--out") -> Path:
+    """A picture's path: its folder must be writable and the path itself not a folder."""
+    target = Path(path)
+    if target.is_dir():
+        raise ValueError(f"{flag}={path} is a folder: give a file name such as {target / 'picture.png'}")
+    writable_folder(str(target.parent), flag)
+    return target
+
+
+def existing_file(path: str, flag: str) -> Path:
+    if not Path(path).is_file():
+        raise ValueError(f"{flag}={path} does not exist or is not a file")
+    return Path(path)
 
 
 def _grid(args: argparse.Namespace):
@@ -17,13 +59,13 @@ def _grid(args: argparse.Namespace):
         print(reason)
     methods = [runner.MethodSpec.parse(m) for m in (args.method or ["rope", "string"])]
     return runner.Grid(args.model, names, methods, runner.parse_lengths(args.lengths),
-                       runner.depth_grid(args.depths), args.seeds)
+                       runner.depth_grid(args.depths), args.seeds, args.training_window)
 
 
 def _eval(args: argparse.Namespace) -> None:
     from .eval import report, runner
 
-    out = Path(args.out)
+    out = writable_folder(args.out)
     runner.run(_grid(args), out, limit=args.limit)
     print(report.build(out, args.threshold))
     print(f"results, summary.md and pictures in {out}/")
@@ -32,6 +74,8 @@ def _eval(args: argparse.Namespace) -> None:
 def _report(args: argparse.Namespace) -> None:
     from .eval import report
 
+    if not Path(args.dir).is_dir():
+        raise ValueError(f"{args.dir} is not a results folder")
     print(report.build(Path(args.dir), args.threshold))
 
 
@@ -42,16 +86,20 @@ def _dispersion(args: argparse.Namespace) -> None:
     from .analysis import dispersion
     from .eval import haystack, runner
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    text = Path(args.text).read_text(encoding="utf-8") if args.text else haystack.essays()
-    (length,) = runner.parse_lengths(args.length)
+    out = writable_folder(args.out)
+    text = existing_file(args.text, "--text").read_text(encoding="utf-8") if args.text else haystack.essays()
+    lengths = runner.parse_lengths(args.length)
+    if len(lengths) != 1:
+        raise ValueError(f"--length={args.length} gives {len(lengths)} lengths: give one, e.g. 12k")
+    specs = [runner.MethodSpec.parse(m) for m in (args.method or ["rope", "dynamic_drop"])]
     model, tokenizer = models.load(args.model)
-    window = longreach.training_window(model.config)
+    window = args.training_window or longreach.training_window(model.config)
+    runner.check_lengths(lengths, window)
+    (length,) = lengths
     results = {}
-    for spec in [runner.MethodSpec.parse(m) for m in (args.method or ["rope", "dynamic_drop"])]:
+    for spec in specs:
         method, kwargs = spec.arguments(window)
-        longreach.apply(model, method, **kwargs)
+        longreach.apply(model, method, **{"training_window": window, **kwargs})
         print(f"probing {spec.label} at {length} tokens ...", flush=True)
         results[spec.label] = dispersion.measure(model, tokenizer, text, length, args.points, args.top_k)
     longreach.remove(model)
@@ -66,9 +114,17 @@ def _freq(args: argparse.Namespace) -> None:
     sources = [x for x in (args.lengths_file, args.texts, args.synthetic) if x]
     if len(sources) != 1:
         raise ValueError("give exactly one of --lengths-file, --texts (with --model) or --synthetic")
+    out = writable_file(args.out)
     if args.lengths_file:
-        lengths, name = np.loadtxt(args.lengths_file, dtype=np.int64, ndmin=1), Path(args.lengths_file).name
+        lengths_file = existing_file(args.lengths_file, "--lengths-file")
+        try:
+            lengths = np.loadtxt(lengths_file, dtype=np.int64, ndmin=1)
+        except ValueError:
+            raise ValueError(f"--lengths-file={args.lengths_file} must hold one whole number per line") from None
+        name = lengths_file.name
     elif args.texts:
+        if not Path(args.texts).is_dir():
+            raise ValueError(f"--texts={args.texts} is not a folder of .txt files")
         from transformers import AutoTokenizer
 
         from .models import default_path
@@ -82,8 +138,6 @@ def _freq(args: argparse.Namespace) -> None:
     for packing in frequency.PACKINGS:
         s = frequency.shares(frequency.frequency(lengths, args.window, packing))
         print(f"| {packing} | {s['i < L/2']:.1%} | {s['i >= 3L/4']:.1%} |")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     print(f"\nwrote {frequency.plot(lengths, args.window, out, f'position frequency: {name}, L = {args.window}')}")
 
 
@@ -92,8 +146,10 @@ def _matrix(args: argparse.Namespace) -> None:
     from .eval import runner
 
     spec = runner.MethodSpec.parse(args.method)
+    if args.length > MAX_MATRIX:
+        raise ValueError(f"--length={args.length} is out of range: 1 .. {MAX_MATRIX} (the matrix is drawn whole)")
     P, description = matrix.matrix(spec.name, args.length, args.window, **dict(spec.params))
-    out = Path(args.out or f"matrix_{spec.name}_{args.length}.png")
+    out = writable_file(args.out or f"matrix_{spec.name}_{args.length}.png")
     if args.length <= 24:
         print("\n".join(" ".join("  ." if v != v else f"{v:3g}" for v in row) for row in P))  # NaN: not attended
     print(f"wrote {matrix.plot(P, f'{description}, L = {args.window or args.length}', out)}")
@@ -108,9 +164,8 @@ def _cost(args: argparse.Namespace) -> None:
     dtype_bytes = cost.DTYPE_BYTES[args.dtype]
     print(f"{shape.name}: {shape.layers} layers, {shape.heads} heads ({shape.kv_heads} KV), head dim {shape.head_dim}, "
           f"{shape.parameters:,} parameters; {args.dtype}\n")
+    out = writable_file(args.out)
     print(cost.markdown(cost.table(shape, lengths, dtype_bytes, args.sliding_window), args.sliding_window))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     print(f"\nwrote {cost.plot(shape, lengths, out, dtype_bytes, args.sliding_window)}")
 
 
@@ -131,6 +186,9 @@ def _demo(args: argparse.Namespace) -> None:
     _eval(args)
 
 
+TRAINING_WINDOW_HELP = "the training window L every default derives from (default: the config's max_position_embeddings)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .eval.report import RULER_THRESHOLD
 
@@ -139,9 +197,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     def common(p: argparse.ArgumentParser, out: str, seeds: int) -> None:
         p.add_argument("--model", default="default", help="'default' (bundled SmolLM2-135M-Instruct), a local path or a HF id")
-        p.add_argument("--seeds", type=int, default=seeds, help=f"cases per (length, depth) cell (default {seeds})")
+        p.add_argument("--seeds", type=positive, default=seeds, help=f"cases per (length, depth) cell (default {seeds})")
         p.add_argument("--out", default=out, help=f"results folder; a rerun resumes it (default {out})")
-        p.add_argument("--limit", type=int, help="run at most this many new cases")
+        p.add_argument("--limit", type=positive, help="run at most this many new cases")
+        p.add_argument("--training-window", type=positive, help=TRAINING_WINDOW_HELP)
         p.add_argument("--threshold", type=float, default=RULER_THRESHOLD, help="effective-length threshold (RULER: 85.6)")
 
     evaluate = commands.add_parser("eval", help="run a task over methods x lengths x depths x seeds (resumable)")
@@ -150,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="method[:param=value,...], repeatable (default: rope and string), e.g. string:shift=2048, "
                           "dca:protocol=paper, yarn:factor=2; see `longreach methods`")
     evaluate.add_argument("--lengths", default="2k,4k,8k", help="context lengths, k = 1024 (default 2k,4k,8k)")
-    evaluate.add_argument("--depths", type=int, default=5, help="needle depths from 0 to 1, for depth tasks (default 5)")
+    evaluate.add_argument("--depths", type=positive, default=5, help="needle depths from 0 to 1, for depth tasks (default 5)")
     common(evaluate, "runs/eval", 3)
     evaluate.set_defaults(run=_eval)
 
@@ -159,13 +218,14 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--text", help="a text file (default: the Paul Graham essays)")
     probe.add_argument("--length", default="12k", help="tokens of text to read (default 12k)")
     probe.add_argument("--method", action="append", help="methods to compare (default: rope and dynamic_drop)")
-    probe.add_argument("--points", type=int, default=24, help="query positions sampled evenly (default 24)")
-    probe.add_argument("--top-k", type=int, default=1, help="mean of the k largest probabilities (default 1: the max)")
+    probe.add_argument("--points", type=positive, default=24, help="query positions sampled evenly (default 24)")
+    probe.add_argument("--top-k", type=positive, default=1, help="mean of the k largest probabilities (default 1: the max)")
+    probe.add_argument("--training-window", type=positive, help=TRAINING_WINDOW_HELP)
     probe.add_argument("--out", default="runs/dispersion", help="folder for dispersion.json and dispersion.png")
     probe.set_defaults(run=_dispersion)
 
     freq = commands.add_parser("freq", help="position frequency f(i) under three packings, with shares and a plot")
-    freq.add_argument("--window", type=int, default=2048, help="training window L (default 2048, as the paper)")
+    freq.add_argument("--window", "--training-window", type=positive, default=2048, help="training window L (default 2048, as the paper)")
     freq.add_argument("--lengths-file", help="a text file of document lengths, one per line")
     freq.add_argument("--texts", help="a folder of .txt files, tokenized with --model's tokenizer")
     freq.add_argument("--model", default="default", help="tokenizer for --texts (default: the bundled SmolLM2)")
@@ -176,8 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     pictures = commands.add_parser("matrix", help="a method's relative-position matrix as a picture")
     pictures.add_argument("method", help="method[:param=value,...], e.g. string:shift=3,local_window=1")
-    pictures.add_argument("--length", type=int, default=9, help="matrix size (default 9, the paper's Figure 5)")
-    pictures.add_argument("--window", type=int, help="training window L (default: --length)")
+    pictures.add_argument("--length", type=positive, default=9, help="matrix size (default 9, the paper's Figure 5)")
+    pictures.add_argument("--window", "--training-window", type=positive, help="training window L (default: --length)")
     pictures.add_argument("--out", help="PNG path (default matrix_METHOD_LENGTH.png)")
     pictures.set_defaults(run=_matrix)
 
@@ -185,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     costs.add_argument("--model", default="default", help="'default', a config.json, a local folder or a hub id")
     costs.add_argument("--lengths", default="4k,32k,128k,1024k", help="k = 1024 (default 4k,32k,128k,1024k)")
     costs.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16", "float8"])
-    costs.add_argument("--sliding-window", type=int, default=4096)
+    costs.add_argument("--sliding-window", type=positive, default=4096)
     costs.add_argument("--out", default="runs/cost.png")
     costs.set_defaults(run=_cost)
 
@@ -207,7 +267,7 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
         args.run(args)
-    except (ValueError, RuntimeError) as error:
+    except (ValueError, RuntimeError, OSError) as error:
         sys.exit(f"longreach: error: {error}")
     except KeyboardInterrupt:
         sys.exit("longreach: interrupted; every finished case is saved, rerun the same command to resume")

@@ -38,16 +38,28 @@ def build(out: Path, threshold: float = RULER_THRESHOLD) -> str:
     records = read_results(out / RESULTS)
     if not records:
         raise ValueError(f"no results in {out / RESULTS}")
+    records = _row_labels(records)
+    models = sorted({r["model"] for r in records})
     by_task = defaultdict(list)
     for r in records:
-        by_task[r["task"]].append(r)
-    sections = [f"# longreach results\n\nModel: {', '.join(sorted({r['model'] for r in records}))}; "
+        by_task[r["model"], r["task"]].append(r)
+    sections = [f"# longreach results\n\nModel: {', '.join(models)}; "
                 f"{len(records)} cases; effective length threshold {threshold:g}.\n"]
-    for task, rows in sorted(by_task.items()):
-        sections.append(_task_section(out, task, rows, threshold))
+    for (model, task), rows in sorted(by_task.items()):
+        title = task if len(models) == 1 else f"{task} — {model}"
+        sections.append(_task_section(out, title, rows, threshold))
     markdown = "\n".join(sections)
     (out / "summary.md").write_text(markdown, encoding="utf-8")
     return markdown
+
+
+def _row_labels(records: list[dict]) -> list[dict]:
+    """Records with ``method`` set to the row they belong to: the label as given, with the resolved
+    method beside it where one label stands for several (another L, another model's defaults)."""
+    meanings = defaultdict(set)
+    for r in records:
+        meanings[r["method"]].add(r["resolved"])
+    return [{**r, "method": r["method"] if len(meanings[r["method"]]) == 1 else f"{r['method']} = {r['resolved']}"} for r in records]
 
 
 def _task_section(out: Path, task: str, rows: list[dict], threshold: float) -> str:
@@ -76,7 +88,7 @@ def _task_section(out: Path, task: str, rows: list[dict], threshold: float) -> s
             effective[method] = effective_length(means, threshold)
             lines.append(f"| {method} | {row} | {_fmt_length(effective[method]) if effective[method] else 'none'} |")
         series[method] = (list(means), list(means.values()))
-    if task == "niah4":
+    if rows[0]["task"] == "niah4":
         lines += ["", "Fraction of the 4 needles found:", "",
                   "| method | " + " | ".join(_fmt_length(n) for n in lengths) + " |", "|---" * (len(lengths) + 1) + "|"]
         for method in methods:

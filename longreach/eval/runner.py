@@ -10,7 +10,9 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,13 +35,17 @@ class MethodSpec:
     @classmethod
     def parse(cls, text: str) -> "MethodSpec":
         name, _, rest = text.partition(":")
-        params = []
+        params = {}
         for item in filter(None, rest.split(",")):
             key, sep, value = item.partition("=")
-            if not sep:
+            if not sep or not key.strip():
                 raise ValueError(f"method parameter {item!r} must look like name=value (in {text!r})")
-            params.append((key.strip(), _value(value.strip())))
-        return cls(name.strip(), tuple(sorted(params)))
+            if key.strip() in params:
+                raise ValueError(f"method parameter {key.strip()!r} is given twice (in {text!r}); give it once")
+            params[key.strip()] = _value(value.strip())
+        if not name.strip():
+            raise ValueError(f"--method {text!r} names no method; see `longreach methods`")
+        return cls(name.strip(), tuple(sorted(params.items())))
 
     def arguments(self, training_window: int) -> tuple[str, dict]:
         """``(method, kwargs)`` for ``longreach.apply``.
@@ -80,6 +86,9 @@ def _value(text: str):
     return {"true": True, "false": False}.get(text.lower(), text)
 
 
+MAX_LENGTH = 1 << 24  # 16M tokens: beyond any model; runner.check_lengths bounds lengths by the model's L
+
+
 def parse_lengths(text: str) -> list[int]:
     """``2k,4k,8192`` -> ``[2048, 4096, 8192]`` (k = 1024)."""
     lengths = []
@@ -88,12 +97,24 @@ def parse_lengths(text: str) -> list[int]:
             number = float(item[:-1]) * 1024 if item.endswith("k") else float(item)
         except ValueError:
             number = 0.5
-        if number < 16 or number != int(number):
-            raise ValueError(f"length {item!r} is out of range: a whole number of tokens >= 16 (e.g. 2k, 4096)")
+        if not math.isfinite(number) or number < 16 or number > MAX_LENGTH or number != int(number):
+            raise ValueError(f"length {item!r} is out of range: a whole number of tokens from 16 to {MAX_LENGTH} (e.g. 2k, 4096)")
         lengths.append(int(number))
     if not lengths:
         raise ValueError("--lengths is empty: give e.g. 2k,4k,8k")
     return lengths
+
+
+LENGTH_BOUND = 32  # lengths above 32 x L are refused: no method here is meant to reach that far
+
+
+def check_lengths(lengths: list[int], window: int) -> None:
+    """Refuse lengths above ``LENGTH_BOUND x L``; say so when lengths exceed L (methods that extrapolate are meant for that)."""
+    if (too_long := [n for n in lengths if n > LENGTH_BOUND * window]):
+        raise ValueError(f"--lengths {too_long[0]} is out of range: at most {LENGTH_BOUND} x L = {LENGTH_BOUND * window} tokens "
+                         f"for this model (L = {window})")
+    if (beyond := [n for n in lengths if n > window]):
+        print(f"note: lengths {', '.join(map(str, beyond))} exceed the model's training window L = {window}")
 
 
 def depth_grid(count: int) -> list[float]:
@@ -103,16 +124,35 @@ def depth_grid(count: int) -> list[float]:
     return [0.5] if count == 1 else [round(i / (count - 1), 4) for i in range(count)]
 
 
+REQUIRED = ("model", "method", "task", "length", "depth", "seed", "score")
+
+
 def read_results(path: Path) -> list[dict]:
-    """The records of a results file; a truncated (crashed) last line is skipped."""
+    """The records of a results file, each case once (the first wins: concurrent runs may both write it).
+
+    A truncated (crashed) last line is skipped silently; any other line that is not a record (not
+    JSON, or JSON without the fields of a record) is skipped with a warning on stderr.
+    """
     if not path.exists():
         return []
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
+    records, seen = [], set()
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
             continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if number < len(lines):
+                print(f"warning: {path}:{number} is not JSON; skipped: {line[:60]!r}", file=sys.stderr)
+            continue
+        if not isinstance(record, dict) or any(key not in record for key in REQUIRED):
+            print(f"warning: {path}:{number} is not a results record; skipped: {line[:60]!r}", file=sys.stderr)
+            continue
+        record.setdefault("resolved", record["method"])
+        if (key := case_key(record)) not in seen:
+            seen.add(key)
+            records.append(record)
     return records
 
 
@@ -125,7 +165,8 @@ def _ends_with_newline(path: Path) -> bool:
 
 
 def case_key(record: dict) -> tuple:
-    return (record["model"], record["method"], record["task"], record["length"], record["depth"], record["seed"])
+    """What makes a case: the model, the method as resolved (every parameter and L), task, length, depth, seed."""
+    return (record["model"], record["resolved"], record["task"], record["length"], record["depth"], record["seed"])
 
 
 @dataclass
@@ -136,11 +177,15 @@ class Grid:
     lengths: list[int]
     depths: list[float]
     seeds: int
+    training_window: int | None = None  # None: the model's own L
     keys: list[tuple] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.seeds < 1:
             raise ValueError(f"--seeds={self.seeds} is out of range: at least 1")
+        if self.training_window is not None and self.training_window < 2:
+            raise ValueError(f"--training-window={self.training_window} is out of range: an integer >= 2 (tokens)")
+        self.methods = list({m.label: m for m in self.methods}.values())  # --method rope --method rope: once
         for task in self.tasks:  # longer lengths last: early results are the cheap ones
             depths = self.depths if tasks.get(task).uses_depth else [None]
             for length, seed, depth, method in itertools.product(self.lengths, range(self.seeds), depths, self.methods):
@@ -156,18 +201,22 @@ def run(grid: Grid, out: Path, limit: int | None = None, loaded=None) -> Path:
 
     out.mkdir(parents=True, exist_ok=True)
     path = out / RESULTS
+    specs = {m.label: m for m in grid.methods}
+    model, tokenizer = loaded or models.load(grid.model)
+    window = grid.training_window or longreach.training_window(model.config)
+    check_lengths(grid.lengths, window)
+    resolved = {}
+    for spec in grid.methods:  # validate every method before spending time; a case is keyed by the method as resolved
+        method, kwargs = spec.arguments(window)
+        longreach.apply(model, method, **{"training_window": window, **kwargs})  # a method may name its own L
+        resolved[spec.label] = longreach.describe(model)
     done = {case_key(r) for r in read_results(path)}
-    missing = [key for key in grid.keys if key not in done]
+    missing = [key for key in grid.keys if (key[0], resolved[key[1]], *key[2:]) not in done]
     pending = missing if limit is None else missing[:limit]
     print(f"{len(grid.keys)} cases in the grid, {len(grid.keys) - len(missing)} already in {path}, running {len(pending)}")
     if not pending:
+        longreach.remove(model)
         return path
-    specs = {m.label: m for m in grid.methods}
-    model, tokenizer = loaded or models.load(grid.model)
-    window = longreach.training_window(model.config)
-    for spec in grid.methods:  # validate every method before spending time
-        method, kwargs = spec.arguments(window)
-        longreach.apply(model, method, **kwargs)
     with path.open("a", encoding="utf-8") as sink, tqdm(pending, desc="cases", unit="case") as bar:
         if not _ends_with_newline(path):
             sink.write("\n")  # end a line cut short by a crash, so the next record stands alone
@@ -180,7 +229,7 @@ def run(grid: Grid, out: Path, limit: int | None = None, loaded=None) -> Path:
                 case = task.build(tokenizer, length, depth, seed)  # the grid lists methods innermost: one prompt for all
             if label != applied:
                 method, kwargs = specs[label].arguments(window)
-                longreach.apply(model, method, **kwargs)
+                longreach.apply(model, method, **{"training_window": window, **kwargs})
                 applied = label
             start = time.perf_counter()
             if hasattr(task, "evaluate"):

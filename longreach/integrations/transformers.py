@@ -20,6 +20,7 @@ import contextvars
 import copy
 import dataclasses
 import math
+import numbers
 import warnings
 from dataclasses import dataclass
 from typing import Callable
@@ -145,10 +146,10 @@ def apply(model: nn.Module, method: str = "string", *, training_window: int | No
 
 
 def _integer(value):
-    """numpy and torch integers count as integers."""
-    if hasattr(value, "__index__") and not isinstance(value, bool):
-        return int(value.__index__())
-    return value
+    """numpy integers and floats count as Python ``int`` and ``float``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return value
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
 def _check_model(model: nn.Module, backend: str) -> None:

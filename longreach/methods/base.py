@@ -13,6 +13,8 @@ that both agree:
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, fields
 from typing import Callable, ClassVar, Union
 
@@ -79,9 +81,18 @@ def causal_distance(query_positions: torch.Tensor, key_positions: torch.Tensor) 
     return torch.where(distance >= 0, distance, torch.nan)
 
 
+def require_number(name: str, value, rule: str, low: float | None = None, high: float | None = None,
+                   low_open: bool = False) -> None:
+    """Raise ``ValueError`` unless ``value`` is a finite real number in range (``low_open``: ``value > low``)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a number ({rule}), got {value!r}")
+    if not math.isfinite(value) or (low is not None and (value <= low if low_open else value < low)) or (high is not None and value > high):
+        raise ValueError(f"{name}={value!r} is out of range: {rule}")
+
+
 def require_int(name: str, value, low: int, high: int | None, rule: str) -> None:
     """Raise ``ValueError`` naming the parameter, its value and the allowed range."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{name} must be an integer ({rule}), got {value!r}")
     if value < low or (high is not None and value > high):
         raise ValueError(f"{name}={value} is out of range: {rule}")

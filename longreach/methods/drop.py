@@ -13,22 +13,26 @@ frequency method.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
+from .base import require_int, require_number
+
 
 def _check_rate(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+    require_number(name, value, f"0 <= {name} < 1", low=0)
+    if not value < 1:
         raise ValueError(f"{name}={value!r} is out of range: 0 <= {name} < 1")
 
 
 def _check_layers(layers) -> tuple[int, ...]:
-    layers = tuple(layers) if not isinstance(layers, int) else (layers,)
-    if not layers or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in layers):
+    layers = tuple(layers) if isinstance(layers, (tuple, list)) else (layers,)
+    if not layers or any(isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < 0 for x in layers):
         raise ValueError(f"layers={layers!r} is out of range: a non-empty list of layer indices >= 0")
-    return layers
+    return tuple(int(x) for x in layers)
 
 
 @dataclass(frozen=True)
@@ -70,12 +74,10 @@ class DynamicDrop:
     def __post_init__(self) -> None:
         for name in ("initial_rate", "max_rate", "generated_rate"):
             _check_rate(name, getattr(self, name))
-        if isinstance(self.step, bool) or not isinstance(self.step, (int, float)) or self.step < 0:
-            raise ValueError(f"step={self.step!r} is out of range: step >= 0")
+        require_number("step", self.step, "step >= 0", low=0)
         if self.max_rate < self.initial_rate:
             raise ValueError(f"max_rate={self.max_rate} is out of range: initial_rate = {self.initial_rate} <= max_rate < 1")
-        if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1:
-            raise ValueError(f"chunk={self.chunk!r} is out of range: an integer >= 1")
+        require_int("chunk", self.chunk, 1, None, "an integer >= 1")
         object.__setattr__(self, "layers", _check_layers(self.layers))
 
     def rates(self, positions: torch.Tensor, training_window: int, generated: bool) -> torch.Tensor:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import Part, PositionMethod, causal_distance, require_int
+from .base import Part, PositionMethod, causal_distance, require_int, require_number
 
 
 @dataclass(frozen=True)
@@ -33,8 +33,8 @@ class ReRope(PositionMethod):
         if self.window is None:
             object.__setattr__(self, "window", self.training_window // 2)
         require_int("window", self.window, 1, self.training_window, f"0 < window <= L = {self.training_window}")
-        if self.leak is not None and (isinstance(self.leak, bool) or not isinstance(self.leak, (int, float)) or self.leak <= 1):
-            raise ValueError(f"leak={self.leak!r} is out of range: a number > 1 (or None for plain ReRoPE)")
+        if self.leak is not None:
+            require_number("leak", self.leak, "a number > 1 (or None for plain ReRoPE)", low=1, low_open=True)
 
     def parts(self) -> tuple[Part, ...]:
         w, k = self.window, self.leak

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .base import require_int, require_number
+
 PARAMETERS = {
     "pi": {"factor": 2.0},
     "ntk": {"factor": 2.0},
@@ -33,11 +35,11 @@ PAPERS = {
 RANGES = {
     "factor": "number >= 1",
     "original_max_position_embeddings": "positive integer (default: the model's L)",
-    "beta_fast": "number (YaRN's high-frequency boundary)",
-    "beta_slow": "number (YaRN's low-frequency boundary)",
-    "attention_factor": "number or None (YaRN's 0.1 ln s + 1)",
-    "low_freq_factor": "number",
-    "high_freq_factor": "number",
+    "beta_fast": "a number > 0 (YaRN's high-frequency boundary)",
+    "beta_slow": "a number > 0 (YaRN's low-frequency boundary)",
+    "attention_factor": "a number > 0, or None (YaRN's 0.1 ln s + 1)",
+    "low_freq_factor": "a number > 0",
+    "high_freq_factor": "a number > low_freq_factor",
 }
 TRANSFORMERS_TYPE = {"pi": "linear", "ntk": "default", "dynamic": "dynamic", "yarn": "yarn", "llama3": "llama3"}
 ALIASES = {"linear": "pi", "pi": "pi", "ntk": "ntk", "dynamic": "dynamic", "yarn": "yarn", "llama3": "llama3"}
@@ -59,14 +61,20 @@ class Scaling:
         if unknown:
             raise ValueError(f"{name} has no parameter {', '.join(unknown)}; its parameters: {', '.join(PARAMETERS[name])}")
         merged = {**PARAMETERS[name], **params}
-        factor = merged["factor"]
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor < 1:
-            raise ValueError(f"factor={factor!r} is out of range: a number >= 1")
+        require_number("factor", merged["factor"], "a number >= 1", low=1)
+        for key in ("beta_fast", "beta_slow"):
+            if key in merged:
+                require_number(key, merged[key], RANGES[key], low=0, low_open=True)
+        if merged.get("attention_factor") is not None:
+            require_number("attention_factor", merged["attention_factor"], RANGES["attention_factor"], low=0, low_open=True)
+        if "low_freq_factor" in merged:
+            require_number("low_freq_factor", merged["low_freq_factor"], RANGES["low_freq_factor"], low=0, low_open=True)
+            require_number("high_freq_factor", merged["high_freq_factor"], RANGES["high_freq_factor"],
+                           low=merged["low_freq_factor"], low_open=True)
         if "original_max_position_embeddings" in merged:
-            original = merged["original_max_position_embeddings"] or training_window
-            if isinstance(original, bool) or not isinstance(original, int) or original < 1:
-                raise ValueError(f"original_max_position_embeddings={original!r} is out of range: a positive integer")
-            merged["original_max_position_embeddings"] = original
+            if merged["original_max_position_embeddings"] is None:
+                merged["original_max_position_embeddings"] = training_window
+            require_int("original_max_position_embeddings", merged["original_max_position_embeddings"], 1, None, RANGES["original_max_position_embeddings"])
         return cls(name, merged)
 
     def rope_parameters(self, current: dict, rotary_dims: int) -> dict:

@@ -1,0 +1,167 @@
+"""Bad input gets one line naming the parameter, its value and what is allowed; never a traceback.
+
+Each case here was a traceback, a silent wrong answer or a message that did not name the parameter.
+"""
+
+import json
+import math
+
+import numpy as np
+import pytest
+from conftest import TINY_VOCAB, byte_tokenizer, tiny_model
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import longreach
+from longreach import cli
+from longreach.eval import report, runner
+
+
+def cli_error(argv, capsys) -> str:
+    """Run the CLI; it must exit non-zero with one readable line (ours or argparse's), and no traceback."""
+    with pytest.raises(SystemExit) as stop:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    if isinstance(stop.value.code, str):  # ours: sys.exit("longreach: error: ...")
+        message = stop.value.code
+        assert message.startswith("longreach: error: ") and "\n" not in message
+        return message
+    assert stop.value.code == 2 and "Traceback" not in err  # argparse: usage line + one error line
+    return err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["eval", "niah", "--lengths", "inf"], "length 'inf' is out of range"),
+    (["eval", "niah", "--lengths", "1e400"], "length '1e400' is out of range"),
+    (["eval", "niah", "--lengths", "nan"], "length 'nan' is out of range"),
+    (["eval", "niah", "--limit", "-1"], "argument --limit: -1 is out of range"),
+    (["eval", "niah", "--seeds", "0"], "argument --seeds: 0 is out of range"),
+    (["eval", "niah", "--method", "string:shift=2048,shift=1024"], "'shift' is given twice"),
+    (["eval", "niah", "--method", ":shift=3"], "names no method"),
+    (["eval", "niah", "--training-window", "x"], "argument --training-window: 'x' is not an integer"),
+    (["dispersion", "--length", "2k,4k"], "--length=2k,4k gives 2 lengths: give one"),
+    (["dispersion", "--text", "/no/such/file.txt"], "--text=/no/such/file.txt does not exist"),
+    (["freq", "--lengths-file", "/no/such/lengths.txt"], "--lengths-file=/no/such/lengths.txt does not exist"),
+    (["matrix", "string", "--length", "100000"], "--length=100000 is out of range"),
+    (["report", "/no/such/folder"], "/no/such/folder is not a results folder"),
+])
+def test_cli_errors_are_one_clear_line(argv, expected, capsys):
+    assert expected in cli_error(argv, capsys)
+
+
+def test_cli_out_paths_that_cannot_be_written(tmp_path, capsys):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    assert "--out=" + str(a_file) + " is a file, not a folder" in cli_error(["eval", "niah", "--out", str(a_file)], capsys)
+    assert "is not a writable folder" in cli_error(["eval", "niah", "--out", "/proc/longreach"], capsys)
+    assert "is not a writable folder" in cli_error(["demo", "--out", str(a_file / "below")], capsys)
+    assert "is a folder: give a file name" in cli_error(["matrix", "string:shift=3,local_window=1", "--out", str(tmp_path)], capsys)
+    assert "is not a writable folder" in cli_error(["matrix", "string:shift=3,local_window=1", "--out", "/proc/x/m.png"], capsys)
+
+
+def test_a_model_folder_without_a_model_says_so(tmp_path, capsys):
+    (tmp_path / "tokenizer.json").write_text("{}")
+    message = cli_error(["eval", "niah", "--model", str(tmp_path), "--out", str(tmp_path / "out")], capsys)
+    assert "holds no config.json (not a saved model)" in message
+
+
+@pytest.mark.parametrize("method, params, expected", [
+    ("yarn", {"factor": math.nan}, "factor=nan is out of range"),
+    ("pi", {"factor": math.inf}, "factor=inf is out of range"),
+    ("rerope", {"leak": math.nan}, "leak=nan is out of range"),
+    ("dynamic_drop", {"step": math.nan}, "step=nan is out of range"),
+    ("yarn", {"attention_factor": -1}, "attention_factor=-1 is out of range"),
+    ("yarn", {"original_max_position_embeddings": 0}, "original_max_position_embeddings=0 is out of range"),
+    ("yarn", {"beta_fast": "x"}, "beta_fast must be a number"),
+    ("llama3", {"low_freq_factor": 0}, "low_freq_factor=0 is out of range"),
+    ("llama3", {"low_freq_factor": 4.0, "high_freq_factor": 4.0}, "high_freq_factor=4.0 is out of range"),
+    ("string", {"shift": "20"}, "shift must be an integer"),
+    ("rope", {"scaling": "yarn"}, "scaling='yarn' must be a dict"),
+    ("rope", {"scaling": {"factor": 2}}, "names no rope_type"),
+    ("rope", {"drop": 0.3}, "drop=0.3 must be a dict"),
+])
+def test_api_errors_name_the_parameter(method, params, expected):
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match=expected.replace("(", r"\(").replace("[", r"\[")):
+        longreach.apply(model, method, **params)
+    assert longreach.applied(model) is None
+
+
+def test_numpy_numbers_are_numbers():
+    model = tiny_model("llama")
+    longreach.apply(model, "yarn", factor=np.float32(2.0), original_max_position_embeddings=np.int64(64))
+    assert model.config.rope_parameters["factor"] == 2.0
+    longreach.apply(model, "drop", rate=np.float64(0.2), layers=np.array([0, 1]).tolist())
+    assert "drop(rate=0.2, layers=[0, 1])" in longreach.describe(model)
+
+
+def small_grid(tmp_path, methods=("rope",), model="tiny", window=None):
+    grid = runner.Grid(model, ["passkey"], [runner.MethodSpec.parse(m) for m in methods], [300], [0.5], 1, window)
+    return grid, (tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024), byte_tokenizer())
+
+
+def test_lines_that_are_not_records_are_skipped_with_a_warning(tmp_path, capsys):
+    grid, loaded = small_grid(tmp_path)
+    runner.run(grid, tmp_path, loaded=loaded)
+    path = tmp_path / runner.RESULTS
+    with path.open("a") as sink:
+        sink.write("123\n{}\n[1, 2]\n")
+    capsys.readouterr()
+    assert len(runner.read_results(path)) == 1
+    assert capsys.readouterr().err.count("is not a results record; skipped") == 3
+    runner.run(grid, tmp_path, loaded=loaded)  # eval resumes past them
+    assert "| rope |" in report.build(tmp_path)
+
+
+def test_two_models_and_two_windows_in_one_folder_are_reported_apart(tmp_path):
+    for model, window in (("tiny-a", None), ("tiny-b", None), ("tiny-a", 512)):
+        grid, loaded = small_grid(tmp_path, ("rope", "rope"), model, window)  # the same method twice: once
+        runner.run(grid, tmp_path, loaded=loaded)
+    records = runner.read_results(tmp_path / runner.RESULTS)
+    assert len(records) == 3 and {r["window"] for r in records} == {1024, 512}
+    markdown = report.build(tmp_path)
+    assert "## passkey — tiny-a" in markdown and "## passkey — tiny-b" in markdown
+    assert "| rope = rope [L=1024] |" in markdown and "| rope = rope [L=512] |" in markdown
+    with (tmp_path / runner.RESULTS).open("a") as sink:  # a concurrent run wrote the same case again
+        sink.write(json.dumps(records[0]) + "\n")
+    assert len(runner.read_results(tmp_path / runner.RESULTS)) == 3
+
+
+def test_lengths_far_beyond_the_window_are_refused(tmp_path):
+    grid, loaded = small_grid(tmp_path)
+    grid.lengths = [33 * 1024]
+    with pytest.raises(ValueError, match="--lengths 33792 is out of range: at most 32 x L = 32768 tokens"):
+        runner.run(grid, tmp_path, loaded=loaded)
+
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+commands = ["eval", "demo", "dispersion", "freq", "matrix", "cost", "report"]
+flags = ["--lengths", "--length", "--limit", "--seeds", "--depths", "--method", "--out", "--training-window", "--window",
+         "--points", "--top-k", "--threshold", "--lengths-file", "--text", "--synthetic", "--dtype"]
+junk = st.sampled_from(["-1", "0", "nan", "inf", "1e400", "2k,4k", "x", "", "string:shift=", "dca:chunk_size=1,local_window=5",
+                        "yarn:factor=nan", "/proc/x", "/no/such", "llama3:low_freq_factor=0", "string:shift=2,shift=3", ",,,"])
+
+
+@SETTINGS
+@given(command=st.sampled_from(commands), pairs=st.lists(st.tuples(st.sampled_from(flags), junk), min_size=1, max_size=3))
+def test_random_malformed_command_lines_end_in_a_clear_error(command, pairs, capsys, monkeypatch, tmp_path):
+    """Arguments are checked before a model loads; a model that would load is replaced by a failing stub.
+    Any exception other than ``SystemExit`` (a traceback for a person) fails the test."""
+    from longreach import models
+
+    def no_model(*_, **__):
+        raise RuntimeError("no model in this test")
+
+    monkeypatch.setattr(models, "load", no_model)
+    monkeypatch.chdir(tmp_path)
+    argv = [command] + {"eval": ["niah"], "matrix": ["string"], "report": ["/no/such"]}.get(command, [])
+    for flag, value in pairs:
+        argv += [flag, value]
+    try:
+        cli.main(argv)
+    except SystemExit as stop:
+        if isinstance(stop.code, str):
+            assert stop.code.startswith("longreach: error: ") and "\n" not in stop.code
+        else:
+            assert stop.code == 2 and "Traceback" not in capsys.readouterr().err
+    # else: a combination that happened to be valid (e.g. freq with a synthetic source) ran to the end
