@@ -65,8 +65,9 @@ def _grid(args: argparse.Namespace):
 def _eval(args: argparse.Namespace) -> None:
     from .eval import report, runner
 
+    grid = _grid(args)  # every argument checked before anything is written
     out = writable_folder(args.out)
-    runner.run(_grid(args), out, limit=args.limit)
+    runner.run(grid, out, limit=args.limit)
     print(report.build(out, args.threshold))
     print(f"results, summary.md and pictures in {out}/")
 
@@ -86,12 +87,12 @@ def _dispersion(args: argparse.Namespace) -> None:
     from .analysis import dispersion
     from .eval import haystack, runner
 
-    out = writable_folder(args.out)
     text = existing_file(args.text, "--text").read_text(encoding="utf-8") if args.text else haystack.essays()
     lengths = runner.parse_lengths(args.length)
     if len(lengths) != 1:
         raise ValueError(f"--length={args.length} gives {len(lengths)} lengths: give one, e.g. 12k")
     specs = [runner.MethodSpec.parse(m) for m in (args.method or ["rope", "dynamic_drop"])]
+    out = writable_folder(args.out)
     model, tokenizer = models.load(args.model)
     window = args.training_window or longreach.training_window(model.config)
     runner.check_lengths(lengths, window)

@@ -17,6 +17,11 @@ from longreach import cli
 from longreach.eval import report, runner
 
 
+@pytest.fixture(autouse=True)
+def in_a_temporary_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # default output folders (runs/...) land there, not in the checkout
+
+
 def cli_error(argv, capsys) -> str:
     """Run the CLI; it must exit non-zero with one readable line (ours or argparse's), and no traceback."""
     with pytest.raises(SystemExit) as stop:
