@@ -1,7 +1,6 @@
 """Property-based checks (hypothesis): random methods and parameters, lengths, left pads, GQA ratios,
 families, dtypes and cache kinds, each against the float64 dense reference."""
 
-import pytest
 import torch
 from conftest import tiny_model
 from hypothesis import HealthCheck, given, settings
