@@ -186,3 +186,29 @@ def test_any_mix_of_methods_runs_through_the_runner(tmp_path):
     assert records[2]["resolved"] == "dca(chunk_size=511, local_window=85, mscale=False) [L=1024]"
     assert records[-2]["resolved"].startswith("string(shift=300, local_window=8, mscale=False) + ntk(factor=2)")
     assert records[-1]["resolved"].startswith("rope + dynamic_drop(initial_rate=0.15") and "layers=[0, 1]" in records[-1]["resolved"]
+
+
+def test_a_failing_case_becomes_an_error_row_and_the_grid_goes_on(tmp_path, monkeypatch):
+    grid, loaded = tiny_grid(tmp_path)
+    from longreach.eval import generate
+
+    real, calls = generate.greedy, {"n": 0}
+
+    def fail_on_second(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise ValueError("a bug in one case")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(generate, "greedy", fail_on_second)
+    runner.run(grid, tmp_path, loaded=loaded)
+    records = runner.read_results(tmp_path / runner.RESULTS)
+    failed = [r for r in records if r.get("error")]
+    assert len(records) == len(grid.keys) and len(failed) == 1 and failed[0]["error"] == "ValueError: a bug in one case"
+    markdown = report.build(tmp_path)
+    assert "## Failed cases" in markdown and "ValueError: a bug in one case" in markdown
+    monkeypatch.setattr(generate, "greedy", real)
+    runner.run(grid, tmp_path, loaded=loaded)  # a rerun retries the failed case only; its success replaces the error row
+    records = runner.read_results(tmp_path / runner.RESULTS)
+    assert len(records) == len(grid.keys) and not any(r.get("error") for r in records)
+    assert "## Failed cases" not in report.build(tmp_path)

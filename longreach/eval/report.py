@@ -38,7 +38,10 @@ def build(out: Path, threshold: float = RULER_THRESHOLD) -> str:
     records = read_results(out / RESULTS)
     if not records:
         raise ValueError(f"no results in {out / RESULTS}")
-    records = _row_labels(records)
+    failed = [r for r in records if r.get("error")]
+    records = _row_labels([r for r in records if not r.get("error")])
+    if not records:
+        raise ValueError(f"every case in {out / RESULTS} failed; the first: {failed[0]['error']}")
     models = sorted({r["model"] for r in records})
     by_task = defaultdict(list)
     for r in records:
@@ -48,9 +51,23 @@ def build(out: Path, threshold: float = RULER_THRESHOLD) -> str:
     for (model, task), rows in sorted(by_task.items()):
         title = task if len(models) == 1 else f"{task} — {model}"
         sections.append(_task_section(out, title, rows, threshold))
+    if failed:
+        sections.append(_errors_section(failed))
     markdown = "\n".join(sections)
     (out / "summary.md").write_text(markdown, encoding="utf-8")
     return markdown
+
+
+def _errors_section(failed: list[dict]) -> str:
+    """Cases that raised: counted per task, length and method, with the first message; a rerun retries them."""
+    groups = defaultdict(list)
+    for r in failed:
+        groups[r["task"], r["length"], r["method"]].append(r["error"])
+    lines = [f"## Failed cases\n\n{len(failed)} cases raised an error and are not in the tables above "
+             "(rerun the same command to retry them).\n", "| task | length | method | cases | first error |", "|---|---|---|---|---|"]
+    lines += [f"| {task} | {_fmt_length(length)} | {method} | {len(errors)} | {errors[0][:200]} |"
+              for (task, length, method), errors in sorted(groups.items())]
+    return "\n".join(lines) + "\n"
 
 
 def _row_labels(records: list[dict]) -> list[dict]:

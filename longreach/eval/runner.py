@@ -128,14 +128,15 @@ REQUIRED = ("model", "method", "task", "length", "depth", "seed", "score")
 
 
 def read_results(path: Path) -> list[dict]:
-    """The records of a results file, each case once (the first wins: concurrent runs may both write it).
+    """The records of a results file, each case once (the first wins: concurrent runs may both write it;
+    a success wins over an error row).
 
     A truncated (crashed) last line is skipped silently; any other line that is not a record (not
     JSON, or JSON without the fields of a record) is skipped with a warning on stderr.
     """
     if not path.exists():
         return []
-    records, seen = [], set()
+    records, seen = [], {}
     lines = path.read_text(encoding="utf-8").splitlines()
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -150,9 +151,12 @@ def read_results(path: Path) -> list[dict]:
             print(f"warning: {path}:{number} is not a results record; skipped: {line[:60]!r}", file=sys.stderr)
             continue
         record.setdefault("resolved", record["method"])
-        if (key := case_key(record)) not in seen:
-            seen.add(key)
+        key = case_key(record)
+        if key not in seen:
+            seen[key] = len(records)
             records.append(record)
+        elif records[seen[key]].get("error") and not record.get("error"):  # a rerun that succeeded replaces the error
+            records[seen[key]] = record
     return records
 
 
@@ -210,7 +214,7 @@ def run(grid: Grid, out: Path, limit: int | None = None, loaded=None) -> Path:
         method, kwargs = spec.arguments(window)
         longreach.apply(model, method, **{"training_window": window, **kwargs})  # a method may name its own L
         resolved[spec.label] = longreach.describe(model)
-    done = {case_key(r) for r in read_results(path)}
+    done = {case_key(r) for r in read_results(path) if not r.get("error")}  # failed cases are tried again
     missing = [key for key in grid.keys if (key[0], resolved[key[1]], *key[2:]) not in done]
     pending = missing if limit is None else missing[:limit]
     print(f"{len(grid.keys)} cases in the grid, {len(grid.keys) - len(missing)} already in {path}, running {len(pending)}")
@@ -225,27 +229,35 @@ def run(grid: Grid, out: Path, limit: int | None = None, loaded=None) -> Path:
             _, label, task_name, length, depth, seed = key
             bar.set_postfix_str(f"{task_name} {length} {label}")
             task = tasks.get(task_name)
-            if case is None or (case.task, case.length, case.depth, case.seed) != (task.name, length, depth, seed):
-                case = task.build(tokenizer, length, depth, seed)  # the grid lists methods innermost: one prompt for all
-            if label != applied:
-                method, kwargs = specs[label].arguments(window)
-                longreach.apply(model, method, **{"training_window": window, **kwargs})
-                applied = label
             start = time.perf_counter()
-            if hasattr(task, "evaluate"):
-                result = task.evaluate(model, tokenizer, case)
-            else:
-                (answer,) = greedy(model, tokenizer, [case.prompt], max_new_tokens=case.max_new_tokens)
-                result = {"answer": answer, **task.score(answer, case)}
-            record = {
-                "model": grid.model, "method": label, "resolved": longreach.describe(model), "window": window,
-                "task": task_name, "length": length, "depth": depth, "seed": seed, "n_tokens": case.n_tokens,
-                "prompt_hash": hashlib.sha256(case.prompt.encode()).hexdigest()[:16], "references": case.references,
-                "needle_depths": case.needle_depths, "metric": case.metric, **result,
-                "seconds": round(time.perf_counter() - start, 3),
-            }
+            try:
+                if case is None or (case.task, case.length, case.depth, case.seed) != (task.name, length, depth, seed):
+                    case = None
+                    case = task.build(tokenizer, length, depth, seed)  # the grid lists methods innermost: one prompt for all
+                if label != applied:
+                    method, kwargs = specs[label].arguments(window)
+                    longreach.apply(model, method, **{"training_window": window, **kwargs})
+                    applied = label
+                record = _evaluate(task, model, tokenizer, case, greedy)
+            except Exception as error:  # one failing case must not stop the grid: an error row, retried on a rerun
+                record = {"score": None, "error": f"{error.__class__.__name__}: {error}"}
+                bar.write(f"case {task_name} {length} {label} seed {seed} failed: {record['error']}")
+            record = {"model": grid.model, "method": label, "resolved": resolved[label], "window": window,
+                      "task": task_name, "length": length, "depth": depth, "seed": seed, **record,
+                      "seconds": round(time.perf_counter() - start, 3)}
             sink.write(json.dumps(record) + "\n")
             sink.flush()
             os.fsync(sink.fileno())
     longreach.remove(model)
     return path
+
+
+def _evaluate(task, model, tokenizer, case, greedy) -> dict:
+    """Run one built case with the applied method: the record's task-specific fields."""
+    if hasattr(task, "evaluate"):
+        result = task.evaluate(model, tokenizer, case)
+    else:
+        (answer,) = greedy(model, tokenizer, [case.prompt], max_new_tokens=case.max_new_tokens)
+        result = {"answer": answer, **task.score(answer, case)}
+    return {"n_tokens": case.n_tokens, "prompt_hash": hashlib.sha256(case.prompt.encode()).hexdigest()[:16],
+            "references": case.references, "needle_depths": case.needle_depths, "metric": case.metric, **result}
