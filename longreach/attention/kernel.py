@@ -96,7 +96,8 @@ def attention(
             plans.append(lambda lo=lo, hi=hi, t=band_tile: _band(q_len, lo, hi, offset, t, query.dtype, query.device))
         else:
             span = None if part.key_span is None else (part.key_span, positions)
-            plans.append(lambda lo=lo, hi=hi, span=span: _masked_tiles(q_len, kv_len, lo, hi, offset, key_padding, span, tile, query.dtype))
+            plans.append(lambda lo=lo, hi=hi, span=span: _masked_tiles(q_len, kv_len, lo, hi, offset, key_padding, span, tile,
+                                                                       query.dtype, query.device))
         shifted += [q, k]
     if not shifted:  # the model's sliding window excludes every part
         return torch.zeros(batch, q_len, q_heads, value.shape[-1], dtype=query.dtype, device=query.device)
@@ -301,14 +302,13 @@ def _band(q_len, lo, hi, offset, tile, dtype, device):
             yield Block(slice(start + skip, stop), slice(a + skip - lo, a - lo + (stop - start)), causal=True)
 
 
-def _masked_tiles(q_len, kv_len, lo, hi, offset, key_padding, span, tile, dtype):
+def _masked_tiles(q_len, kv_len, lo, hi, offset, key_padding, span, tile, dtype, device):
     """Pairs with ``lo <= i - j < hi`` (``hi=None``: unbounded), unpadded keys and, when ``span =
     (key_span, positions)`` is given, key positions in ``key_span(query positions)``; a mask per tile.
 
     The general path (key padding, decoding, narrow bands, chunked regions): each query tile meets
     only the keys it can reach, with a ``[B, 1, T, K]`` mask of that size.
     """
-    device = key_padding.device if key_padding is not None else None
     for start in range(0, q_len, tile):
         stop = min(q_len, start + tile)
         rows = torch.arange(start + offset, stop + offset, device=device)
