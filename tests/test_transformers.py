@@ -110,6 +110,8 @@ def test_training_window_can_be_overridden():
     assert longreach.describe(model).endswith("[L=60]")
     longreach.apply(model, "dca", training_window=np.int64(80))
     assert longreach.applied(model).chunk_size == 60
+    longreach.apply(model, "string", local_window=4)  # no override: the model's own L, not the last one given
+    assert longreach.applied(model).training_window == 96
     with pytest.raises(ValueError, match="training_window=1 is out of range"):
         longreach.apply(model, "string", training_window=1, local_window=4)
     with pytest.raises(ValueError, match="training_window must be an integer"):

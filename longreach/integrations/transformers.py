@@ -128,11 +128,10 @@ def apply(model: nn.Module, method: str = "string", *, training_window: int | No
             f"longreach's methods work on RoPE models: {SUPPORTED_FAMILIES}"
         )
     _check_model(model, backend)
-    state = _state(model)
     if training_window is None:
-        window = state.window if state else _model_window(model.config)  # before any rescaling
+        window = _model_window(model.config)  # a frequency method changes rope_parameters, never this
     else:
-        require_int("training_window", _integer(training_window), 2, None, "an integer >= 2 (tokens)")
+        require_int("training_window", _plain_number(training_window), 2, None, "an integer >= 2 (tokens)")
         window = int(training_window)
     position_method, frequency, dropping = _resolve(model, window, method, scaling, drop, params)
     remove(model)
@@ -145,7 +144,7 @@ def apply(model: nn.Module, method: str = "string", *, training_window: int | No
     return model
 
 
-def _integer(value):
+def _plain_number(value):
     """numpy integers and floats count as Python ``int`` and ``float``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return value
@@ -173,7 +172,7 @@ def _resolve(model, window, method, scaling, drop, params):
     """Validate everything before touching the model: ``(position method, frequency method, drop method)``."""
     if not isinstance(method, str):
         raise ValueError(f"method={method!r} must be a method name; see longreach.available()")
-    params = {k: _integer(v) for k, v in params.items()}
+    params = {k: _plain_number(v) for k, v in params.items()}
     if method in FREQUENCY_METHODS:
         if scaling is not None:
             raise ValueError(f"{method} is a frequency method already; give scaling= with a position method instead")
@@ -187,7 +186,7 @@ def _resolve(model, window, method, scaling, drop, params):
     if scaling is not None:
         if not isinstance(scaling, dict):
             raise ValueError(f"scaling={scaling!r} must be a dict such as {{'rope_type': 'yarn', 'factor': 2.0}}")
-        scaling = {k: _integer(v) for k, v in scaling.items()}
+        scaling = {k: _plain_number(v) for k, v in scaling.items()}
         kind = scaling.pop("rope_type", None) or scaling.pop("method", None)
         if kind is None:
             raise ValueError(f"scaling={scaling!r} names no rope_type; give e.g. {{'rope_type': 'yarn', 'factor': 2.0}}")
@@ -195,7 +194,7 @@ def _resolve(model, window, method, scaling, drop, params):
     if drop is not None:
         if not isinstance(drop, dict):
             raise ValueError(f"drop={drop!r} must be a dict such as {{'method': 'dynamic_drop'}}")
-        drop = {k: _integer(v) for k, v in drop.items()}
+        drop = {k: _plain_number(v) for k, v in drop.items()}
         dropping = drops.create(drop.pop("method", "drop"), **drop)
         layers = model.config.get_text_config().num_hidden_layers
         if max(dropping.layers) >= layers:
