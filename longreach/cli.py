@@ -99,8 +99,7 @@ def _dispersion(args: argparse.Namespace) -> None:
     (length,) = lengths
     results = {}
     for spec in specs:
-        method, kwargs = spec.arguments(window)
-        longreach.apply(model, method, **{"training_window": window, **kwargs})
+        spec.apply(model, window)
         print(f"probing {spec.label} at {length} tokens ...", flush=True)
         results[spec.label] = dispersion.measure(model, tokenizer, text, length, args.points, args.top_k)
     longreach.remove(model)

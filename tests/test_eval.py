@@ -137,19 +137,25 @@ def test_the_pipeline_end_to_end_on_a_tiny_model(tmp_path):
     assert report.build(tmp_path) == markdown
 
 
-def test_a_crash_mid_run_loses_nothing_and_a_rerun_duplicates_nothing(tmp_path, monkeypatch):
-    grid, loaded = tiny_grid(tmp_path)
+def greedy_raising_on_call(monkeypatch, call: int, error: BaseException):
+    """Make the runner's greedy decoding raise ``error`` on its ``call``-th use; returns the real function."""
     from longreach.eval import generate
 
     real, calls = generate.greedy, {"n": 0}
 
-    def crash_on_fifth(*args, **kwargs):
+    def raising(*args, **kwargs):
         calls["n"] += 1
-        if calls["n"] == 5:
-            raise KeyboardInterrupt
+        if calls["n"] == call:
+            raise error
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(generate, "greedy", crash_on_fifth)
+    monkeypatch.setattr(generate, "greedy", raising)
+    return real
+
+
+def test_a_crash_mid_run_loses_nothing_and_a_rerun_duplicates_nothing(tmp_path, monkeypatch):
+    grid, loaded = tiny_grid(tmp_path)
+    greedy_raising_on_call(monkeypatch, 5, KeyboardInterrupt())
     with pytest.raises(KeyboardInterrupt):
         runner.run(grid, tmp_path, loaded=loaded)
     saved = runner.read_results(tmp_path / runner.RESULTS)
@@ -190,23 +196,15 @@ def test_any_mix_of_methods_runs_through_the_runner(tmp_path):
 
 def test_a_failing_case_becomes_an_error_row_and_the_grid_goes_on(tmp_path, monkeypatch):
     grid, loaded = tiny_grid(tmp_path)
-    from longreach.eval import generate
-
-    real, calls = generate.greedy, {"n": 0}
-
-    def fail_on_second(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise ValueError("a bug in one case")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(generate, "greedy", fail_on_second)
+    real = greedy_raising_on_call(monkeypatch, 2, ValueError("a bug in one case"))
     runner.run(grid, tmp_path, loaded=loaded)
     records = runner.read_results(tmp_path / runner.RESULTS)
     failed = [r for r in records if r.get("error")]
     assert len(records) == len(grid.keys) and len(failed) == 1 and failed[0]["error"] == "ValueError: a bug in one case"
     markdown = report.build(tmp_path)
     assert "## Failed cases" in markdown and "ValueError: a bug in one case" in markdown
+    from longreach.eval import generate
+
     monkeypatch.setattr(generate, "greedy", real)
     runner.run(grid, tmp_path, loaded=loaded)  # a rerun retries the failed case only; its success replaces the error row
     records = runner.read_results(tmp_path / runner.RESULTS)

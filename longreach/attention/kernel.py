@@ -436,14 +436,20 @@ def _math(q, k, v, mask, causal, scaling):
     Only ever called on tiles (the kernel routes it through the tiled path), so memory stays O(n).
     """
     compute = _accumulation(q.dtype)
+    scores = _scores(q, k, mask, causal, scaling, compute)
+    lse = torch.logsumexp(scores, dim=-1)
+    weights = torch.exp(scores - torch.where(torch.isfinite(lse), lse, 0.0)[..., None])
+    return weights @ v.to(compute), lse
+
+
+def _scores(q, k, mask, causal, scaling, compute: torch.dtype) -> torch.Tensor:
+    """One block's scores in ``compute``: ``q k^T`` times ``scaling``, with a top-left causal and/or additive mask."""
     scores = (q.to(compute) @ k.to(compute).transpose(-1, -2)) * scaling
     if causal:
         scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).triu(1), NEG_INF)
     if mask is not None:
         scores = scores + mask.to(compute)
-    lse = torch.logsumexp(scores, dim=-1)
-    weights = torch.exp(scores - torch.where(torch.isfinite(lse), lse, 0.0)[..., None])
-    return weights @ v.to(compute), lse
+    return scores
 
 
 def _cpu_flash_backward(grad_out, q, k, v, out, lse, mask, causal, scaling):
@@ -460,12 +466,7 @@ def _math_backward(grad_out, q, k, v, out, lse, mask, causal, scaling):
     ``P = exp(S - lse)``, ``dV = P^T dO``, ``dS = P * (dO V^T - rowsum(dO * O))``, ``dQ = dS K s``, ``dK = dS^T Q s``."""
     compute = out.dtype
     q, k, v = q.to(compute), k.to(compute), v.to(compute)
-    scores = (q @ k.transpose(-1, -2)) * scaling
-    if causal:
-        scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).triu(1), NEG_INF)
-    if mask is not None:
-        scores = scores + mask.to(compute)
-    p = torch.exp(scores - lse[..., None])
+    p = torch.exp(_scores(q, k, mask, causal, scaling, compute) - lse[..., None])
     grad_scores = p * (grad_out @ v.transpose(-1, -2) - (grad_out * out).sum(-1, keepdim=True))
     return grad_scores @ k * scaling, grad_scores.transpose(-1, -2) @ q * scaling, p.transpose(-1, -2) @ grad_out
 

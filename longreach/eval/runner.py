@@ -70,6 +70,13 @@ class MethodSpec:
         rescale = {"rope_type": frequency, **{k: v for k, v in params.items() if k in names}}
         return position, {"scaling": rescale, **{k: v for k, v in params.items() if k not in names}}
 
+    def apply(self, model, training_window: int) -> None:
+        """Apply this method to ``model`` with ``L = training_window``, unless the spec names its own."""
+        import longreach
+
+        method, kwargs = self.arguments(training_window)
+        longreach.apply(model, method, **{"training_window": training_window, **kwargs})
+
     @property
     def label(self) -> str:
         return self.name + (":" + ",".join(f"{k}={v}" for k, v in self.params) if self.params else "")
@@ -211,8 +218,7 @@ def run(grid: Grid, out: Path, limit: int | None = None, loaded=None) -> Path:
     check_lengths(grid.lengths, window)
     resolved = {}
     for spec in grid.methods:  # validate every method before spending time; a case is keyed by the method as resolved
-        method, kwargs = spec.arguments(window)
-        longreach.apply(model, method, **{"training_window": window, **kwargs})  # a method may name its own L
+        spec.apply(model, window)
         resolved[spec.label] = longreach.describe(model)
     done = {case_key(r) for r in read_results(path) if not r.get("error")}  # failed cases are tried again
     missing = [key for key in grid.keys if (key[0], resolved[key[1]], *key[2:]) not in done]
@@ -235,8 +241,7 @@ def run(grid: Grid, out: Path, limit: int | None = None, loaded=None) -> Path:
                     case = None
                     case = task.build(tokenizer, length, depth, seed)  # the grid lists methods innermost: one prompt for all
                 if label != applied:
-                    method, kwargs = specs[label].arguments(window)
-                    longreach.apply(model, method, **{"training_window": window, **kwargs})
+                    specs[label].apply(model, window)
                     applied = label
                 record = _evaluate(task, model, tokenizer, case, greedy)
             except Exception as error:  # one failing case must not stop the grid: an error row, retried on a rerun

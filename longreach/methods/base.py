@@ -90,6 +90,12 @@ def require_number(name: str, value, rule: str, low: float | None = None, high: 
         raise ValueError(f"{name}={value!r} is out of range: {rule}")
 
 
+def require_bool(name: str, value) -> None:
+    """Raise ``ValueError`` unless ``value`` is ``True`` or ``False``."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+
+
 def require_int(name: str, value, low: int, high: int | None, rule: str) -> None:
     """Raise ``ValueError`` naming the parameter, its value and the allowed range."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):

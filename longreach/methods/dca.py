@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import Part, PositionMethod, causal_distance, require_int
+from .base import Part, PositionMethod, causal_distance, require_bool, require_int
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,7 @@ class DualChunk(PositionMethod):
             object.__setattr__(self, "local_window", L // 8)
         require_int("chunk_size", self.chunk_size, 2, None, "chunk_size > local_window > 0")
         require_int("local_window", self.local_window, 1, self.chunk_size - 1, f"0 < local_window < chunk_size = {self.chunk_size}")
-        if not isinstance(self.mscale, bool):
-            raise ValueError(f"mscale must be True or False, got {self.mscale!r}")
+        require_bool("mscale", self.mscale)
 
     def logit_scale_at(self, sequence_lengths: torch.Tensor) -> float | torch.Tensor:
         """With ``mscale``: ``(0.05 ln(n / L) + 1)^2`` for sequences of ``n > L`` tokens, else 1."""

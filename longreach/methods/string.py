@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import Part, PositionMethod, causal_distance, require_int
+from .base import Part, PositionMethod, causal_distance, require_bool, require_int
 
 OFFICIAL_MSCALE = 1 + 0.1 * math.log(2)
 """The official STRING code multiplies RoPE's cos and sin by this (YaRN's mscale for factor 2)."""
@@ -52,8 +52,7 @@ class String(PositionMethod):
             raise ValueError(
                 f"local_window={self.local_window} is out of range: 0 < local_window < shift = {self.shift} < L = {L}"
             )
-        if not isinstance(self.mscale, bool):
-            raise ValueError(f"mscale must be True or False, got {self.mscale!r}")
+        require_bool("mscale", self.mscale)
 
     def parts(self) -> tuple[Part, ...]:
         return (
