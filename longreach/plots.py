@@ -33,11 +33,15 @@ def heatmap(grid: np.ndarray, rows: list[str], columns: list[str], title: str, p
 
 def lines(series: dict[str, tuple[list[float], list[float]]], title: str, path: Path, ylabel: str = "score",
           xlabel: str = "context length (tokens)", threshold: float | None = None, marks: dict[str, float] | None = None,
-          log_y: bool = False, markers: bool = True) -> Path:
-    """One line per label; optional threshold line and vertical marks (e.g. the training window)."""
+          log_y: bool = False, markers: bool = True, bands: dict[str, list[tuple[float, float]]] | None = None) -> Path:
+    """One line per label; optional shaded intervals per point (``bands[label]``: (low, high)), a threshold
+    line and vertical marks (e.g. the training window)."""
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for label, (x, y) in series.items():
-        ax.plot(x, y, marker="o" if markers else None, label=label)
+        line, = ax.plot(x, y, marker="o" if markers else None, label=label)
+        if bands and bands.get(label):
+            low, high = zip(*bands[label])
+            ax.fill_between(x, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
     if threshold is not None:
         ax.axhline(threshold, color="grey", linestyle="--", linewidth=1, label=f"threshold {threshold:g}")
     for name, at in (marks or {}).items():

@@ -26,7 +26,7 @@ def test_default_model_loads_with_its_training_window(default_model):
 def test_default_model_answers_and_string_equals_rope_below_the_shift(default_model):
     """Below S = round(8192/3) every pair is in STRING's band: logits equal RoPE's."""
     model, tokenizer = default_model
-    prompt = haystack.chat_prompt(tokenizer, "What is the capital of France? Answer in one word.")
+    prompt = haystack.templated(tokenizer, "What is the capital of France? Answer in one word.")
     batch = tokenizer([prompt], return_tensors="pt", add_special_tokens=False)
     stock = model(**batch).logits
     (answer,) = generate.greedy(model, tokenizer, [prompt], max_new_tokens=8)

@@ -40,7 +40,7 @@ def cli_error(argv, capsys) -> str:
     (["eval", "niah", "--lengths", "1e400"], "length '1e400' is out of range"),
     (["eval", "niah", "--lengths", "nan"], "length 'nan' is out of range"),
     (["eval", "niah", "--limit", "-1"], "argument --limit: -1 is out of range"),
-    (["eval", "niah", "--seeds", "0"], "argument --seeds: 0 is out of range"),
+    (["eval", "niah", "--samples", "0"], "argument --samples/--seeds: 0 is out of range"),
     (["eval", "niah", "--method", "string:shift=2048,shift=1024"], "'shift' is given twice"),
     (["eval", "niah", "--method", ":shift=3"], "names no method"),
     (["eval", "niah", "--training-window", "x"], "argument --training-window: 'x' is not an integer"),

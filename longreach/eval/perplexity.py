@@ -1,7 +1,7 @@
 """Perplexity of long text with the loss per position bucket (the ``ppl`` task).
 
 The text is a window of Paul Graham's essays (or any text file) of the requested token length,
-starting at a seeded offset. The loss of every next-token prediction is computed in one forward
+starting at a seeded character offset. The loss of every next-token prediction is computed in one forward
 pass; the vocabulary projection runs in chunks so that no ``[n, vocab]`` logits tensor is built.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from . import haystack
-from .tasks import Case
+from .case import Case
 
 
 @dataclass(frozen=True)
@@ -26,11 +26,12 @@ class Perplexity:
 
     def build(self, tokenizer, length: int, depth: float | None, seed: int, text: str | None = None) -> Case:
         text = text or haystack.essays()
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        if len(ids) < length:
-            ids = (ids * (length // len(ids) + 1))
-        start = random.Random(f"ppl/{length}/{seed}").randrange(len(ids) - length + 1)
-        window = tokenizer.decode(ids[start : start + length])
+        span = 16 * length + 64  # characters: more than `length` tokens of any tokenizer's text
+        text = text * (span // len(text) + 1) if len(text) < span else text
+        start = random.Random(f"ppl/{length}/{seed}").randrange(len(text) - span + 1)
+        ids = tokenizer(text[start : start + span], add_special_tokens=False)["input_ids"]
+        ids = ids * (length // len(ids) + 1) if len(ids) < length else ids
+        window = tokenizer.decode(ids[:length])
         n = len(tokenizer(window, add_special_tokens=False)["input_ids"])
         return Case(self.name, length, None, seed, window, [], 0, n, metric="perplexity")
 

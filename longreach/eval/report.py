@@ -1,28 +1,60 @@
-"""Reports rebuilt from the JSONL alone: markdown summary, effective lengths, heatmaps, comparison plots."""
+"""Reports rebuilt from the JSONL alone: summary.md, summary.json, comparison plots with intervals, heatmaps.
+
+Every score comes with its n and its 95% interval (:mod:`.stats`). RULER tasks add one RULER score
+per length -- the mean of the task means, as RULER's tables -- with its Avg., weighted averages and
+an effective length computed on it.
+"""
 
 from __future__ import annotations
 
+import json
 import re
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
 
 import numpy as np
 
 from .. import plots
+from . import ruler, stats, tasks
 from .runner import RESULTS, read_results
 
-RULER_THRESHOLD = 85.6  # RULER: Llama2-7B (4K) average at 4K
+RULER_THRESHOLD = stats.RULER_THRESHOLD
+RULER_TASKS = [f"ruler:{name}" for name in ruler.TASKS]
+RULER_WITHOUT_QA = [name for name in RULER_TASKS if not name.startswith("ruler:qa")]
+effective_length = stats.effective_length
 
 
-def effective_length(scores: dict[int, float], threshold: float = RULER_THRESHOLD) -> int:
-    """The largest tested length L' whose score, and that of every shorter tested length, reaches ``threshold``; 0 if none."""
-    best = 0
-    for length in sorted(scores):
-        if scores[length] < threshold:
-            break
-        best = length
-    return best
+@dataclass
+class Cell:
+    """The cases of one (model, task, method, length)."""
+
+    rows: list[dict]
+
+    @property
+    def scores(self) -> list[float]:
+        return [r["score"] for r in self.rows]
+
+    @property
+    def n(self) -> int:
+        return len(self.rows)
+
+    @property
+    def score(self) -> float:
+        return mean(self.scores)
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return stats.interval(self.scores)
+
+    @property
+    def empty(self) -> int:
+        return sum(bool(r.get("empty")) for r in self.rows)
+
+    def text(self) -> str:
+        low, high = self.interval
+        return f"{self.score:.1f} [{low:.0f}, {high:.0f}] n={self.n}"
 
 
 def _fmt_length(n: int) -> str:
@@ -34,7 +66,7 @@ def _slug(text: str) -> str:
 
 
 def build(out: Path, threshold: float = RULER_THRESHOLD) -> str:
-    """Write ``summary.md`` and the PNGs in ``out`` from ``out/results.jsonl``; return the markdown."""
+    """Write ``summary.md``, ``summary.json`` and the PNGs in ``out`` from ``out/results.jsonl``; return the markdown."""
     records = read_results(out / RESULTS)
     if not records:
         raise ValueError(f"no results in {out / RESULTS}")
@@ -46,16 +78,162 @@ def build(out: Path, threshold: float = RULER_THRESHOLD) -> str:
     by_task = defaultdict(list)
     for r in records:
         by_task[r["model"], r["task"]].append(r)
-    sections = [f"# longreach results\n\nModel: {', '.join(models)}; "
-                f"{len(records)} cases; effective length threshold {threshold:g}.\n"]
+    summary = {"threshold": threshold, "confidence": stats.CONFIDENCE, "cells": [], "effective_length": [], "ruler": [],
+               "failed": len(failed)}
+    sections = [f"# longreach results\n\nModel: {', '.join(models)}; {len(records)} cases; every score is the mean "
+                f"with its 95% interval [low, high] and n (Wilson for pass/fail, bootstrap for means); effective length "
+                f"threshold {threshold:g}.\n"]
+    for model in models:
+        if any(task in RULER_TASKS for m, task in by_task if m == model):
+            rows = [r for (m, task), rs in by_task.items() if m == model and task in RULER_TASKS for r in rs]
+            sections.append(_ruler_section(out, model if len(models) > 1 else "", rows, threshold, summary))
     for (model, task), rows in sorted(by_task.items()):
         title = task if len(models) == 1 else f"{task} — {model}"
-        sections.append(_task_section(out, title, rows, threshold))
+        sections.append(_task_section(out, title, rows, threshold, summary))
+    sections.append(_time_section(records))
     if failed:
         sections.append(_errors_section(failed))
     markdown = "\n".join(sections)
     (out / "summary.md").write_text(markdown, encoding="utf-8")
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     return markdown
+
+
+def _cells(rows: list[dict]) -> dict[tuple[str, int], Cell]:
+    cells = defaultdict(list)
+    for r in rows:
+        cells[r["method"], r["length"]].append(r)
+    return {key: Cell(value) for key, value in cells.items()}
+
+
+def _effective(by_length: dict[int, Cell], threshold: float) -> dict:
+    """Effective length by the point estimates and by the intervals' lower bounds (the sure one)."""
+    return {"point": effective_length({n: c.score for n, c in by_length.items()}, threshold),
+            "sure": effective_length({n: c.interval[0] for n, c in by_length.items()}, threshold)}
+
+
+def _fmt_effective(effective: dict) -> str:
+    name = lambda n: _fmt_length(n) if n else "none"
+    return f"{name(effective['point'])} (sure: {name(effective['sure'])})"
+
+
+def _task_section(out: Path, task: str, rows: list[dict], threshold: float, summary: dict) -> str:
+    perplexity = rows[0]["metric"] == "perplexity"
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    lengths = sorted({r["length"] for r in rows})
+    cells = _cells(rows)
+    name = rows[0]["task"]
+    header = "| method | " + " | ".join(_fmt_length(n) for n in lengths) + " |"
+    lines = [f"## {task}\n"]
+    if (source := tasks.revision(name)):
+        lines.append(f"Reproduces {source}; {rows[0].get('max_new_tokens', '?')} tokens to generate, inside the length.\n")
+    if perplexity:
+        lines += ["Perplexity / mean log-perplexity (nats per token); lower is better.\n", header, "|---" * (len(lengths) + 1) + "|"]
+    else:
+        lines += [header + " effective length |", "|---" * (len(lengths) + 2) + "|"]
+    series = {}
+    for method in methods:
+        mine = {n: cells[method, n] for n in lengths if (method, n) in cells}
+        for n, cell in mine.items():
+            low, high = cell.interval
+            summary["cells"].append({"model": rows[0]["model"], "task": name, "method": method, "length": n, "n": cell.n,
+                                     "score": cell.score, "low": low, "high": high, "empty": cell.empty,
+                                     "seconds_per_case": mean(r.get("seconds", 0.0) for r in cell.rows)})
+        if perplexity:
+            logs = {n: mean(r["log_ppl"] for r in c.rows) for n, c in mine.items()}
+            row = " | ".join(f"{mine[n].score:.2f} / {logs[n]:.4f} (n={mine[n].n})" if n in mine else "—" for n in lengths)
+            lines.append(f"| {method} | {row} |")
+        else:
+            effective = _effective(mine, threshold)
+            summary["effective_length"].append({"model": rows[0]["model"], "task": name, "method": method, **effective})
+            row = " | ".join(mine[n].text() if n in mine else "—" for n in lengths)
+            lines.append(f"| {method} | {row} | {_fmt_effective(effective)} |")
+        series[method] = (list(mine), [c.score for c in mine.values()], [c.interval for c in mine.values()])
+    if any("fraction" in r for r in rows):
+        lines += ["", "Fraction of the needles found (mean, bootstrap interval):", "", header, "|---" * (len(lengths) + 1) + "|"]
+        for method in methods:
+            texts = []
+            for n in lengths:
+                fractions = [100 * r["fraction"] for r in cells[method, n].rows] if (method, n) in cells else []
+                low, high = stats.bootstrap([fractions]) if fractions else (0, 0)
+                texts.append(f"{mean(fractions):.1f} [{low:.0f}, {high:.0f}]" if fractions else "—")
+            lines.append(f"| {method} | " + " | ".join(texts) + " |")
+    empty = sum(c.empty for c in cells.values())
+    if not perplexity:
+        lines.append(f"\nEmpty answers: {empty} of {len(rows)}.")
+    window = rows[0].get("window")
+    ylabel = "perplexity" if perplexity else "score"
+    picture = plots.lines({m: s[:2] for m, s in series.items()}, f"{task}: {ylabel} vs length", out / f"compare_{_slug(task)}.png",
+                          ylabel=ylabel, threshold=None if perplexity else threshold, marks={"window": window} if window else None,
+                          log_y=perplexity, bands=None if perplexity else {m: s[2] for m, s in series.items()})
+    lines += ["", f"![{task}]({picture.name})"]
+    if perplexity:
+        lines.append(f"![{task} by position]({_loss_by_position(out, task, rows, methods, window).name})")
+    for method in methods:
+        heat = _heatmap(out, task, method, [r for r in rows if r["method"] == method], lengths)
+        if heat:
+            lines.append(f"![{task} {method}]({heat.name})")
+    return "\n".join(lines) + "\n"
+
+
+def _ruler_section(out: Path, model: str, rows: list[dict], threshold: float, summary: dict) -> str:
+    """RULER's table: per method and length the mean of the task means (13 tasks; 11 without QA, marked),
+    its stratified bootstrap interval, Avg. / wAvg (inc) / wAvg (dec) and the effective length on it."""
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    lengths = sorted({r["length"] for r in rows})
+    by_cell = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        by_cell[r["method"], r["length"]][r["task"]].append(r["score"])
+    lines = [f"## RULER{' — ' + model if model else ''}\n",
+             f"Reproduces {ruler.REVISION}. The RULER score of a length is the mean of its task means (13 tasks; "
+             "'11' marks a run without QA data, not comparable with 13-task tables; fewer tasks: incomplete, left "
+             "out of the averages).\n",
+             "| method | " + " | ".join(_fmt_length(n) for n in lengths) + " | Avg. | wAvg (inc) | wAvg (dec) | effective length |",
+             "|---" * (len(lengths) + 5) + "|"]
+    for method in methods:
+        complete, texts = {}, []
+        for n in lengths:
+            groups = by_cell[method, n]
+            if not groups:
+                texts.append("—")
+                continue
+            score = mean(mean(g) for g in groups.values())
+            low, high = stats.bootstrap(list(groups.values()))
+            kind = "13" if set(RULER_TASKS) <= set(groups) else "11" if set(RULER_WITHOUT_QA) <= set(groups) else "incomplete"
+            cases = sum(len(g) for g in groups.values())
+            summary["ruler"].append({"model": rows[0]["model"], "method": method, "length": n, "score": score, "low": low,
+                                     "high": high, "tasks": sorted(groups), "cases": cases, "complete": kind != "incomplete"})
+            texts.append(f"{score:.1f} [{low:.0f}, {high:.0f}] ({kind if kind != '13' else ''}{' tasks, ' if kind != '13' else ''}"
+                         f"n={cases})")
+            if kind != "incomplete":
+                complete[n] = (score, low)
+        averages = stats.weighted_averages({n: s for n, (s, _) in complete.items()}) if complete else None
+        effective = {"point": effective_length({n: s for n, (s, _) in complete.items()}, threshold),
+                     "sure": effective_length({n: low for n, (_, low) in complete.items()}, threshold)}
+        summary["effective_length"].append({"model": rows[0]["model"], "task": "ruler", "method": method, **effective,
+                                            **(averages or {})})
+        tail = " | ".join(f"{averages[k]:.1f}" for k in ("avg", "wavg_inc", "wavg_dec")) if averages else "— | — | —"
+        lines.append(f"| {method} | " + " | ".join(texts) + f" | {tail} | {_fmt_effective(effective)} |")
+    empty = defaultdict(int)
+    for r in rows:
+        empty[r["task"]] += bool(r.get("empty"))
+    lines.append("\nEmpty answers per task (RULER's 'Nulls'): " + ", ".join(f"{t.split(':')[1]} {empty[t]}" for t in sorted(empty)) + ".")
+    return "\n".join(lines) + "\n"
+
+
+def _time_section(records: list[dict]) -> str:
+    """Seconds per case (decoding and building, this machine), per task, method and length."""
+    lengths = sorted({r["length"] for r in records})
+    seconds = defaultdict(list)
+    for r in records:
+        seconds[r["task"], r["method"], r["length"]].append(r.get("seconds", 0.0))
+    rows = sorted({(task, method) for task, method, _ in seconds})
+    lines = ["## Time per case\n", "Seconds per case on the machine that ran it (mean).\n",
+             "| task | method | " + " | ".join(_fmt_length(n) for n in lengths) + " |", "|---" * (len(lengths) + 2) + "|"]
+    for task, method in rows:
+        lines.append(f"| {task} | {method} | " + " | ".join(
+            f"{mean(seconds[task, method, n]):.1f}" if seconds[task, method, n] else "—" for n in lengths) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def _errors_section(failed: list[dict]) -> str:
@@ -79,53 +257,6 @@ def _row_labels(records: list[dict]) -> list[dict]:
     return [{**r, "method": r["method"] if len(meanings[r["method"]]) == 1 else f"{r['method']} = {r['resolved']}"} for r in records]
 
 
-def _task_section(out: Path, task: str, rows: list[dict], threshold: float) -> str:
-    perplexity = rows[0]["metric"] == "perplexity"
-    methods = list(dict.fromkeys(r["method"] for r in rows))
-    lengths = sorted({r["length"] for r in rows})
-    cell = defaultdict(list)
-    for r in rows:
-        cell[r["method"], r["length"]].append(r["score"])
-    header = "| method | " + " | ".join(_fmt_length(n) for n in lengths) + " |"
-    lines = [f"## {task}\n"]
-    if perplexity:
-        lines += ["Perplexity / mean log-perplexity (nats per token); lower is better.\n", header, "|---" * (len(lengths) + 1) + "|"]
-    else:
-        lines += [header + " effective length |", "|---" * (len(lengths) + 2) + "|"]
-    series, effective = {}, {}
-    for method in methods:
-        means = {n: mean(cell[method, n]) for n in lengths if cell[method, n]}
-        counts = {n: len(cell[method, n]) for n in lengths}
-        if perplexity:
-            logs = {n: mean(r["log_ppl"] for r in rows if r["method"] == method and r["length"] == n) for n in means}
-            row = " | ".join(f"{means[n]:.2f} / {logs[n]:.4f} (n={counts[n]})" if n in means else "—" for n in lengths)
-            lines.append(f"| {method} | {row} |")
-        else:
-            row = " | ".join(f"{means[n]:.1f} (n={counts[n]})" if n in means else "—" for n in lengths)
-            effective[method] = effective_length(means, threshold)
-            lines.append(f"| {method} | {row} | {_fmt_length(effective[method]) if effective[method] else 'none'} |")
-        series[method] = (list(means), list(means.values()))
-    if rows[0]["task"] == "niah4":
-        lines += ["", "Fraction of the 4 needles found:", "",
-                  "| method | " + " | ".join(_fmt_length(n) for n in lengths) + " |", "|---" * (len(lengths) + 1) + "|"]
-        for method in methods:
-            fractions = [[100 * r["fraction"] for r in rows if r["method"] == method and r["length"] == n] for n in lengths]
-            lines.append(f"| {method} | " + " | ".join(f"{mean(f):.1f}" if f else "—" for f in fractions) + " |")
-    window = rows[0].get("window")
-    ylabel = "perplexity" if perplexity else "score"
-    picture = plots.lines(series, f"{task}: {ylabel} vs length", out / f"compare_{_slug(task)}.png", ylabel=ylabel,
-                          threshold=None if perplexity else threshold, marks={"window": window} if window else None,
-                          log_y=perplexity)
-    lines += ["", f"![{task}]({picture.name})"]
-    if perplexity:
-        lines.append(f"![{task} by position]({_loss_by_position(out, task, rows, methods, window).name})")
-    for method in methods:
-        heat = _heatmap(out, task, method, [r for r in rows if r["method"] == method], lengths)
-        if heat:
-            lines.append(f"![{task} {method}]({heat.name})")
-    return "\n".join(lines) + "\n"
-
-
 def _loss_by_position(out: Path, task: str, rows: list[dict], methods: list[str], window: int | None) -> Path:
     """Mean loss per position bucket at the longest tested length, one line per method."""
     longest = max(r["length"] for r in rows)
@@ -142,7 +273,7 @@ def _loss_by_position(out: Path, task: str, rows: list[dict], methods: list[str]
 
 
 def _heatmap(out: Path, task: str, method: str, rows: list[dict], lengths: list[int]) -> Path | None:
-    """Score by needle depth x length. Multi-needle cases count each needle at its own depth (quarters)."""
+    """Score by needle depth x length: by grid depth, or each needle at the depth it was placed (quarters)."""
     if all(r["depth"] is not None for r in rows):
         depths = sorted({r["depth"] for r in rows})
         labels = [f"{d:.0%}" for d in depths]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from . import tasks
+from . import ruler, tasks
 
 RESULTS = "results.jsonl"
 
@@ -182,34 +182,45 @@ def case_key(record: dict) -> tuple:
 
 @dataclass
 class Grid:
+    """Every case of an evaluation: ``samples`` cases per (task, length, method).
+
+    A task with a depth grid (``niah``) cycles through ``depths``: case ``i`` sits at
+    ``depths[i % len(depths)]``; every other task draws its own needle positions, as upstream.
+    """
+
     model: str
     tasks: list[str]
     methods: list[MethodSpec]
     lengths: list[int]
     depths: list[float]
-    seeds: int
+    samples: int
     training_window: int | None = None  # None: the model's own L
     keys: list[tuple] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.seeds < 1:
-            raise ValueError(f"--seeds={self.seeds} is out of range: at least 1")
+        if self.samples < 1:
+            raise ValueError(f"--samples={self.samples} is out of range: at least 1")
         if self.training_window is not None and self.training_window < 2:
             raise ValueError(f"--training-window={self.training_window} is out of range: an integer >= 2 (tokens)")
         self.methods = list({m.label: m for m in self.methods}.values())  # --method rope --method rope: once
         for task in self.tasks:  # longer lengths last: early results are the cheap ones
-            depths = self.depths if tasks.get(task).uses_depth else [None]
-            for length, seed, depth, method in itertools.product(self.lengths, range(self.seeds), depths, self.methods):
+            grid = tasks.get(task).uses_depth
+            for length, seed, method in itertools.product(self.lengths, range(self.samples), self.methods):
+                depth = self.depths[seed % len(self.depths)] if grid else None
                 self.keys.append((self.model, method.label, task, length, depth, seed))
 
 
-def run(grid: Grid, out: Path, limit: int | None = None, loaded=None) -> Path:
-    """Run the grid's missing cases, appending to ``out/results.jsonl``; returns that path."""
+def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, batch_size: int = 1) -> Path:
+    """Run the grid's missing cases, appending to ``out/results.jsonl``; returns that path.
+
+    Cases of one (task, length) are built once for every method; ``batch_size`` of them decode as one
+    left-padded batch per method (the answers equal batch size 1's).
+    """
     import longreach
     from longreach import models
 
-    from .generate import greedy
-
+    if batch_size < 1:
+        raise ValueError(f"--batch-size={batch_size} is out of range: at least 1")
     out.mkdir(parents=True, exist_ok=True)
     path = out / RESULTS
     specs = {m.label: m for m in grid.methods}
@@ -227,42 +238,85 @@ def run(grid: Grid, out: Path, limit: int | None = None, loaded=None) -> Path:
     if not pending:
         longreach.remove(model)
         return path
-    with path.open("a", encoding="utf-8") as sink, tqdm(pending, desc="cases", unit="case") as bar:
+    state = {"applied": None}
+
+    def apply(label: str) -> None:
+        if state["applied"] != label:
+            specs[label].apply(model, window)
+            state["applied"] = label
+
+    with path.open("a", encoding="utf-8") as sink, tqdm(total=len(pending), desc="cases", unit="case") as bar:
         if not _ends_with_newline(path):
             sink.write("\n")  # end a line cut short by a crash, so the next record stands alone
-        case = applied = None
-        for key in bar:
-            _, label, task_name, length, depth, seed = key
-            bar.set_postfix_str(f"{task_name} {length} {label}")
-            task = tasks.get(task_name)
-            start = time.perf_counter()
-            try:
-                if case is None or (case.task, case.length, case.depth, case.seed) != (task.name, length, depth, seed):
-                    case = None
-                    case = task.build(tokenizer, length, depth, seed)  # the grid lists methods innermost: one prompt for all
-                if label != applied:
-                    specs[label].apply(model, window)
-                    applied = label
-                record = _evaluate(task, model, tokenizer, case, greedy)
-            except Exception as error:  # one failing case must not stop the grid: an error row, retried on a rerun
-                record = {"score": None, "error": f"{error.__class__.__name__}: {error}"}
-                bar.write(f"case {task_name} {length} {label} seed {seed} failed: {record['error']}")
-            record = {"model": grid.model, "method": label, "resolved": resolved[label], "window": window,
-                      "task": task_name, "length": length, "depth": depth, "seed": seed, **record,
-                      "seconds": round(time.perf_counter() - start, 3)}
-            sink.write(json.dumps(record) + "\n")
-            sink.flush()
-            os.fsync(sink.fileno())
+        for (task_name, length), keys in itertools.groupby(pending, key=lambda key: (key[2], key[3])):
+            keys, task = list(keys), tasks.get(task_name)
+            cases = list(dict.fromkeys((key[4], key[5]) for key in keys))  # (depth, seed), in grid order
+            size = 1 if hasattr(task, "evaluate") else batch_size
+            for chunk in (cases[i : i + size] for i in range(0, len(cases), size)):
+                start = time.perf_counter()
+                built = {where: _build(task, tokenizer, length, *where) for where in chunk}
+                build_seconds = (time.perf_counter() - start) / len(chunk)
+                for label in specs:
+                    batch = [key for key in keys if key[1] == label and (key[4], key[5]) in built]
+                    if not batch:
+                        continue
+                    bar.set_postfix_str(f"{task_name} {length} {label}")
+                    results = _run_batch(task, model, tokenizer, [built[key[4], key[5]] for key in batch], lambda: apply(label))
+                    for key, (record, seconds) in zip(batch, results):
+                        _, _, _, _, depth, seed = key
+                        if record.get("error"):
+                            bar.write(f"case {task_name} {length} {label} seed {seed} failed: {record['error']}")
+                        record = {"model": grid.model, "method": label, "resolved": resolved[label], "window": window,
+                                  "task": task_name, "length": length, "depth": depth, "seed": seed, **record,
+                                  "seconds": round(seconds + build_seconds, 3)}
+                        sink.write(json.dumps(record) + "\n")
+                        sink.flush()
+                        os.fsync(sink.fileno())
+                        bar.update()
     longreach.remove(model)
     return path
 
 
-def _evaluate(task, model, tokenizer, case, greedy) -> dict:
-    """Run one built case with the applied method: the record's task-specific fields."""
-    if hasattr(task, "evaluate"):
-        result = task.evaluate(model, tokenizer, case)
-    else:
-        (answer,) = greedy(model, tokenizer, [case.prompt], max_new_tokens=case.max_new_tokens)
-        result = {"answer": answer, **task.score(answer, case)}
-    return {"n_tokens": case.n_tokens, "prompt_hash": hashlib.sha256(case.prompt.encode()).hexdigest()[:16],
-            "references": case.references, "needle_depths": case.needle_depths, "metric": case.metric, **result}
+def _build(task, tokenizer, length: int, depth, seed: int):
+    """The case, or the error that building it raised (an error row for every method, the grid goes on)."""
+    try:
+        return task.build(tokenizer, length, depth, seed)
+    except Exception as error:
+        return error
+
+
+def _error(error: BaseException) -> dict:
+    return {"score": None, "error": f"{error.__class__.__name__}: {error}"}
+
+
+def _run_batch(task, model, tokenizer, cases: list, apply) -> list[tuple[dict, float]]:
+    """``(record fields, seconds)`` per case: decoded together; a case that could not be built, or a
+    batch that raises, becomes error rows (one failing case must not stop the grid; a rerun retries)."""
+    from . import generate
+
+    ready = [case for case in cases if not isinstance(case, Exception)]
+    start = time.perf_counter()
+    try:
+        apply()
+        if hasattr(task, "evaluate"):
+            outcomes = [task.evaluate(model, tokenizer, case) for case in ready]
+        else:
+            answers = generate.greedy(model, tokenizer, [c.prompt for c in ready], max_new_tokens=task.max_new_tokens) if ready else []
+            outcomes = [{"answer": answer, "empty": not ruler.postprocess(answer), **task.score(answer, case)}
+                        for answer, case in zip(answers, ready)]
+    except Exception as error:
+        outcomes = [_error(error)] * len(ready)
+    seconds = (time.perf_counter() - start) / max(1, len(ready))
+    outcome = iter(outcomes)
+    results = []
+    for case in cases:
+        if isinstance(case, Exception):
+            results.append((_error(case), 0.0))
+        else:
+            fields = next(outcome)
+            if not fields.get("error"):
+                fields = {"n_tokens": case.n_tokens, "max_new_tokens": case.max_new_tokens,
+                          "prompt_hash": hashlib.sha256(case.prompt.encode()).hexdigest()[:16], "references": case.references,
+                          "needle_depths": case.needle_depths, "metric": case.metric, **fields}
+            results.append((dict(fields), seconds))
+    return results

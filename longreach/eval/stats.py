@@ -1,0 +1,59 @@
+"""Intervals and averages a reader can trust: Wilson for pass/fail, bootstrap for means, RULER's averages."""
+
+from __future__ import annotations
+
+import math
+import random
+from statistics import NormalDist, mean
+from typing import Sequence
+
+CONFIDENCE = 0.95
+RULER_THRESHOLD = 85.6  # RULER's effective-length threshold: Llama2-7B's average at 4K
+RESAMPLES = 2000
+
+
+def wilson(passed: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Wilson score interval for ``passed`` of ``n`` (Wilson 1927), in percent."""
+    if n == 0:
+        return (math.nan, math.nan)
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    p = passed / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (100 * max(0.0, centre - half), 100 * min(1.0, centre + half))
+
+
+def bootstrap(groups: Sequence[Sequence[float]], statistic=None, confidence: float = CONFIDENCE,
+              resamples: int = RESAMPLES, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of ``statistic`` (default: the mean of the group means), resampling
+    each group's values with replacement on its own (stratified: a group is a task of RULER's average)."""
+    statistic = statistic or (lambda samples: mean(mean(g) for g in samples))
+    rng = random.Random(seed)
+    draws = sorted(statistic([rng.choices(g, k=len(g)) for g in groups]) for _ in range(resamples))
+    tail = (1 - confidence) / 2
+    return (draws[int(tail * (resamples - 1))], draws[math.ceil((1 - tail) * (resamples - 1))])
+
+
+def interval(scores: Sequence[float]) -> tuple[float, float]:
+    """A cell's 95% interval: Wilson when every score is 0 or 100 (pass/fail), else a bootstrap of the mean."""
+    if all(s in (0.0, 100.0) for s in scores):
+        return wilson(sum(s == 100.0 for s in scores), len(scores))
+    return bootstrap([scores])
+
+
+def weighted_averages(by_length: dict[int, float]) -> dict[str, float]:
+    """RULER's Avg. and its weighted averages over lengths: weights 1..k rising with length (inc) or falling (dec)."""
+    lengths = sorted(by_length)
+    rising = range(1, len(lengths) + 1)
+    weighted = lambda weights: sum(w * by_length[n] for w, n in zip(weights, lengths)) / sum(weights)
+    return {"avg": mean(by_length.values()), "wavg_inc": weighted(rising), "wavg_dec": weighted(list(rising)[::-1])}
+
+
+def effective_length(scores: dict[int, float], threshold: float = RULER_THRESHOLD) -> int:
+    """The largest tested length L' whose score, and that of every shorter tested length, reaches ``threshold``; 0 if none."""
+    best = 0
+    for length in sorted(scores):
+        if scores[length] < threshold:
+            break
+        best = length
+    return best

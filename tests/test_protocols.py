@@ -1,0 +1,209 @@
+"""The upstream procedures, checked with the default model's real tokenizer: RULER (NVIDIA/RULER@c3f5e3b),
+STRING's 4-needle test (HKUNLP/STRING) and passkey (landmark attention); intervals and RULER's averages."""
+
+import json
+import re
+
+import pytest
+from conftest import TINY_VOCAB, byte_tokenizer, tiny_model
+from transformers import AutoTokenizer
+
+from longreach import models
+from longreach.eval import report, ruler, runner, stats, tasks
+
+ALL = list(tasks.TASKS)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(models.default_path())
+
+
+def count(tokenizer, text: str) -> int:
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+@pytest.mark.parametrize("length", [2048, 4096])
+@pytest.mark.parametrize("name", ALL)
+def test_prompt_plus_generation_fits_the_length_and_fills_it(tokenizer, name, length):
+    case = tasks.get(name).build(tokenizer, length, 0.5 if tasks.get(name).uses_depth else None, seed=3)
+    assert case.n_tokens == count(tokenizer, case.prompt)
+    unit = 600 if name.startswith("ruler:qa") else 160  # packed: within a unit (a sentence, a line, a document) of the budget
+    assert length - unit <= case.n_tokens + case.max_new_tokens <= length
+
+
+@pytest.mark.parametrize("length", [8192, 16384])
+def test_cwe_builds_past_8k_with_the_answer_inside_the_length(tokenizer, length):
+    case = tasks.get("ruler:cwe").build(tokenizer, length, None, seed=0)
+    assert case.n_tokens + 120 <= length and len(case.references) == 10
+
+
+def test_tokens_to_generate_are_upstreams():
+    expected = {"niah4": 128, "niah4-chat": 128, "passkey": 10, "passkey-chat": 10, "niah": 128, "ruler:vt": 30,
+                "ruler:cwe": 120, "ruler:fwe": 50, "ruler:qa_1": 32, "ruler:qa_2": 32}
+    expected |= {f"ruler:{n}": 128 for n in ruler.TASKS if n.startswith("niah")}
+    assert {name: tasks.get(name).max_new_tokens for name in ALL} == expected
+
+
+def test_vt_has_its_in_context_example_with_fresh_names_and_value(tokenizer):
+    case = tasks.get("ruler:vt").build(tokenizer, 4096, None, seed=1)
+    assert case.prompt.count("Memorize and track the chain(s)") == 2
+    example, main = case.prompt.split("Memorize and track the chain(s)")[1:]
+    chain = re.findall(r"VAR ([A-Z]+) = (VAR [A-Z]+|\d+)", example)
+    assert len(chain) == 5 and all(len(name) == 3 for name, _ in chain)
+    value = chain[0][1]
+    assert value != "12345" and f"5 variables are assigned the value {value}, they are: " in example
+    assert example.rstrip().endswith(" ".join(name for name, _ in chain))  # the example's answer, renamed as upstream
+    assert count(tokenizer, "Memorize and track the chain(s)" + example) <= 520
+    assert re.findall(r"VAR ([A-Z]{5}) = ", main) and set(case.references) == set(re.findall(r"VAR ([A-Z]{5}) = ", main))
+    assert case.prompt.endswith(", they are: ")
+
+
+@pytest.mark.parametrize("length, example, repeats", [(2048, (20, 3, 1), (6, 1)), (4096, (40, 10, 3), (30, 3))])
+def test_cwe_has_one_solved_example_and_upstreams_repeats(tokenizer, length, example, repeats):
+    case = tasks.get("ruler:cwe").build(tokenizer, length, None, seed=2)
+    first, second = case.prompt.split(ruler.CWE_ANSWER)[:2]
+    words = re.findall(r"\d+\. ([^\d\n]+?)(?= \d+\.|\n|$)", first.split("Memorize the ones that appear most often.\n")[1])
+    assert len(words) == 10 * example[1] + (example[0] - 10) * example[2]
+    solved = re.findall(r"\d+\. (.+?)(?= \d+\.|\n)", second.split("\n")[0] + "\n")
+    assert len(solved) == 10 and all(words.count(w) == example[1] for w in solved)  # the example is solved correctly
+    listed = case.prompt.split("Memorize the ones that appear most often.\n")[2].split("\nQuestion:")[0]
+    items = re.findall(r"\d+\. (.+?)(?= \d+\.|$)", listed)
+    assert all(items.count(w) == repeats[0] for w in case.references)
+    assert {items.count(w) for w in set(items) - set(case.references)} == {repeats[1]}
+
+
+def test_squad_fills_with_its_own_article_first_and_hotpotqa_keeps_all_ten(tokenizer):
+    questions, documents = ruler.qa_data("squad")
+    case = tasks.get("ruler:qa_1").build(tokenizer, 4096, None, seed=0)
+    shown = re.findall(r"Document \d+:\n(.*?)(?=\n\nDocument \d+:|\n\nAnswer the question)", case.prompt, re.S)
+    item = questions[0]
+    assert documents[item["documents"][0]] in shown
+    own = {documents[i] for i in item["article"]}
+    assert len(shown) == case.haystack_units and (set(shown) - {documents[item["documents"][0]]} <= own
+                                                   or own <= set(shown))
+    questions, documents = ruler.qa_data("hotpotqa")
+    for seed in (0, 5):
+        case = tasks.get("ruler:qa_2").build(tokenizer, 2048, None, seed=seed)
+        assert all(documents[i] in case.prompt for i in questions[seed]["documents"]) and len(questions[seed]["documents"]) == 10
+
+
+def test_ruler_needles_sit_at_depths_drawn_from_its_forty(tokenizer):
+    allowed = {d / 100 for d in ruler.DEPTHS}
+    seen = set()
+    for seed in range(6):
+        case = tasks.get("ruler:niah_multikey_1").build(tokenizer, 2048, None, seed=seed)
+        assert case.depth is None and len(case.needle_depths) == 1 and case.needle_depths[0] in allowed
+        context = case.prompt.split("afterwards.\n")[1].rsplit("\nWhat is", 1)[0]
+        assert abs(context.index(case.references[0]) / len(context) - case.needle_depths[0]) < 0.1  # recorded = placed
+        seen.add(case.needle_depths[0])
+        multi = tasks.get("ruler:niah_multivalue").build(tokenizer, 2048, None, seed=seed)
+        assert len(set(multi.needle_depths)) == 4 and set(multi.needle_depths) <= allowed
+    assert len(seen) >= 4
+    noise = tasks.get("ruler:niah_single_1").build(tokenizer, 2048, None, seed=0)
+    lines = noise.prompt.split("afterwards.\n")[1].split("\n")
+    assert sum(line == ruler.NOISE for line in lines) == noise.haystack_units
+    at = next(i for i, line in enumerate(lines) if noise.references[0] in line)
+    assert at == round(noise.needle_depths[0] * noise.haystack_units)
+
+
+def test_ruler_scores_after_upstreams_postprocessing():
+    case = tasks.get("ruler:niah_multivalue").build(byte_tokenizer(), 3000, None, seed=0)
+    answer = "\x01 " + " ".join(case.references[:3]) + "\n"
+    assert tasks.get("ruler:niah_multivalue").score(answer, case)["score"] == 75.0
+    assert ruler.postprocess(" \x00\t ") == "" and ruler.postprocess("a\x07b ") == "a\nb"
+
+
+def test_string_four_needles_as_the_string_repository(tokenizer):
+    task = tasks.get("niah4")
+    case = task.build(tokenizer, 8192, None, seed=4)
+    assert case.prompt.startswith("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them.")
+    assert case.prompt.endswith(". \n\n\nWhat are the magic numbers mentioned in the provided text?\nThe numbers are")
+    assert all(f" One of the magic number is: {v}. " in case.prompt and 100000 <= int(v) <= 1000000 for v in case.references)
+    positions = [case.prompt.index(f"is: {v}.") / len(case.prompt) for v in case.references]
+    assert [int(d / (0.99 / 4)) for d in case.needle_depths] == [0, 1, 2, 3] and positions == sorted(positions)
+    assert all(abs(p - d) < 0.03 for p, d in zip(positions, case.needle_depths))
+    assert case.n_tokens <= 8192 - 128
+    two = task.score(f"{case.references[3]}, {case.references[0]}</s>", case)
+    assert two["score"] == 100.0 and two["fraction"] == 0.5 and task.score(case.references[1], case)["score"] == 0.0
+    chat = tasks.get("niah4-chat").build(tokenizer, 8192, None, seed=4)
+    assert chat.prompt.startswith("<|im_start|>system") and chat.prompt.endswith("<|im_start|>assistant\nThe numbers are")
+
+
+def test_passkey_as_landmark_attentions_script(tokenizer):
+    task = tasks.get("passkey")
+    case = task.build(tokenizer, 4096, None, seed=7)
+    lines = case.prompt.split("\n")
+    key = case.references[0]
+    assert len(lines) == 5 and lines[2] == f"The pass key is {key}. Remember it. {key} is the pass key."
+    assert lines[4] == "What is the pass key? The pass key is" and 1 <= int(key) <= 50000
+    assert abs(len(lines[1]) / case.haystack_units - case.needle_depths[0]) < 1e-9
+    assert task.score(f" {key}. The", case)["score"] == 100.0
+    assert task.score(f" 0{key}", case)["score"] == 100.0  # the first integer, as int()
+    assert task.score(f" 7 then {key}", case)["score"] == 0.0 and task.score("none", case)["score"] == 0.0
+    chat = tasks.get("passkey-chat").build(tokenizer, 4096, None, seed=7)
+    assert chat.prompt.endswith("What is the pass key?<|im_end|>\n<|im_start|>assistant\nThe pass key is")
+
+
+def test_running_out_of_words_or_documents_is_a_one_line_error(monkeypatch):
+    monkeypatch.setattr(ruler, "_cwe_words", lambda: [f"w{i}" for i in range(40)])
+    with pytest.raises(ValueError, match=r"ruler:cwe at 16384 tokens: all 40 distinct words of wonderwords take only \d+ of"):
+        tasks.get("ruler:cwe").build(byte_tokenizer(), 16384, None, seed=0)
+
+
+def test_wilson_and_bootstrap_intervals_on_hand_worked_counts():
+    low, high = stats.wilson(8, 10)
+    assert (round(low, 1), round(high, 1)) == (49.0, 94.3)
+    assert stats.wilson(0, 10)[0] == pytest.approx(0.0, abs=1e-9) and round(stats.wilson(0, 10)[1], 1) == 27.8
+    assert round(stats.wilson(10, 10)[0], 1) == 72.2 and stats.wilson(10, 10)[1] == 100.0
+    assert stats.bootstrap([[50.0] * 7]) == (50.0, 50.0)
+    low, high = stats.interval([0.0, 25.0, 50.0, 75.0, 100.0] * 4)
+    assert 30 < low < 50 < high < 70
+    assert stats.interval([100.0, 0.0, 100.0, 100.0, 0.0, 100.0, 100.0, 100.0, 100.0, 100.0]) == stats.wilson(8, 10)
+    averages = stats.weighted_averages({4096: 90.0, 8192: 80.0, 16384: 70.0})
+    assert averages["avg"] == 80.0 and averages["wavg_inc"] == pytest.approx(460 / 6) and averages["wavg_dec"] == pytest.approx(500 / 6)
+
+
+def _record(task: str, length: int, seed: int, score: float, empty: bool = False) -> dict:
+    return {"model": "m", "method": "rope", "resolved": "rope [L=8192]", "window": 8192, "task": task, "length": length,
+            "depth": None, "seed": seed, "score": score, "metric": "string_match_all", "empty": empty, "seconds": 1.0}
+
+
+def test_the_ruler_score_is_the_mean_of_task_means_with_averages_and_effective_length(tmp_path):
+    means = {4096: 90.0, 8192: 86.0}  # every task scores these at 4K and 8K: RULER mean = the same
+    records = [_record(task, n, seed, means[n] + (5 if seed else -5), empty=(seed == 0 and task == "ruler:vt"))
+               for task in report.RULER_TASKS for n in means for seed in range(2)]
+    (tmp_path / runner.RESULTS).write_text("".join(json.dumps(r) + "\n" for r in records))
+    markdown = report.build(tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    rows = {row["length"]: row for row in summary["ruler"]}
+    assert rows[4096]["score"] == pytest.approx(90.0) and rows[8192]["score"] == pytest.approx(86.0)
+    assert all(row["complete"] and row["cases"] == 26 and row["low"] < row["score"] < row["high"] for row in rows.values())
+    ruler_length = next(e for e in summary["effective_length"] if e["task"] == "ruler")
+    assert ruler_length["point"] == 8192 and ruler_length["sure"] == 4096  # at 8K the lower bound (about 84) misses 85.6
+    assert ruler_length["avg"] == pytest.approx(88.0) and ruler_length["wavg_inc"] == pytest.approx((90 + 2 * 86) / 3)
+    assert "vt 2" in markdown and "## RULER" in markdown
+    without_qa = [r for r in records if not r["task"].startswith("ruler:qa")]
+    (tmp_path / runner.RESULTS).write_text("".join(json.dumps(r) + "\n" for r in without_qa))
+    assert "(11 tasks, n=22)" in report.build(tmp_path)
+
+
+def test_effective_length_is_reported_by_point_and_by_lower_bound(tmp_path):
+    records = [_record("niah4", n, seed, 100.0 if seed < passed else 0.0)
+               for n, passed in ((2048, 10), (4096, 9)) for seed in range(10)]
+    (tmp_path / runner.RESULTS).write_text("".join(json.dumps(r) + "\n" for r in records))
+    report.build(tmp_path)
+    (effective,) = json.loads((tmp_path / "summary.json").read_text())["effective_length"]
+    assert effective["point"] == 4096 and effective["sure"] == 0  # 9/10: 90 >= 85.6, its lower bound 59.6 is not
+
+
+def test_a_batch_gives_the_answers_of_one_case_at_a_time(tmp_path):
+    model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024)
+    grid = lambda: runner.Grid("tiny", ["passkey", "ruler:niah_single_1"], [runner.MethodSpec.parse("rope"),
+                               runner.MethodSpec.parse("string:shift=200,local_window=8")], [700, 900], [0.5], 3)
+    one = runner.read_results(runner.run(grid(), tmp_path / "one", loaded=(model, byte_tokenizer())))
+    three = runner.read_results(runner.run(grid(), tmp_path / "three", loaded=(model, byte_tokenizer()), batch_size=3))
+    assert len(one) == len(three) == 24
+    key = lambda r: runner.case_key(r)
+    assert {key(r): (r["answer"], r["prompt_hash"], r["n_tokens"]) for r in one} == {
+        key(r): (r["answer"], r["prompt_hash"], r["n_tokens"]) for r in three}
