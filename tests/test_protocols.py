@@ -182,7 +182,7 @@ def test_the_ruler_score_is_the_mean_of_task_means_with_averages_and_effective_l
     ruler_length = next(e for e in summary["effective_length"] if e["task"] == "ruler")
     assert ruler_length["point"] == 8192 and ruler_length["sure"] == 4096  # at 8K the lower bound (about 84) misses 85.6
     assert ruler_length["avg"] == pytest.approx(88.0) and ruler_length["wavg_inc"] == pytest.approx((90 + 2 * 86) / 3)
-    assert "vt 2" in markdown and "## RULER" in markdown
+    assert "vt 2" in markdown and "## RULER" in markdown and (tmp_path / "compare_ruler.png").stat().st_size > 0
     without_qa = [r for r in records if not r["task"].startswith("ruler:qa")]
     (tmp_path / runner.RESULTS).write_text("".join(json.dumps(r) + "\n" for r in without_qa))
     assert "(11 tasks, n=22)" in report.build(tmp_path)

@@ -41,6 +41,7 @@ def cli_error(argv, capsys) -> str:
     (["eval", "niah", "--lengths", "nan"], "length 'nan' is out of range"),
     (["eval", "niah", "--limit", "-1"], "argument --limit: -1 is out of range"),
     (["eval", "niah", "--samples", "0"], "argument --samples/--seeds: 0 is out of range"),
+    (["eval", "niah", "--batch-size", "0"], "argument --batch-size: 0 is out of range"),
     (["eval", "niah", "--method", "string:shift=2048,shift=1024"], "'shift' is given twice"),
     (["eval", "niah", "--method", ":shift=3"], "names no method"),
     (["eval", "niah", "--training-window", "x"], "argument --training-window: 'x' is not an integer"),
@@ -141,7 +142,7 @@ def test_lengths_far_beyond_the_window_are_refused(tmp_path):
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 commands = ["eval", "demo", "dispersion", "freq", "matrix", "cost", "report"]
-flags = ["--lengths", "--length", "--limit", "--seeds", "--depths", "--method", "--out", "--training-window", "--window",
+flags = ["--lengths", "--length", "--limit", "--seeds", "--samples", "--batch-size", "--depths", "--method", "--out", "--training-window", "--window",
          "--points", "--top-k", "--threshold", "--lengths-file", "--text", "--synthetic", "--dtype"]
 junk = st.sampled_from(["-1", "0", "nan", "inf", "1e400", "2k,4k", "x", "", "string:shift=", "dca:chunk_size=1,local_window=5",
                         "yarn:factor=nan", "/proc/x", "/no/such", "llama3:low_freq_factor=0", "string:shift=2,shift=3", ",,,"])

@@ -190,6 +190,7 @@ def _ruler_section(out: Path, model: str, rows: list[dict], threshold: float, su
              "out of the averages).\n",
              "| method | " + " | ".join(_fmt_length(n) for n in lengths) + " | Avg. | wAvg (inc) | wAvg (dec) | effective length |",
              "|---" * (len(lengths) + 5) + "|"]
+    series, by_interval = {}, {}
     for method in methods:
         complete, texts = {}, []
         for n in lengths:
@@ -206,14 +207,21 @@ def _ruler_section(out: Path, model: str, rows: list[dict], threshold: float, su
             texts.append(f"{score:.1f} [{low:.0f}, {high:.0f}] ({kind if kind != '13' else ''}{' tasks, ' if kind != '13' else ''}"
                          f"n={cases})")
             if kind != "incomplete":
-                complete[n] = (score, low)
+                complete[n], by_interval[method, n] = (score, low), (low, high)
         averages = stats.weighted_averages({n: s for n, (s, _) in complete.items()}) if complete else None
         effective = {"point": effective_length({n: s for n, (s, _) in complete.items()}, threshold),
                      "sure": effective_length({n: low for n, (_, low) in complete.items()}, threshold)}
         summary["effective_length"].append({"model": rows[0]["model"], "task": "ruler", "method": method, **effective,
                                             **(averages or {})})
+        series[method] = complete
         tail = " | ".join(f"{averages[k]:.1f}" for k in ("avg", "wavg_inc", "wavg_dec")) if averages else "— | — | —"
         lines.append(f"| {method} | " + " | ".join(texts) + f" | {tail} | {_fmt_effective(effective)} |")
+    if any(series.values()):
+        picture = plots.lines({m: (list(c), [s for s, _ in c.values()]) for m, c in series.items() if c},
+                              f"RULER score vs length{' — ' + model if model else ''}", out / f"compare_ruler{'_' + _slug(model) if model else ''}.png",
+                              ylabel="RULER score (mean of task means)", threshold=threshold, marks={"window": rows[0]["window"]},
+                              bands={m: [by_interval[m, n] for n in c] for m, c in series.items() if c})
+        lines.append(f"\n![RULER]({picture.name})")
     empty = defaultdict(int)
     for r in rows:
         empty[r["task"]] += bool(r.get("empty"))
