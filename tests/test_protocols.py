@@ -2,6 +2,7 @@
 STRING's 4-needle test (HKUNLP/STRING) and passkey (landmark attention); intervals and RULER's averages."""
 
 import json
+import math
 import re
 
 import pytest
@@ -157,6 +158,8 @@ def test_wilson_and_bootstrap_intervals_on_hand_worked_counts():
     assert stats.wilson(0, 10)[0] == pytest.approx(0.0, abs=1e-9) and round(stats.wilson(0, 10)[1], 1) == 27.8
     assert round(stats.wilson(10, 10)[0], 1) == 72.2 and stats.wilson(10, 10)[1] == 100.0
     assert stats.bootstrap([[50.0] * 7]) == (50.0, 50.0)
+    assert math.isnan(stats.bootstrap([[50.0, 60.0], [70.0]])[0])  # one case of a task: no interval, not a zero-width one
+    assert stats.effective_length({2048: math.nan}) == 0
     low, high = stats.interval([0.0, 25.0, 50.0, 75.0, 100.0] * 4)
     assert 30 < low < 50 < high < 70
     assert stats.interval([100.0, 0.0, 100.0, 100.0, 0.0, 100.0, 100.0, 100.0, 100.0, 100.0]) == stats.wilson(8, 10)

@@ -8,6 +8,7 @@ an effective length computed on it.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -53,8 +54,18 @@ class Cell:
         return sum(bool(r.get("empty")) for r in self.rows)
 
     def text(self) -> str:
-        low, high = self.interval
-        return f"{self.score:.1f} [{low:.0f}, {high:.0f}] n={self.n}"
+        return f"{self.score:.1f} {_bounds(self.interval)} n={self.n}"
+
+
+def _bounds(interval: tuple[float, float]) -> str:
+    """``[low, high]``, or ``[?]`` where one case per group leaves no interval."""
+    low, high = interval
+    return "[?]" if math.isnan(low) else f"[{low:.0f}, {high:.0f}]"
+
+
+def _number(value: float) -> float | None:
+    """JSON has no NaN: a missing interval bound is null."""
+    return None if isinstance(value, float) and math.isnan(value) else value
 
 
 def _fmt_length(n: int) -> str:
@@ -137,7 +148,7 @@ def _task_section(out: Path, task: str, rows: list[dict], threshold: float, summ
         for n, cell in mine.items():
             low, high = cell.interval
             summary["cells"].append({"model": rows[0]["model"], "task": name, "method": method, "length": n, "n": cell.n,
-                                     "score": cell.score, "low": low, "high": high, "empty": cell.empty,
+                                     "score": cell.score, "low": _number(low), "high": _number(high), "empty": cell.empty,
                                      "seconds_per_case": mean(r.get("seconds", 0.0) for r in cell.rows)})
         if perplexity:
             logs = {n: mean(r["log_ppl"] for r in c.rows) for n, c in mine.items()}
@@ -155,8 +166,7 @@ def _task_section(out: Path, task: str, rows: list[dict], threshold: float, summ
             texts = []
             for n in lengths:
                 fractions = [100 * r["fraction"] for r in cells[method, n].rows] if (method, n) in cells else []
-                low, high = stats.bootstrap([fractions]) if fractions else (0, 0)
-                texts.append(f"{mean(fractions):.1f} [{low:.0f}, {high:.0f}]" if fractions else "—")
+                texts.append(f"{mean(fractions):.1f} {_bounds(stats.bootstrap([fractions]))}" if fractions else "—")
             lines.append(f"| {method} | " + " | ".join(texts) + " |")
     empty = sum(c.empty for c in cells.values())
     if not perplexity:
@@ -187,7 +197,7 @@ def _ruler_section(out: Path, model: str, rows: list[dict], threshold: float, su
     lines = [f"## RULER{' — ' + model if model else ''}\n",
              f"Reproduces {ruler.REVISION}. The RULER score of a length is the mean of its task means (13 tasks; "
              "'11' marks a run without QA data, not comparable with 13-task tables; fewer tasks: incomplete, left "
-             "out of the averages).\n",
+             "out of the averages; [?]: one case per task leaves no interval).\n",
              "| method | " + " | ".join(_fmt_length(n) for n in lengths) + " | Avg. | wAvg (inc) | wAvg (dec) | effective length |",
              "|---" * (len(lengths) + 5) + "|"]
     series, by_interval = {}, {}
@@ -202,9 +212,9 @@ def _ruler_section(out: Path, model: str, rows: list[dict], threshold: float, su
             low, high = stats.bootstrap(list(groups.values()))
             kind = "13" if set(RULER_TASKS) <= set(groups) else "11" if set(RULER_WITHOUT_QA) <= set(groups) else "incomplete"
             cases = sum(len(g) for g in groups.values())
-            summary["ruler"].append({"model": rows[0]["model"], "method": method, "length": n, "score": score, "low": low,
-                                     "high": high, "tasks": sorted(groups), "cases": cases, "complete": kind != "incomplete"})
-            texts.append(f"{score:.1f} [{low:.0f}, {high:.0f}] ({kind if kind != '13' else ''}{' tasks, ' if kind != '13' else ''}"
+            summary["ruler"].append({"model": rows[0]["model"], "method": method, "length": n, "score": score, "low": _number(low),
+                                     "high": _number(high), "tasks": sorted(groups), "cases": cases, "complete": kind != "incomplete"})
+            texts.append(f"{score:.1f} {_bounds((low, high))} ({kind if kind != '13' else ''}{' tasks, ' if kind != '13' else ''}"
                          f"n={cases})")
             if kind != "incomplete":
                 complete[n], by_interval[method, n] = (score, low), (low, high)

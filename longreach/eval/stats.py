@@ -26,7 +26,10 @@ def wilson(passed: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, 
 def bootstrap(groups: Sequence[Sequence[float]], statistic=None, confidence: float = CONFIDENCE,
               resamples: int = RESAMPLES, seed: int = 0) -> tuple[float, float]:
     """Percentile bootstrap interval of ``statistic`` (default: the mean of the group means), resampling
-    each group's values with replacement on its own (stratified: a group is a task of RULER's average)."""
+    each group's values with replacement on its own (stratified: a group is a task of RULER's average).
+    NaN when a group has fewer than 2 values."""
+    if any(len(g) < 2 for g in groups):  # one value says nothing of its spread
+        return (math.nan, math.nan)
     statistic = statistic or (lambda samples: mean(mean(g) for g in samples))
     rng = random.Random(seed)
     draws = sorted(statistic([rng.choices(g, k=len(g)) for g in groups]) for _ in range(resamples))
@@ -53,7 +56,7 @@ def effective_length(scores: dict[int, float], threshold: float = RULER_THRESHOL
     """The largest tested length L' whose score, and that of every shorter tested length, reaches ``threshold``; 0 if none."""
     best = 0
     for length in sorted(scores):
-        if scores[length] < threshold:
+        if not scores[length] >= threshold:  # NaN (no interval) does not reach it either
             break
         best = length
     return best
