@@ -8,7 +8,7 @@ from pathlib import Path
 
 DEMO_LENGTHS = "2k,4k,6k,8k"
 EVAL_SAMPLES = 100  # a pass rate's 95% interval is then at most +-10 points (Wilson, p = 0.5)
-DEMO_SAMPLES = 4
+DEMO_SAMPLES = 2
 MAX_MATRIX = 4096  # matrix pictures are dense length x length arrays
 
 
