@@ -142,14 +142,14 @@ class Niah:
 
         def build(n: int) -> str:
             rng = random.Random(f"{self.name}/{length}/{seed}/{n}")
-            user, answer, details["answers"], details["depths"] = self._generate(rng, n, depth)
+            user, answer, *details[n] = self._generate(rng, n, depth)
             return haystack.with_bos(tokenizer, haystack.templated(tokenizer, user, answer))
 
         start = {"essay": length // 2, "noise": length // 25, "needle": length // 20}[self.haystack]
         built = haystack.fit_largest(tokenizer, length - self.max_new_tokens, build, start=start,
                                      what=f"{self.name} at {length} tokens", unit=f"{self.haystack} units")
-        build(built[0])  # details of the chosen size
-        return _case(self, length, seed, built, details["answers"], depth if self.grid_depth else None, needle_depths=details["depths"])
+        answers, depths = details[built[0]]
+        return _case(self, length, seed, built, answers, depth if self.grid_depth else None, needle_depths=depths)
 
     def _generate(self, rng: random.Random, n: int, grid_depth: float | None):
         """RULER's ``generate_input_output(n)``: (user message, answer prefix, answers, needle depths in [0, 1])."""
@@ -239,14 +239,13 @@ class VariableTracking:
             names, chain = _chain(rng, self.hops, icl=False)
             value = chain[0].split("=")[-1].strip()
             user = VT_TEMPLATE.format(context=_noise_with_lines(rng, n, chain), query=value)
-            details["names"] = names
+            details[n] = names
             return haystack.with_bos(tokenizer, haystack.templated(
                 tokenizer, _randomize(example, self.hops, rng) + "\n" + user, VT_ANSWER.format(num_v=self.hops + 1, query=value)))
 
         built = haystack.fit_largest(tokenizer, length - self.max_new_tokens, build, start=length // 25,
                                      what=f"{self.name} at {length} tokens", unit="noise lines")
-        build(built[0])
-        return _case(self, length, seed, built, details["names"])
+        return _case(self, length, seed, built, details[built[0]])
 
     def _example(self, tokenizer, length: int, seed: int) -> str:
         """The in-context example: a 3-letter chain valued 12345 in noise, at most 500 tokens of RULER's
