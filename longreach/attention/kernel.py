@@ -73,20 +73,20 @@ def attention(
                       positions=positions)
         return _attention_with_drop(query, key, value, parts, inv_freq, drop, common, backend, tile)
     query, key, scaling, positions = _prepare(query, key, inv_freq, scaling, logit_scale, positions)
-    value = _expand_heads(value, q_heads)
     block = _pick_block(query, backend)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     # backends without a backward of their own run on tiles, differentiated by _math_backward (O(tile * n) memory)
     whole_blocks = block is not _math and not (needs_grad and block not in BACKWARDS)
 
     q_positions = positions[:, offset:]
-    plans, shifted = [], []
+    plans, shifted, shifted_keys = [], [], {}
     for part in parts:
         lo, hi = part.min_distance, _upper_bound(part, sliding_window)
         if hi is not None and hi <= lo:
             continue
         q = _shifted(query, part.query_shift, q_positions, inv_freq)
-        k = _expand_heads(_shifted(key, part.key_shift, positions, inv_freq), q_heads)
+        if (k := shifted_keys.get(id(part.key_shift))) is None:  # parts sharing a key shift (DCA's three) rotate once
+            k = shifted_keys[id(part.key_shift)] = _shifted(key, part.key_shift, positions, inv_freq)
         structured = whole_blocks and key_padding is None and part.key_span is None and q_len > SMALL_QUERY
         if structured and hi is None:
             plans.append(lambda lo=lo: _unbounded(q_len, lo, offset))
@@ -184,9 +184,8 @@ def _attention_with_drop(query, key, value, parts, inv_freq, drop, common, backe
         out = attention(query[:, :, :first], key[:, :, :keep], value[:, :, :keep], parts, inv_freq, backend=backend, tile=tile, **head)
         pieces.append(out.transpose(1, 2).to(accumulate))
     rows = torch.arange(offset + first, key.shape[2], device=query.device)
-    value = _expand_heads(value, query.shape[1])
     for probabilities, keys in attention_probabilities(query[:, :, first:], key, parts, inv_freq, rows, drop=drop[:, first:], **common):
-        pieces.append(probabilities @ value[:, :, keys].to(probabilities.dtype))
+        pieces.append(_grouped_matmul(probabilities, value[:, :, keys].to(probabilities.dtype)))
     return torch.cat(pieces, dim=2).to(query.dtype).transpose(1, 2)
 
 
@@ -212,7 +211,7 @@ def per_sequence(value: float | torch.Tensor, dtype: torch.dtype, device) -> tor
 
 
 def _expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
-    """Key/value heads repeated for grouped-query attention, as a view (no copy of the cache)."""
+    """Key/value heads repeated for grouped-query attention (a copy: only for backends without grouped queries)."""
     groups = heads // x.shape[1]
     return x if groups == 1 else x[:, :, None].expand(-1, -1, groups, -1, -1).flatten(1, 2)
 
@@ -346,15 +345,15 @@ def row_probabilities(query, key, parts, inv_freq, rows, scaling, positions, key
     """Whole attention rows, ``tile`` queries at a time: yields ``(probabilities [B, H, T, K], keys)``.
 
     ``query [B, H, R, D]`` holds the queries at absolute indices ``rows [R]`` (any subset of the
-    keys, e.g. sampled rows for a dispersion probe); ``key [B, Hkv, Lkv, D]`` is expanded to ``H``
-    heads after each part's shift.
+    keys, e.g. sampled rows for a dispersion probe); ``key [B, Hkv, Lkv, D]`` serves its group of
+    query heads without being repeated.
     Each pair's score is computed in the part it belongs to; ``drop [B, R]`` applies Drop
     Attention. Memory is ``O(tile * Lkv)`` per head, never ``Lkv^2``.
     """
     compute = _accumulation(query.dtype)
     kv_len = key.shape[2]
-    shifted = [(part, _shifted(query, part.query_shift, positions[:, rows], inv_freq),
-                _expand_heads(_shifted(key, part.key_shift, positions, inv_freq), query.shape[1])) for part in parts]
+    shifted = [(part, _shifted(query, part.query_shift, positions[:, rows], inv_freq), _shifted(key, part.key_shift, positions, inv_freq))
+               for part in parts]
     for start in range(0, rows.numel(), tile):
         tile_rows = rows[start : start + tile]
         k_start = 0 if sliding_window is None else max(0, int(tile_rows.min()) - sliding_window + 1)
@@ -368,7 +367,7 @@ def row_probabilities(query, key, parts, inv_freq, rows, scaling, positions, key
             keys, allowed = _region(tile_rows, part.min_distance, hi, kv_len, key_padding, span)
             if keys is None:
                 continue
-            part_scores = (q[:, :, start : start + tile].to(compute) @ k[:, :, keys].to(compute).transpose(-1, -2)) * scaling
+            part_scores = _grouped_matmul(q[:, :, start : start + tile].to(compute), k[:, :, keys].to(compute).transpose(-1, -2)) * scaling
             window = scores[..., keys.start - k_start : keys.stop - k_start]
             window.copy_(torch.where(allowed, part_scores, window))
         if drop is not None:
@@ -421,7 +420,11 @@ def _cpu_flash(q, k, v, mask, causal, scaling):
 
 
 def _cuda_efficient(q, k, v, mask, causal, scaling):
-    """PyTorch's memory-efficient CUDA attention, which returns the log-sum-exp when asked."""
+    """PyTorch's memory-efficient CUDA attention, which returns the log-sum-exp when asked.
+
+    It has no grouped-query attention: the block's keys and values are repeated per query head.
+    """
+    k, v = _expand_heads(k, q.shape[1]), _expand_heads(v, q.shape[1])
     if mask is not None:
         mask = mask.expand(q.shape[0], q.shape[1], -1, -1)
     out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
@@ -439,12 +442,21 @@ def _math(q, k, v, mask, causal, scaling):
     scores = _scores(q, k, mask, causal, scaling, compute)
     lse = torch.logsumexp(scores, dim=-1)
     weights = torch.exp(scores - torch.where(torch.isfinite(lse), lse, 0.0)[..., None])
-    return weights @ v.to(compute), lse
+    return _grouped_matmul(weights, v.to(compute)), lse
+
+
+def _grouped_matmul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``x [B, Hq, T, K] @ y [B, Hkv, K, D]`` with query head ``h`` using key/value head ``h // (Hq / Hkv)``,
+    without repeating ``y`` (grouped-query attention by broadcasting)."""
+    groups = x.shape[1] // y.shape[1]
+    if groups == 1:
+        return x @ y
+    return (x.unflatten(1, (y.shape[1], groups)) @ y[:, :, None]).flatten(1, 2)
 
 
 def _scores(q, k, mask, causal, scaling, compute: torch.dtype) -> torch.Tensor:
     """One block's scores in ``compute``: ``q k^T`` times ``scaling``, with a top-left causal and/or additive mask."""
-    scores = (q.to(compute) @ k.to(compute).transpose(-1, -2)) * scaling
+    scores = _grouped_matmul(q.to(compute), k.to(compute).transpose(-1, -2)) * scaling
     if causal:
         scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).triu(1), NEG_INF)
     if mask is not None:
@@ -453,7 +465,7 @@ def _scores(q, k, mask, causal, scaling, compute: torch.dtype) -> torch.Tensor:
 
 
 def _cpu_flash_backward(grad_out, q, k, v, out, lse, mask, causal, scaling):
-    """PyTorch's CPU flash-attention backward, given the merged output and log-sum-exp."""
+    """PyTorch's CPU flash-attention backward, given the merged output and log-sum-exp (grouped-query natively)."""
     dtype = q.dtype
     grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
         grad_out.to(dtype), q, k, v, out.to(dtype), lse.to(_accumulation(dtype)), 0.0, causal, attn_mask=mask, scale=scaling
@@ -463,12 +475,19 @@ def _cpu_flash_backward(grad_out, q, k, v, out, lse, mask, causal, scaling):
 
 def _math_backward(grad_out, q, k, v, out, lse, mask, causal, scaling):
     """The attention backward written out (Dao et al. 2022, FlashAttention, Algorithm 4), for one tile:
-    ``P = exp(S - lse)``, ``dV = P^T dO``, ``dS = P * (dO V^T - rowsum(dO * O))``, ``dQ = dS K s``, ``dK = dS^T Q s``."""
+    ``P = exp(S - lse)``, ``dV = P^T dO``, ``dS = P * (dO V^T - rowsum(dO * O))``, ``dQ = dS K s``, ``dK = dS^T Q s``.
+    With grouped-query attention, ``dK`` and ``dV`` sum over the query heads sharing a key/value head."""
     compute = out.dtype
     q, k, v = q.to(compute), k.to(compute), v.to(compute)
     p = torch.exp(_scores(q, k, mask, causal, scaling, compute) - lse[..., None])
-    grad_scores = p * (grad_out @ v.transpose(-1, -2) - (grad_out * out).sum(-1, keepdim=True))
-    return grad_scores @ k * scaling, grad_scores.transpose(-1, -2) @ q * scaling, p.transpose(-1, -2) @ grad_out
+    grad_scores = p * (_grouped_matmul(grad_out, v.transpose(-1, -2)) - (grad_out * out).sum(-1, keepdim=True))
+    return (_grouped_matmul(grad_scores, k) * scaling, _per_kv_head(grad_scores.transpose(-1, -2) @ q, k.shape[1]) * scaling,
+            _per_kv_head(p.transpose(-1, -2) @ grad_out, k.shape[1]))
+
+
+def _per_kv_head(grad: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """A gradient per query head ``[B, Hq, K, D]`` summed over each key/value head's group ``[B, Hkv, K, D]``."""
+    return grad if grad.shape[1] == kv_heads else grad.unflatten(1, (kv_heads, -1)).sum(2)
 
 
 BACKENDS: dict[str, Callable] = {"cpu_flash": _cpu_flash, "cuda_efficient": _cuda_efficient, "math": _math}
