@@ -44,7 +44,7 @@ STRING_CASES = [(n, S, W) for n, S, W in [(7, 9, 2), (10, 9, 2), (33, 9, 2), (40
 
 @pytest.mark.parametrize("n, S, W", STRING_CASES)
 @pytest.mark.parametrize("pads", [(0, 0), (0, 5)])
-@pytest.mark.parametrize("backend", ["cpu_flash", "math"])
+@pytest.mark.parametrize("backend", ["cpu_flash", "math", "flex"])
 def test_string_prefill_and_decode_match_the_reference_fp32(n, S, W, pads, backend):
     """Includes n < S (no far part), n = S + 1 (one far pair), GQA 4:2, left padding."""
     method = create("string", training_window=3 * S, shift=S, local_window=W)
@@ -70,11 +70,13 @@ def test_float64_math_backend_is_exact():
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.bfloat16, 0.05), (torch.float16, 0.01)])
-def test_low_precision_inputs(dtype, tolerance):
+@pytest.mark.parametrize("backend", ["auto", "flex"])
+def test_low_precision_inputs(dtype, tolerance, backend):
     method = create("string", training_window=60, shift=20, local_window=4)
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(48, pads=(0, 3))
     want, rows = expected(method, q, k, v, positions, padding, inv_freq, 48, scaling=0.25)
-    got = kernel.attention(q_rot.to(dtype), k_rot.to(dtype), v.to(dtype), method.parts(), inv_freq.float(), scaling=0.25, key_padding=padding)
+    got = kernel.attention(q_rot.to(dtype), k_rot.to(dtype), v.to(dtype), method.parts(), inv_freq.float(), scaling=0.25,
+                           key_padding=padding, backend=backend)
     assert got.dtype == dtype and not got.isnan().any()
     assert (got.double() - want)[rows].abs().max() <= tolerance
 
@@ -87,13 +89,42 @@ def test_partial_rotary_and_logit_scale():
     assert (got - want).abs().max() <= 1e-5
 
 
-def test_sliding_window_limits_every_part():
+@pytest.mark.parametrize("backend", ["auto", "flex"])
+def test_sliding_window_limits_every_part(backend):
     method = create("string", training_window=45, shift=15, local_window=2)
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(40)
     for window in (8, 25):
         want, _ = expected(method, q, k, v, positions, padding, inv_freq, 40, scaling=0.3, window=window)
-        got = kernel.attention(q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), scaling=0.3, sliding_window=window)
+        got = kernel.attention(q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), scaling=0.3,
+                               sliding_window=window, backend=backend)
         assert (got - want).abs().max() <= 1e-5
+
+
+def test_flex_block_masks_sort_tiles_into_full_partial_and_empty():
+    """STRING's far part (d >= 200) over 4 x 4 tiles of 128, and 300 tokens (the last tile cut short):
+    the tile lists say exactly which tiles FlexAttention skips, computes whole, or masks pair by pair."""
+    from longreach.attention import flex
+
+    for n in (512, 300):
+        mask = flex.Region(200, None, 0).block_mask(1, n, n, "cpu")
+        i = torch.arange(512)
+        inside = ((i[:, None] - i[None, :] >= 200) & (i[:, None] < n) & (i[None, :] < n)).view(4, 128, 4, 128)
+        tiles = -(-n // 128)
+        full, any_pair = inside.all(3).all(1)[:tiles, :tiles], inside.any(3).any(1)[:tiles, :tiles]
+        partial = any_pair & ~full
+        for count, indices, want in [(mask.kv_num_blocks, mask.kv_indices, partial), (mask.full_kv_num_blocks, mask.full_kv_indices, full)]:
+            for row in range(tiles):
+                listed = indices[0, 0, row, : count[0, 0, row]].tolist()
+                assert sorted(listed) == want[row].nonzero().flatten().tolist()
+        assert partial.any() and not any_pair[0].any() and (full.any() == (n == 512))  # a cut tile is never full
+
+
+def test_flex_has_no_backward_on_cpu_and_says_so():
+    method = create("string", training_window=60, shift=20, local_window=4)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(30)
+    q_rot = q_rot.float().requires_grad_()
+    with pytest.raises(ValueError, match="backend='flex' has no backward on cpu"):
+        kernel.attention(q_rot, k_rot.float(), v.float(), method.parts(), inv_freq.float(), backend="flex")
 
 
 def test_rows_with_an_empty_part_or_no_key_give_no_nan():
@@ -191,16 +222,17 @@ BASELINES = [
 
 @pytest.mark.parametrize("name, params", BASELINES)
 @pytest.mark.parametrize("pads", [(0, 0), (0, 7)])
-@pytest.mark.parametrize("n, tile", [(57, 16), (140, 64)])
-def test_baselines_prefill_and_decode_match_the_reference_fp32(name, params, pads, n, tile):
-    """Per-token shifts (absolute positions, left padding) and DCA's chunk spans, GQA 4:2."""
+@pytest.mark.parametrize("n, tile, backend", [(57, 16, "auto"), (140, 64, "auto"), (140, 64, "flex")])
+def test_baselines_prefill_and_decode_match_the_reference_fp32(name, params, pads, n, tile, backend):
+    """Per-token shifts (absolute positions, left padding) and DCA's chunk spans, GQA 4:2; FlexAttention
+    at more than one of its 128-token tiles."""
     method = create(name, training_window=40, **params)
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(n, pads=pads)
     for q_len in (n, 1, 20):
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
         got = kernel.attention(
             q_rot[:, :, -q_len:].float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), scaling=0.3,
-            key_padding=padding if pads[1] else None, positions=positions, tile=tile,
+            key_padding=padding if pads[1] else None, positions=positions, tile=tile, backend=backend,
         )
         assert not got.isnan().any()
         assert (got - want)[rows].abs().max() <= 1e-5

@@ -35,8 +35,8 @@ def methods(draw, window):
 @SETTINGS
 @given(data=st.data(), n=st.integers(8, 100), pad=st.integers(0, 30), q_len=st.sampled_from([None, 1, 7]),
        kv_heads=st.sampled_from([1, 2, 4]), dtype=st.sampled_from([torch.float64, torch.float32, torch.bfloat16]),
-       rotary=st.sampled_from([16, 8]), drop=st.booleans())
-def test_the_kernel_equals_the_reference_on_random_cases(data, n, pad, q_len, kv_heads, dtype, rotary, drop):
+       rotary=st.sampled_from([16, 8]), drop=st.booleans(), backend=st.sampled_from(["auto", "flex"]))
+def test_the_kernel_equals_the_reference_on_random_cases(data, n, pad, q_len, kv_heads, dtype, rotary, drop, backend):
     window = data.draw(st.integers(8, 64), label="window")
     name, params = data.draw(methods(window), label="method")
     method = create(name, training_window=window, **params)
@@ -49,7 +49,7 @@ def test_the_kernel_equals_the_reference_on_random_cases(data, n, pad, q_len, kv
     want = reference.dense_attention(q[:, :, -q_len:], k, v, P, inv_freq, 0.3, key_padding=padding, logit_scale=scale, drop_rates=rates)
     got = kernel.attention(q_rot[:, :, -q_len:].to(dtype), k_rot.to(dtype), v.to(dtype), method.parts(), inv_freq.to(dtype),
                            scaling=0.3, key_padding=padding if pads[1] else None, positions=positions, logit_scale=scale,
-                           drop=rates, tile=16)
+                           drop=rates, tile=16, backend=backend)
     tolerance = {torch.float64: 1e-10, torch.float32: 1e-5, torch.bfloat16: 0.1}[dtype]
     if drop and dtype != torch.float64:
         return  # low precision may move a score across the quantile: drops are compared in float64 only

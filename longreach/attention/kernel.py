@@ -27,6 +27,7 @@ from typing import Callable, NamedTuple, Sequence
 import torch
 
 from ..methods.base import Part
+from . import flex
 from .rotary import rotate
 
 NEG_INF = float("-inf")
@@ -75,6 +76,9 @@ def attention(
     query, key, scaling, positions = _prepare(query, key, inv_freq, scaling, logit_scale, positions)
     block = _pick_block(query, backend)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    if needs_grad and block is flex.part_attention and query.device.type != "cuda":
+        raise ValueError(f"backend='flex' has no backward on {query.device.type} (PyTorch's FlexAttention has one on CUDA only): "
+                         "use backend='auto' or 'math' to compute gradients here")
     # backends without a backward of their own run on tiles, differentiated by _math_backward (O(tile * n) memory)
     whole_blocks = block is not _math and not (needs_grad and block not in BACKWARDS)
 
@@ -88,7 +92,11 @@ def attention(
         if (k := shifted_keys.get(id(part.key_shift))) is None:  # parts sharing a key shift (DCA's three) rotate once
             k = shifted_keys[id(part.key_shift)] = _shifted(key, part.key_shift, positions, inv_freq)
         structured = whole_blocks and key_padding is None and part.key_span is None and q_len > SMALL_QUERY
-        if structured and hi is None:
+        if block is flex.part_attention:
+            span = None if part.key_span is None else (*part.key_span(q_positions), positions)
+            region = flex.Region(lo, hi, offset, key_padding, span)
+            plans.append(lambda region=region: [Block(slice(0, q_len), slice(0, kv_len), region.block_mask(batch, q_len, kv_len, query.device))])
+        elif structured and hi is None:
             plans.append(lambda lo=lo: _unbounded(q_len, lo, offset))
         elif structured and hi - lo - 1 >= MIN_BAND_TILE:
             # bands use tiles twice as tall: fewer, larger unmasked calls beat the wasted diagonal halves (measured)
@@ -101,7 +109,7 @@ def attention(
         shifted += [q, k]
     if not shifted:  # the model's sliding window excludes every part
         return torch.zeros(batch, q_len, q_heads, value.shape[-1], dtype=query.dtype, device=query.device)
-    if needs_grad:
+    if needs_grad and block is not flex.part_attention:  # FlexAttention differentiates itself
         out, _ = _PartsAttention.apply(plans, block, scaling, value, *shifted)
     else:
         out, _ = _run(plans, block, scaling, value, shifted)
@@ -110,11 +118,11 @@ def attention(
 
 class Block(NamedTuple):
     """One call of a backend: the query ``rows`` against the ``keys``, with an additive ``mask`` or a
-    top-left ``causal`` mask (or neither)."""
+    top-left ``causal`` mask (or neither); for the FlexAttention backend, ``mask`` is the part's block mask."""
 
     rows: slice
     keys: slice
-    mask: torch.Tensor | None = None
+    mask: object = None  # an additive mask tensor, a FlexAttention BlockMask, or None
     causal: bool = False
 
 
@@ -128,7 +136,7 @@ def _run(plans, block, scaling, value, shifted):
     for plan, q, k in zip(plans, shifted[0::2], shifted[1::2]):
         for b in plan():
             part_out, part_lse = block(q[:, :, b.rows], k[:, :, b.keys], value[:, :, b.keys], b.mask, b.causal, scaling)
-            if b.mask is not None:
+            if isinstance(b.mask, torch.Tensor):
                 part_out, part_lse = _with_empty_rows(part_out, part_lse, b.mask)
             out[:, :, b.rows], lse[:, :, b.rows] = merge(out[:, :, b.rows], lse[:, :, b.rows], part_out, part_lse)
     return out, lse
@@ -490,17 +498,23 @@ def _per_kv_head(grad: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return grad if grad.shape[1] == kv_heads else grad.unflatten(1, (kv_heads, -1)).sum(2)
 
 
-BACKENDS: dict[str, Callable] = {"cpu_flash": _cpu_flash, "cuda_efficient": _cuda_efficient, "math": _math}
+BACKENDS: dict[str, Callable] = {"cpu_flash": _cpu_flash, "cuda_efficient": _cuda_efficient, "flex": flex.part_attention, "math": _math}
 BACKWARDS: dict[Callable, Callable] = {_cpu_flash: _cpu_flash_backward, _math: _math_backward}
 """Backends with a backward of their own; the others are differentiated tile by tile with :func:`_math_backward`."""
 
 
 def _pick_block(query: torch.Tensor, backend: str) -> Callable:
+    """``auto``: CPU flash attention on CPU; compiled FlexAttention on CUDA (memory-efficient attention
+    without Triton); the math backend in float64 and on other devices."""
     if backend == "auto":
         if query.dtype == torch.float64:
             backend = "math"
+        elif query.device.type == "cuda":
+            backend = "flex" if flex.available(query.device) else "cuda_efficient"
         else:
-            backend = {"cpu": "cpu_flash", "cuda": "cuda_efficient"}.get(query.device.type, "math")
+            backend = {"cpu": "cpu_flash"}.get(query.device.type, "math")
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is not one of: auto, {', '.join(BACKENDS)}")
+    if backend == "flex" and not flex.available(query.device):
+        raise ValueError(f"backend='flex' needs PyTorch's FlexAttention (torch >= 2.5, and Triton on CUDA); not available on {query.device}")
     return BACKENDS[backend]

@@ -118,9 +118,9 @@ def apply(model: nn.Module, method: str = "string", *, training_window: int | No
     are accepted as types); ``L`` stays the model's own window unless ``training_window`` says otherwise.
     ``method="drop"`` / ``"dynamic_drop"`` (Drop Attention, Dynamic Drop Attention) with their
     parameters, or ``drop={"method": "dynamic_drop", ...}`` beside another method, drops low scores.
-    ``backend``: ``"auto"`` (CPU flash attention on CPU, memory-efficient attention on CUDA),
-    ``"cpu_flash"``, ``"cuda_efficient"``, ``"math"``, or ``"reference"`` (the dense float64 oracle,
-    O(n^2), for tests). Applying again replaces the previous method; :func:`remove` undoes it.
+    ``backend``: ``"auto"`` (CPU flash attention on CPU, compiled FlexAttention on CUDA),
+    ``"cpu_flash"``, ``"cuda_efficient"``, ``"flex"`` (FlexAttention; eager and forward-only on CPU,
+    for checking), ``"math"``, or ``"reference"`` (the dense float64 oracle, O(n^2), for tests). Applying again replaces the previous method; :func:`remove` undoes it.
     """
     if find_rotary(model) is None:
         raise ValueError(
@@ -363,7 +363,9 @@ def _keys(mask: torch.Tensor | None, kv_len: int, position_ids: torch.Tensor | N
     back = torch.arange(count - 1, -1, -1, device=device)
     last = torch.full((1, 1), count - 1, device=device) if position_ids is None else position_ids.to(device)[:, -1:]
     rotated_at = (last - back).expand(batch, -1)
-    positions = marks if padding is not None else rotated_at
+    # the mask's positions count real tokens also where the keys at hand hold no padding (a sliding
+    # cache past the left padding): position_ids, when the caller gave none, do not
+    positions = marks if marks is not None else rotated_at
     return Keys(count, padding, positions, rotated_at)
 
 

@@ -1,0 +1,146 @@
+"""The FlexAttention backend: one ``flex_attention`` call per part (Dong et al. 2024, "Flex Attention:
+A Programming Model for Generating Optimized Attention Kernels", arXiv:2412.05496).
+
+A part's region -- the pairs ``lo <= i - j < hi`` (``hi`` already cut by the model's sliding
+window), DCA's key spans, and key padding -- is one predicate, :meth:`Region.allowed`. It serves
+twice: as the ``mask_mod`` FlexAttention evaluates inside the tiles the region covers only in part,
+and, over a slab of query rows at a time, to sort the 128 x 128 tiles into empty, full and partial
+for :meth:`BlockMask.from_kv_blocks` (memory O(slab x Lkv), never Lq x Lkv, unlike
+``create_block_mask``, which materialises the whole mask). Grouped-query attention is native
+(``enable_gqa``), and the log-sum-exp comes back for the kernel's merge of the parts.
+
+Compiled with ``torch.compile`` on CUDA. On CPU, PyTorch runs FlexAttention eagerly, computing the
+full scores matrix, and has no backward there: this path exists on CPU so that the whole backend is
+checked against the dense reference in CI at small sizes; ``auto`` never picks it on CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+try:  # PyTorch >= 2.5
+    from torch.nn.attention import flex_attention as _flex_module
+except ImportError:  # pragma: no cover - depends on the installed PyTorch
+    _flex_module = None
+
+TILE = 128  # FlexAttention's default sparse block size
+SLAB_ELEMENTS = 1 << 24  # booleans per step of the tile scan (16 MiB)
+
+
+def available(device: torch.device | str) -> bool:
+    """Whether FlexAttention can run on ``device``: PyTorch has it, and on CUDA Triton is installed to compile it."""
+    if _flex_module is None:
+        return False
+    if torch.device(device).type != "cuda":
+        return True
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@dataclass(frozen=True, eq=False)
+class Region:
+    """The pairs of one part: query row ``t`` is at index ``i = t + offset`` of the ``Lkv`` keys.
+
+    ``padding [B, Lkv]`` is False at padding keys; ``span = (first, stop, key_positions)`` keeps the
+    pairs whose key position lies in ``[first[b, t], stop[b, t])`` (``first``, ``stop``: ``[B, Lq]``).
+    """
+
+    lo: int
+    hi: int | None
+    offset: int
+    padding: torch.Tensor | None = None
+    span: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def allowed(self, b: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+        """Whether the pairs ``(b, q_idx, kv_idx)`` (broadcastable integer tensors) are in the region."""
+        distance = q_idx + self.offset - kv_idx
+        inside = distance >= self.lo
+        if self.hi is not None:
+            inside = inside & (distance < self.hi)
+        if self.padding is not None:
+            inside = inside & self.padding[b, kv_idx]
+        if self.span is not None:
+            first, stop, key_positions = self.span
+            key = key_positions[b, kv_idx]
+            inside = inside & (key >= first[b, q_idx]) & (key < stop[b, q_idx])
+        return inside
+
+    def block_mask(self, batch: int, q_len: int, kv_len: int, device) -> "_flex_module.BlockMask":
+        """The region as a FlexAttention block mask (one for the whole batch when nothing depends on the sequence)."""
+        if self.padding is None and self.span is None:
+            return _structured_block_mask(self.lo, self.hi, self.offset, q_len, kv_len, str(device))
+        return _block_mask(self, batch, q_len, kv_len, device)
+
+
+@functools.lru_cache(maxsize=64)
+def _structured_block_mask(lo, hi, offset, q_len, kv_len, device):
+    """Distance bounds only: the same block mask serves every layer and sequence, so it is built once."""
+    return _block_mask(Region(lo, hi, offset), 1, q_len, kv_len, device)
+
+
+def _block_mask(region: Region, batch: int, q_len: int, kv_len: int, device):
+    """Sort the 128 x 128 tiles into full, partial and empty, a slab of query tiles at a time."""
+    q_tiles, kv_tiles = -(-q_len // TILE), -(-kv_len // TILE)
+    keys = torch.arange(kv_tiles * TILE, device=device)
+    key_valid = keys < kv_len
+    keys = keys.clamp(max=kv_len - 1)
+    b = torch.arange(batch, device=device)[:, None, None]
+    slab = max(1, SLAB_ELEMENTS // (batch * TILE * kv_tiles * TILE))
+    partial, full = [], []
+    for first_tile in range(0, q_tiles, slab):
+        rows = torch.arange(first_tile * TILE, min(q_tiles, first_tile + slab) * TILE, device=device)
+        valid = (rows < q_len)[None, :, None] & key_valid[None, None, :]
+        inside = region.allowed(b, rows.clamp(max=q_len - 1)[None, :, None], keys[None, None, :]) & valid
+        tiles = inside.view(batch, -1, TILE, kv_tiles, TILE)
+        any_pair, all_pairs = tiles.any(4).any(2), tiles.all(4).all(2)
+        partial.append(any_pair & ~all_pairs)
+        full.append(all_pairs)
+    partial, full = torch.cat(partial, 1)[:, None], torch.cat(full, 1)[:, None]  # [B, 1, q tiles, kv tiles]
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return region.allowed(b, q_idx, kv_idx)
+
+    return _flex_module.BlockMask.from_kv_blocks(
+        *_tile_lists(partial), *_tile_lists(full), BLOCK_SIZE=TILE, mask_mod=mask_mod, seq_lengths=(q_len, kv_len)
+    )
+
+
+def _tile_lists(selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(count [B, 1, Q], indices [B, 1, Q, K])`` of the selected key tiles per query tile, the selected first."""
+    count = selected.sum(-1, dtype=torch.int32)
+    indices = torch.argsort(selected.to(torch.int8), dim=-1, descending=True, stable=True).to(torch.int32)
+    return count, indices
+
+
+def part_attention(q, k, v, mask, causal, scaling):
+    """One part: ``flex_attention`` with the part's block mask (``mask``), returning ``(out, lse)`` in float32
+    (float64 for float64 inputs). ``causal`` is never set: the block mask holds the whole region."""
+    kwargs = {"block_mask": mask, "scale": scaling, "enable_gqa": q.shape[1] != k.shape[1]}
+    if hasattr(_flex_module, "AuxRequest"):
+        out, aux = _function(q.device.type)(q, k, v, return_aux=_flex_module.AuxRequest(lse=True), **kwargs)
+        lse = aux.lse
+    else:  # pragma: no cover - PyTorch < 2.9
+        out, lse = _function(q.device.type)(q, k, v, return_lse=True, **kwargs)
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return out.to(compute), lse.to(compute)
+
+
+@functools.lru_cache(maxsize=None)
+def _function(device_type: str):
+    """Compiled ``flex_attention`` on CUDA; the eager one elsewhere (its warning about that, once, silenced)."""
+    if device_type == "cuda":
+        return torch.compile(_flex_module.flex_attention)
+
+    def eager(*args, **kwargs):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+            return _flex_module.flex_attention(*args, **kwargs)
+
+    return eager
