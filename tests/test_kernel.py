@@ -236,3 +236,32 @@ def test_baselines_prefill_and_decode_match_the_reference_fp32(name, params, pad
         )
         assert not got.isnan().any()
         assert (got - want)[rows].abs().max() <= 1e-5
+
+
+def test_key_rotations_are_reused_only_while_positions_and_frequencies_agree():
+    """The angle cache behind decoding: a step extends the entry by its new positions; another prefix
+    (a reordered or re-padded batch), other frequencies or a new shift object recompute."""
+    rotations = kernel.KeyRotations(size=2)
+    shift = create("self_extend", training_window=40, group_size=3, neighbor_window=10).parts()[1].key_shift
+    inv_freq = inv_freq_for(8)
+
+    def direct(positions, inv_freq):
+        return reference_angles(shift, positions, inv_freq)
+
+    computed = []  # how many positions each call computes angles for
+    angles = rotations._angles
+    rotations._angles = lambda shift, p, f, dtype: computed.append(p.shape[1]) or angles(shift, p, f, dtype)
+    positions = torch.arange(20).expand(2, -1)
+    calls = [(positions[:, :15], inv_freq), (positions, inv_freq), (positions.flip(0) - torch.tensor([[0], [3]]), inv_freq),
+             (positions, inv_freq * 1.5), (positions[:, :20], inv_freq * 1.5)]
+    for p, f in calls:
+        cos, sin = rotations.get(shift, p, f, torch.float64)
+        want_cos, want_sin = direct(p, f)
+        assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
+    assert computed == [15, 5, 20, 20]  # the second call extends by 5; the last one reuses the whole entry
+    assert len(rotations.entries) == 1 and rotations.entries[id(shift)][1].shape == (2, 20)
+
+
+def reference_angles(shift, positions, inv_freq):
+    angle = shift(positions.to(torch.float64))[:, None, :, None] * inv_freq.to(torch.float64)
+    return angle.cos(), angle.sin()

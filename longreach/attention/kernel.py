@@ -22,13 +22,14 @@ left padding this index distance equals the position distance of every real toke
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from typing import Callable, NamedTuple, Sequence
 
 import torch
 
 from ..methods.base import Part
 from . import flex
-from .rotary import rotate
+from .rotary import apply_rotation, compute_dtype, rotate, rotation
 
 NEG_INF = float("-inf")
 SMALL_QUERY = 16  # decoding and short chunks: one small masked tile is cheapest
@@ -90,7 +91,7 @@ def attention(
             continue
         q = _shifted(query, part.query_shift, q_positions, inv_freq)
         if (k := shifted_keys.get(id(part.key_shift))) is None:  # parts sharing a key shift (DCA's three) rotate once
-            k = shifted_keys[id(part.key_shift)] = _shifted(key, part.key_shift, positions, inv_freq)
+            k = shifted_keys[id(part.key_shift)] = _shifted_keys(key, part.key_shift, positions, inv_freq)
         structured = whole_blocks and key_padding is None and part.key_span is None and q_len > SMALL_QUERY
         if block is flex.part_attention:
             span = None if part.key_span is None else (*part.key_span(q_positions), positions)
@@ -131,14 +132,26 @@ def _run(plans, block, scaling, value, shifted):
     q0 = shifted[0]
     batch, heads, q_len = q0.shape[:3]
     accumulate = _accumulation(q0.dtype)
-    out = torch.zeros(batch, heads, q_len, value.shape[-1], dtype=accumulate, device=q0.device)
-    lse = torch.full((batch, heads, q_len), NEG_INF, dtype=accumulate, device=q0.device)
+    out = lse = None  # allocated at the first block that covers only some rows; a whole first block is taken as it is
     for plan, q, k in zip(plans, shifted[0::2], shifted[1::2]):
         for b in plan():
             part_out, part_lse = block(q[:, :, b.rows], k[:, :, b.keys], value[:, :, b.keys], b.mask, b.causal, scaling)
             if isinstance(b.mask, torch.Tensor):
                 part_out, part_lse = _with_empty_rows(part_out, part_lse, b.mask)
-            out[:, :, b.rows], lse[:, :, b.rows] = merge(out[:, :, b.rows], lse[:, :, b.rows], part_out, part_lse)
+            whole = b.rows == slice(0, q_len)
+            if out is None and whole:
+                out, lse = part_out.to(accumulate), part_lse.to(accumulate)
+                continue
+            if out is None:
+                out = torch.zeros(batch, heads, q_len, value.shape[-1], dtype=accumulate, device=q0.device)
+                lse = torch.full((batch, heads, q_len), NEG_INF, dtype=accumulate, device=q0.device)
+            if whole:  # not in place: FlexAttention's autograd keeps its outputs
+                out, lse = merge(out, lse, part_out, part_lse)
+            else:
+                out[:, :, b.rows], lse[:, :, b.rows] = merge(out[:, :, b.rows], lse[:, :, b.rows], part_out, part_lse)
+    if out is None:  # no part reaches any key
+        out = torch.zeros(batch, heads, q_len, value.shape[-1], dtype=accumulate, device=q0.device)
+        lse = torch.full((batch, heads, q_len), NEG_INF, dtype=accumulate, device=q0.device)
     return out, lse
 
 
@@ -254,6 +267,61 @@ def _shifted(x: torch.Tensor, shift, positions: torch.Tensor, inv_freq: torch.Te
     return rotate(x, shift, inv_freq) if shift else x
 
 
+def _shifted_keys(key: torch.Tensor, shift, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """:func:`_shifted` for keys, with the angles of a per-token shift taken from :data:`KEY_ROTATIONS`."""
+    if not callable(shift):
+        return _shifted(key, shift, positions, inv_freq)
+    return apply_rotation(key, *KEY_ROTATIONS.get(shift, positions, inv_freq, compute_dtype(key.dtype)))
+
+
+class KeyRotations:
+    """The ``(cos, sin)`` of per-token key shifts (ReRoPE, Self-Extend, DCA), kept across layers and decoding steps.
+
+    Every layer of a forward pass moves the same key positions by the same shift, and a decoding step
+    adds one position: the angles are computed once per pass, and a step computes only the new ones.
+    An entry is used only for the same shift object, equal ``inv_freq`` and equal leading positions
+    (checked on every call, O(n)); shifts act on each position on its own, as every method's do.
+    """
+
+    def __init__(self, size: int = 8):
+        self.size = size
+        self.entries: OrderedDict[int, tuple] = OrderedDict()
+
+    def get(self, shift, positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin)`` ``[B, 1, Lkv, D_rot / 2]`` for keys at ``positions [B, Lkv]``."""
+        entry = self.entries.get(id(shift))
+        if entry is not None and self._extends(entry, shift, positions, inv_freq, dtype):
+            _, known, _, cos, sin = entry
+            if known.shape[1] == positions.shape[1]:
+                self.entries.move_to_end(id(shift))
+                return cos, sin
+            new_cos, new_sin = self._angles(shift, positions[:, known.shape[1] :], inv_freq, dtype)
+            cos, sin = torch.cat((cos, new_cos), dim=-2), torch.cat((sin, new_sin), dim=-2)
+        else:
+            cos, sin = self._angles(shift, positions, inv_freq, dtype)
+        self.entries[id(shift)] = (shift, positions.clone(), inv_freq.detach().clone(), cos, sin)
+        self.entries.move_to_end(id(shift))
+        while len(self.entries) > self.size:
+            self.entries.popitem(last=False)
+        return cos, sin
+
+    @staticmethod
+    def _extends(entry, shift, positions, inv_freq, dtype) -> bool:
+        held_shift, known, held_inv_freq, cos, _ = entry
+        return (held_shift is shift and cos.dtype == dtype and known.device == positions.device
+                and known.shape[0] == positions.shape[0] and known.shape[1] <= positions.shape[1]
+                and held_inv_freq.shape == inv_freq.shape and torch.equal(held_inv_freq, inv_freq.to(held_inv_freq.device))
+                and torch.equal(known, positions[:, : known.shape[1]]))
+
+    @staticmethod
+    def _angles(shift, positions, inv_freq, dtype):
+        # in float64: fractional shifts (Leaky ReRoPE) of large positions keep their precision
+        return rotation(shift(positions.to(torch.float64))[:, None, :], inv_freq, dtype, positions.device)
+
+
+KEY_ROTATIONS = KeyRotations()
+
+
 def merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Combine two softmax attentions over disjoint key sets by their log-sum-exp, stably.
 
@@ -334,6 +402,8 @@ def _region(rows, lo, hi, kv_len, key_padding, span):
     k_stop = min(kv_len, int(rows.max()) - lo + 1)
     if k_stop <= k_start:
         return None, None
+    if rows.numel() == 1 and key_padding is None and span is None:  # one query (decoding): every reachable key is in
+        return slice(k_start, k_stop), torch.ones((), dtype=torch.bool)
     i, j = rows[:, None], torch.arange(k_start, k_stop, device=rows.device)[None, :]
     allowed = j <= i - lo
     if hi is not None:

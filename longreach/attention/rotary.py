@@ -14,26 +14,42 @@ import torch
 from torch import nn
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def rotate(x: torch.Tensor, delta: float | torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """Rotate ``x [..., L, D]`` by ``delta`` positions (a number, or a tensor broadcastable to ``[..., L]``).
 
     The rotation runs in float32 (float64 for float64 inputs) and is cast back to ``x.dtype``.
     """
-    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
-    rotary_dims = 2 * inv_freq.shape[-1]
-    delta = torch.as_tensor(delta, dtype=compute, device=x.device)
-    angle = delta[..., None] * inv_freq.to(device=x.device, dtype=compute)
-    angle = torch.cat((angle, angle), dim=-1)
-    head = x[..., :rotary_dims].to(compute)
-    moved = (head * angle.cos() + rotate_half(head) * angle.sin()).to(x.dtype)
-    if rotary_dims == x.shape[-1]:
-        return moved
-    return torch.cat((moved, x[..., rotary_dims:]), dim=-1)
+    return apply_rotation(x, *rotation(delta, inv_freq, compute_dtype(x.dtype), x.device))
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Rotations of float64 vectors run in float64, all others in float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def rotation(delta: float | torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cos, sin)`` of the angles ``delta * inv_freq``: ``[..., L, D_rot / 2]`` for ``delta [..., L]``."""
+    delta = torch.as_tensor(delta, dtype=dtype, device=device)
+    angle = delta[..., None] * inv_freq.to(device=device, dtype=dtype)
+    return angle.cos(), angle.sin()
+
+
+def apply_rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the pairs ``(x_k, x_{k + D_rot/2})`` of ``x`` by the angles whose ``cos`` and ``sin`` are given:
+    ``(x1 cos - x2 sin, x2 cos + x1 sin)``, i.e. ``x cos + rotate_half(x) sin`` without building ``rotate_half``."""
+    half = cos.shape[-1]
+    x1, x2 = x[..., :half].to(cos.dtype), x[..., half : 2 * half].to(cos.dtype)
+    if torch.is_grad_enabled() and x.requires_grad:  # out= has no autograd: the same formula, out of place
+        rest = [x[..., 2 * half :].to(cos.dtype)] if 2 * half < x.shape[-1] else []
+        moved = torch.cat([torch.addcmul(x1 * cos, x2, sin, value=-1), torch.addcmul(x2 * cos, x1, sin), *rest], dim=-1)
+        return moved.to(x.dtype)
+    shape = torch.broadcast_shapes(x.shape[:-1], cos.shape[:-1]) + x.shape[-1:]
+    moved = torch.empty(shape, dtype=cos.dtype, device=x.device)  # written in place: no temporaries, no concatenation
+    first, second = moved[..., :half], moved[..., half : 2 * half]
+    torch.mul(x1, cos, out=first).addcmul_(x2, sin, value=-1)
+    torch.mul(x2, cos, out=second).addcmul_(x1, sin)
+    moved[..., 2 * half :] = x[..., 2 * half :]
+    return moved.to(x.dtype)
 
 
 def inverse_frequencies(rotary: nn.Module, layer_type: str | None = None) -> torch.Tensor:

@@ -56,6 +56,10 @@ class Applied:
     drop: drops.Drop | drops.DynamicDrop | None = None
     replaced_rotary: nn.Module | None = None  # the model's own rotary module, when a frequency method replaced it
     replaced_rope_parameters: dict | None = None
+    parts: tuple = ()  # the method's parts, made once: the same shift objects every call (kernel.KEY_ROTATIONS)
+
+    def __post_init__(self) -> None:
+        self.parts = self.method.parts()
 
     def describe(self) -> str:
         extras = [x.describe() for x in (self.scaling, self.drop) if x is not None]
@@ -402,7 +406,7 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
         out = _reference(state, module, query, key, value, inv_freq, scaling, keys, sliding_window, logit_scale, rates)
     else:
         out = kernel.attention(
-            query, key, value, state.method.parts(), inv_freq, scaling=scaling, key_padding=keys.padding,
+            query, key, value, state.parts, inv_freq, scaling=scaling, key_padding=keys.padding,
             sliding_window=sliding_window, logit_scale=logit_scale, positions=keys.positions, drop=rates, backend=state.backend,
         )
     if (probe := _probe.get()) is not None and q_len == keys.count:
