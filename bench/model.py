@@ -1,0 +1,112 @@
+"""End-to-end speed of every position method against stock attention, on the default model.
+
+    python bench/model.py [--length 8192] [--steps 15] [--rounds 1] [--new-tokens 64] [--write]
+
+One process, one model. Decoding: a cache of ``--length`` tokens is filled once; each round runs one
+step with stock ``sdpa`` and one with each method against it (the cache is cropped back after each
+step: a step's time depends on the shapes, not on what the cache holds); medians of ``--steps``
+rounds. Prefill and ``generate(--new-tokens)``: methods and stock alternate, ``--rounds`` times,
+medians. Ratios are against stock measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache
+
+import longreach
+from longreach import models
+
+METHODS = ["rope", "string", "rerope", "self_extend", "dca"]
+STOCK = "sdpa (stock)"
+
+
+def switch(model, method: str) -> None:
+    if method == STOCK:
+        longreach.remove(model)
+    else:
+        longreach.apply(model, method)
+
+
+def timed(run) -> float:
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+@torch.no_grad()
+def decoding(model, ids, methods, steps) -> dict[str, list[float]]:
+    cache = DynamicCache(config=model.config)
+    model(ids, past_key_values=cache, use_cache=True)
+    token, n = ids[:, -1:], ids.shape[1]
+    times = {m: [] for m in methods}
+    for _ in range(steps + 1):  # the first round warms up
+        for method in methods:
+            switch(model, method)
+            times[method].append(timed(lambda: model(token, past_key_values=cache, use_cache=True)))
+            cache.crop(n - cache.get_seq_length())  # transformers 5: a negative count of tokens to drop
+    return {m: t[1:] for m, t in times.items()}
+
+
+@torch.no_grad()
+def prefill_and_generate(model, ids, methods, rounds, new_tokens) -> tuple[dict, dict]:
+    prefill, generate = {m: [] for m in methods}, {m: [] for m in methods}
+    settings = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, attention_mask=torch.ones_like(ids))
+    for _ in range(rounds):
+        for method in methods:
+            switch(model, method)
+            prefill[method].append(timed(lambda: model(ids, use_cache=True)))
+            if new_tokens:
+                generate[method].append(timed(lambda: model.generate(ids, **settings)))
+    return prefill, generate
+
+
+def table(title: str, times: dict[str, list[float]], unit: float, unit_name: str) -> list[str]:
+    base = statistics.median(times[STOCK])
+    rows = [f"| {title} | median ({unit_name}) | / stock |", "|---|---|---|"]
+    for method, values in times.items():
+        if values:
+            median = statistics.median(values)
+            rows.append(f"| {method} | {median / unit:.1f} | {median / base:.2f}x |")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--length", type=int, default=8192)
+    parser.add_argument("--steps", type=int, default=15, help="decoding rounds (medians)")
+    parser.add_argument("--rounds", type=int, default=1, help="prefill / generate rounds (medians)")
+    parser.add_argument("--new-tokens", type=int, default=64, help="tokens for the generate timing (0: skip it)")
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--write", action="store_true", help="append the tables to bench/RESULTS.md")
+    args = parser.parse_args()
+    model, _ = models.load("default")
+    ids = torch.randint(100, 20000, (1, args.length), generator=torch.Generator().manual_seed(0))
+    methods = [STOCK, *args.methods.split(",")]
+    header = (f"SmolLM2-135M-Instruct (30 layers, 9 query / 3 KV heads), fp32, batch 1, {args.length} tokens, "
+              f"{platform.processor() or platform.machine()} with {os.cpu_count()} cores, torch {torch.__version__}; "
+              f"L = {longreach.integrations.transformers.training_window(model.config)} (each method's defaults).")
+    print(header, flush=True)
+    steps = decoding(model, ids, methods, args.steps)
+    lines = table(f"decoding step against {args.length} cached tokens ({args.steps} rounds)", steps, 1e-3, "ms")
+    print("\n".join(lines), flush=True)
+    prefill, generate = prefill_and_generate(model, ids, methods, args.rounds, args.new_tokens)
+    lines += [""] + table(f"prefill of {args.length} tokens ({args.rounds} rounds)", prefill, 1, "s")
+    if args.new_tokens:
+        lines += [""] + table(f"generate {args.new_tokens} tokens after {args.length} ({args.rounds} rounds)", generate, 1, "s")
+    print("\n".join(lines[-2 * len(methods) - 5:]), flush=True)
+    if args.write:
+        command = f"`python bench/model.py --length {args.length} --steps {args.steps} --rounds {args.rounds} --new-tokens {args.new_tokens}`"
+        with Path(__file__).with_name("RESULTS.md").open("a") as f:
+            f.write(f"\n## End to end, the default model\n\n{command}\n\n{header}\n\n" + "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
