@@ -238,7 +238,7 @@ def test_baselines_prefill_and_decode_match_the_reference_fp32(name, params, pad
         assert (got - want)[rows].abs().max() <= 1e-5
 
 
-def test_key_rotations_are_reused_only_while_positions_and_frequencies_agree():
+def test_key_rotations_are_reused_only_while_positions_and_frequencies_agree(monkeypatch):
     """The angle cache behind decoding: a step extends the entry by its new positions; another prefix
     (a reordered or re-padded batch), other frequencies or a new shift object recompute."""
     rotations = kernel.KeyRotations(size=2)
@@ -249,8 +249,8 @@ def test_key_rotations_are_reused_only_while_positions_and_frequencies_agree():
         return reference_angles(shift, positions, inv_freq)
 
     computed = []  # how many positions each call computes angles for
-    angles = rotations._angles
-    rotations._angles = lambda shift, p, f, dtype: computed.append(p.shape[1]) or angles(shift, p, f, dtype)
+    angles = kernel._shift_angles
+    monkeypatch.setattr(kernel, "_shift_angles", lambda shift, p, f, dtype: computed.append(p.shape[1]) or angles(shift, p, f, dtype))
     positions = torch.arange(20).expand(2, -1)
     calls = [(positions[:, :15], inv_freq), (positions, inv_freq), (positions.flip(0) - torch.tensor([[0], [3]]), inv_freq),
              (positions, inv_freq * 1.5), (positions[:, :20], inv_freq * 1.5)]

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .rotary import compute_dtype
+
 try:  # PyTorch >= 2.5
     from torch.nn.attention import flex_attention as _flex_module
 except ImportError:  # pragma: no cover - depends on the installed PyTorch
@@ -128,8 +130,7 @@ def part_attention(q, k, v, mask, causal, scaling):
         lse = aux.lse
     else:  # pragma: no cover - PyTorch < 2.9
         out, lse = _function(q.device.type)(q, k, v, return_lse=True, **kwargs)
-    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-    return out.to(compute), lse.to(compute)
+    return out.to(compute_dtype(q.dtype)), lse.to(compute_dtype(q.dtype))
 
 
 @functools.lru_cache(maxsize=None)

@@ -131,7 +131,12 @@ def _run(plans, block, scaling, value, shifted):
     """Every part's blocks, merged by log-sum-exp: ``(out, lse)`` in the accumulation dtype."""
     q0 = shifted[0]
     batch, heads, q_len = q0.shape[:3]
-    accumulate = _accumulation(q0.dtype)
+    accumulate = compute_dtype(q0.dtype)
+
+    def nothing_attended():
+        return (torch.zeros(batch, heads, q_len, value.shape[-1], dtype=accumulate, device=q0.device),
+                torch.full((batch, heads, q_len), NEG_INF, dtype=accumulate, device=q0.device))
+
     out = lse = None  # allocated at the first block that covers only some rows; a whole first block is taken as it is
     for plan, q, k in zip(plans, shifted[0::2], shifted[1::2]):
         for b in plan():
@@ -143,16 +148,12 @@ def _run(plans, block, scaling, value, shifted):
                 out, lse = part_out.to(accumulate), part_lse.to(accumulate)
                 continue
             if out is None:
-                out = torch.zeros(batch, heads, q_len, value.shape[-1], dtype=accumulate, device=q0.device)
-                lse = torch.full((batch, heads, q_len), NEG_INF, dtype=accumulate, device=q0.device)
+                out, lse = nothing_attended()
             if whole:  # not in place: FlexAttention's autograd keeps its outputs
                 out, lse = merge(out, lse, part_out, part_lse)
             else:
                 out[:, :, b.rows], lse[:, :, b.rows] = merge(out[:, :, b.rows], lse[:, :, b.rows], part_out, part_lse)
-    if out is None:  # no part reaches any key
-        out = torch.zeros(batch, heads, q_len, value.shape[-1], dtype=accumulate, device=q0.device)
-        lse = torch.full((batch, heads, q_len), NEG_INF, dtype=accumulate, device=q0.device)
-    return out, lse
+    return (out, lse) if out is not None else nothing_attended()  # no part reaches any key
 
 
 class _PartsAttention(torch.autograd.Function):
@@ -196,7 +197,7 @@ def _attention_with_drop(query, key, value, parts, inv_freq, drop, common, backe
     the rest are computed whole with :func:`attention_probabilities`."""
     offset = key.shape[2] - query.shape[2]
     first = int((drop > 0).any(0).nonzero()[0])
-    accumulate = _accumulation(query.dtype)
+    accumulate = compute_dtype(query.dtype)
     pieces = []
     if first:
         keep = offset + first
@@ -255,16 +256,17 @@ def _upper_bound(part: Part, sliding_window: int | None) -> int | None:
     return sliding_window if part.max_distance is None else min(part.max_distance, sliding_window)
 
 
-def _accumulation(dtype: torch.dtype) -> torch.dtype:
-    """float64 stays float64; everything else accumulates in float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def _shifted(x: torch.Tensor, shift, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """``x`` moved by a constant shift, or by ``shift(positions)`` per token (``[B, L]`` -> ``[B, 1, L]``)."""
-    if callable(shift):  # in float64: fractional shifts (Leaky ReRoPE) of large positions keep their precision
-        return rotate(x, shift(positions.to(torch.float64))[:, None, :], inv_freq)
+    if callable(shift):
+        return apply_rotation(x, *_shift_angles(shift, positions, inv_freq, compute_dtype(x.dtype)))
     return rotate(x, shift, inv_freq) if shift else x
+
+
+def _shift_angles(shift, positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cos, sin)`` ``[B, 1, L, D_rot / 2]`` of a per-token shift at ``positions [B, L]``; the shift is
+    evaluated in float64, so that fractional shifts (Leaky ReRoPE) of large positions keep their precision."""
+    return rotation(shift(positions.to(torch.float64))[:, None, :], inv_freq, dtype, positions.device)
 
 
 def _shifted_keys(key: torch.Tensor, shift, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
@@ -295,10 +297,10 @@ class KeyRotations:
             if known.shape[1] == positions.shape[1]:
                 self.entries.move_to_end(id(shift))
                 return cos, sin
-            new_cos, new_sin = self._angles(shift, positions[:, known.shape[1] :], inv_freq, dtype)
+            new_cos, new_sin = _shift_angles(shift, positions[:, known.shape[1] :], inv_freq, dtype)
             cos, sin = torch.cat((cos, new_cos), dim=-2), torch.cat((sin, new_sin), dim=-2)
         else:
-            cos, sin = self._angles(shift, positions, inv_freq, dtype)
+            cos, sin = _shift_angles(shift, positions, inv_freq, dtype)
         self.entries[id(shift)] = (shift, positions.clone(), inv_freq.detach().clone(), cos, sin)
         self.entries.move_to_end(id(shift))
         while len(self.entries) > self.size:
@@ -312,11 +314,6 @@ class KeyRotations:
                 and known.shape[0] == positions.shape[0] and known.shape[1] <= positions.shape[1]
                 and held_inv_freq.shape == inv_freq.shape and torch.equal(held_inv_freq, inv_freq.to(held_inv_freq.device))
                 and torch.equal(known, positions[:, : known.shape[1]]))
-
-    @staticmethod
-    def _angles(shift, positions, inv_freq, dtype):
-        # in float64: fractional shifts (Leaky ReRoPE) of large positions keep their precision
-        return rotation(shift(positions.to(torch.float64))[:, None, :], inv_freq, dtype, positions.device)
 
 
 KEY_ROTATIONS = KeyRotations()
@@ -428,7 +425,7 @@ def row_probabilities(query, key, parts, inv_freq, rows, scaling, positions, key
     Each pair's score is computed in the part it belongs to; ``drop [B, R]`` applies Drop
     Attention. Memory is ``O(tile * Lkv)`` per head, never ``Lkv^2``.
     """
-    compute = _accumulation(query.dtype)
+    compute = compute_dtype(query.dtype)
     kv_len = key.shape[2]
     shifted = [(part, _shifted(query, part.query_shift, positions[:, rows], inv_freq), _shifted(key, part.key_shift, positions, inv_freq))
                for part in parts]
@@ -516,7 +513,7 @@ def _math(q, k, v, mask, causal, scaling):
 
     Only ever called on tiles (the kernel routes it through the tiled path), so memory stays O(n).
     """
-    compute = _accumulation(q.dtype)
+    compute = compute_dtype(q.dtype)
     scores = _scores(q, k, mask, causal, scaling, compute)
     lse = torch.logsumexp(scores, dim=-1)
     weights = torch.exp(scores - torch.where(torch.isfinite(lse), lse, 0.0)[..., None])
@@ -546,7 +543,7 @@ def _cpu_flash_backward(grad_out, q, k, v, out, lse, mask, causal, scaling):
     """PyTorch's CPU flash-attention backward, given the merged output and log-sum-exp (grouped-query natively)."""
     dtype = q.dtype
     grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        grad_out.to(dtype), q, k, v, out.to(dtype), lse.to(_accumulation(dtype)), 0.0, causal, attn_mask=mask, scale=scaling
+        grad_out.to(dtype), q, k, v, out.to(dtype), lse.to(compute_dtype(dtype)), 0.0, causal, attn_mask=mask, scale=scaling
     )
     return tuple(g.to(out.dtype) for g in grads)
 
@@ -582,7 +579,7 @@ def _pick_block(query: torch.Tensor, backend: str) -> Callable:
         elif query.device.type == "cuda":
             backend = "flex" if flex.available(query.device) else "cuda_efficient"
         else:
-            backend = {"cpu": "cpu_flash"}.get(query.device.type, "math")
+            backend = "cpu_flash" if query.device.type == "cpu" else "math"
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is not one of: auto, {', '.join(BACKENDS)}")
     if backend == "flex" and not flex.available(query.device):

@@ -56,7 +56,7 @@ class Applied:
     drop: drops.Drop | drops.DynamicDrop | None = None
     replaced_rotary: nn.Module | None = None  # the model's own rotary module, when a frequency method replaced it
     replaced_rope_parameters: dict | None = None
-    parts: tuple = ()  # the method's parts, made once: the same shift objects every call (kernel.KEY_ROTATIONS)
+    parts: tuple = dataclasses.field(init=False, repr=False)  # made once: the same shift objects every call (kernel.KEY_ROTATIONS)
 
     def __post_init__(self) -> None:
         self.parts = self.method.parts()
