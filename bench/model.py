@@ -16,13 +16,13 @@ import os
 import platform
 import statistics
 import time
-from pathlib import Path
 
 import torch
 from transformers import DynamicCache
 
 import longreach
 from longreach import models
+from results import write_section
 
 METHODS = ["rope", "string", "rerope", "self_extend", "dca"]
 STOCK = "sdpa (stock)"
@@ -85,7 +85,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="prefill / generate rounds (medians)")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens for the generate timing (0: skip it)")
     parser.add_argument("--methods", default=",".join(METHODS))
-    parser.add_argument("--write", action="store_true", help="append the tables to bench/RESULTS.md")
+    parser.add_argument("--write", action="store_true", help="also write the tables into their section of bench/RESULTS.md")
     args = parser.parse_args()
     model, _ = models.load("default")
     ids = torch.randint(100, 20000, (1, args.length), generator=torch.Generator().manual_seed(0))
@@ -104,8 +104,7 @@ def main() -> None:
     print("\n".join(lines[-2 * len(methods) - 5:]), flush=True)
     if args.write:
         command = f"`python bench/model.py --length {args.length} --steps {args.steps} --rounds {args.rounds} --new-tokens {args.new_tokens}`"
-        with Path(__file__).with_name("RESULTS.md").open("a") as f:
-            f.write(f"\n## End to end, the default model\n\n{command}\n\n{header}\n\n" + "\n".join(lines) + "\n")
+        write_section(f"End to end, the default model at {args.length} tokens", f"{command}\n\n{header}\n\n" + "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -392,14 +392,19 @@ def _masked_tiles(q_len, kv_len, lo, hi, offset, key_padding, span, tile, dtype,
 def _region(rows, lo, hi, kv_len, key_padding, span):
     """The keys query ``rows`` (absolute indices) can reach in a part, and which pairs are in it.
 
-    Returns ``(keys, allowed)``: a slice of keys and a boolean ``[T, K]`` or ``[B, 1, T, K]`` mask,
-    or ``(None, None)`` when the rows reach no key.
+    Returns ``(keys, allowed)``: a slice of keys and a boolean ``[T, K]`` or ``[B, 1, T, K]`` mask
+    (a 0-d True when every pair of the rectangle is in), or ``(None, None)`` when the rows reach no key.
     """
-    k_start = 0 if hi is None else max(0, int(rows.min()) - hi + 1)
-    k_stop = min(kv_len, int(rows.max()) - lo + 1)
+    first_row, last_row = int(rows.min()), int(rows.max())
+    k_start = 0 if hi is None else max(0, first_row - hi + 1)
+    k_stop = min(kv_len, last_row - lo + 1)
+    uniform_span = True
+    if span is not None:
+        k_start, k_stop, uniform_span = _span_keys(rows, k_start, k_stop, span)
     if k_stop <= k_start:
         return None, None
-    if rows.numel() == 1 and key_padding is None and span is None:  # one query (decoding): every reachable key is in
+    whole = k_stop - 1 <= first_row - lo and (hi is None or k_start > last_row - hi)  # distance bounds cut nothing
+    if whole and uniform_span and key_padding is None:  # decoding, and DCA's tiles inside one chunk
         return slice(k_start, k_stop), torch.ones((), dtype=torch.bool)
     i, j = rows[:, None], torch.arange(k_start, k_stop, device=rows.device)[None, :]
     allowed = j <= i - lo
@@ -413,6 +418,23 @@ def _region(rows, lo, hi, kv_len, key_padding, span):
         key_positions = positions[:, None, None, k_start:k_stop]
         allowed = allowed & (key_positions >= span_first[:, None, :, None]) & (key_positions < span_stop[:, None, :, None])
     return slice(k_start, k_stop), allowed
+
+
+def _span_keys(rows, k_start, k_stop, span):
+    """The keys in ``[k_start, k_stop)`` whose positions fall in some row's span (DCA's chunks are
+    narrower than the distance bounds): ``(k_start, k_stop, uniform)``, ``uniform`` when every row
+    has the same span and every key of the narrowed slice is in it. O(B * (T + K)), no T x K mask."""
+    key_span, positions = span
+    span_first, span_stop = key_span(positions[:, rows])  # [B, T] each
+    lowest, highest = span_first.min(), span_stop.max()
+    key_positions = positions[:, k_start:k_stop]
+    inside = (key_positions >= lowest) & (key_positions < highest)  # [B, K]
+    reached = inside.any(0).nonzero()
+    if not reached.numel():
+        return k_start, k_start, True
+    first, last = int(reached[0]), int(reached[-1])
+    uniform = bool((span_first == lowest).all() and (span_stop == highest).all() and inside[:, first : last + 1].all())
+    return k_start + first, k_start + last + 1, uniform
 
 
 def row_probabilities(query, key, parts, inv_freq, rows, scaling, positions, key_padding=None,
@@ -458,18 +480,25 @@ def drop_below_quantile(scores: torch.Tensor, rates: torch.Tensor) -> torch.Tens
     order statistic ``s_k``, ``k = ceil(rate * (m - 1))``: exactly the scores that ``torch.quantile``
     (linear interpolation) puts strictly below the quantile, decided on the scores themselves so
     that float32 and float64 agree. Scores equal to ``s_k`` are kept: the best key always survives.
-    The order statistic is found with ``kthvalue`` (selection, not a sort), once per distinct ``k``.
+
+    One ``kthvalue`` (selection, not a sort) serves the whole tile although rows differ in ``k``:
+    unattendable scores go last (+inf) and row ``t`` gets ``k_max - k_t`` extra -inf entries in
+    front, so its ``s_{k_t}`` is the ``k_max``-th order statistic of its padded row.
     """
     attendable = torch.isfinite(scores[:, 0]).sum(-1)  # [B, T]: the same keys for every head
     rank = torch.ceil(rates.double() * (attendable - 1).clamp(min=0) - 1e-9).long()
-    rank = torch.where((rates > 0) & (attendable > 0), rank, -1)  # -1: nothing to drop
-    if not bool((rank > 0).any()):
+    rank = torch.where((rates > 0) & (attendable > 0), rank, 0)  # rank 0: the row's minimum, nothing below it
+    top = int(rank.max())
+    if top == 0:
         return scores
-    unattendable_last = scores.masked_fill(torch.isneginf(scores), float("inf"))
-    threshold = torch.full(scores.shape[:-1], NEG_INF, dtype=scores.dtype, device=scores.device)  # [B, H, T]
-    for k in rank[rank > 0].unique().tolist():
-        b, t = (rank == k).nonzero(as_tuple=True)
-        threshold[b, :, t] = unattendable_last[b, :, t].kthvalue(k + 1, dim=-1).values
+    fillers = top - rank  # [B, T]
+    width = scores.shape[-1]
+    padded = scores.new_empty((*scores.shape[:-1], width + int(fillers.max())))
+    padded[..., :width] = scores
+    padded[..., :width].masked_fill_(torch.isneginf(scores), float("inf"))
+    filler = torch.arange(padded.shape[-1] - width, device=scores.device) < fillers[..., None]  # [B, T, P]
+    padded[..., width:] = torch.where(filler, NEG_INF, float("inf"))[:, None]
+    threshold = padded.kthvalue(top + 1, dim=-1).values  # [B, H, T]
     return scores.masked_fill(scores < threshold[..., None], NEG_INF)
 
 
