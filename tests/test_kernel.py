@@ -119,24 +119,23 @@ def test_flex_block_masks_sort_tiles_into_full_partial_and_empty():
         assert partial.any() and not any_pair[0].any() and (full.any() == (n == 512))  # a cut tile is never full
 
 
-def test_dca_tiles_reach_only_their_chunks_and_tiles_inside_a_chunk_need_no_mask():
+def test_dca_tiles_reach_only_their_chunks_and_need_no_mask():
     """Chunk size 48, local window 16 (c = 32), 128 tokens, query tiles of 16 (inside one chunk): each
-    tile of each part calls the backend once over exactly the keys of its chunk relation, without a
-    mask except on the same chunk's diagonal; a decoding query has no mask either."""
+    tile of each part calls the backend over exactly the keys of its chunk relation, without a mask:
+    the same chunk is a rectangle and a causal square, the previous and earlier chunks one rectangle
+    each; a decoding query has no mask either."""
     c, n, tile = 32, 128, 16
     same, previous, earlier = create("dca", training_window=64, chunk_size=48, local_window=16).parts()
     positions = torch.arange(n)[None]
     for start in range(0, n, tile):
         chunk = start // c * c
-        for part, want_keys in [(same, (chunk, start + tile)), (previous, (chunk - c, chunk)), (earlier, (0, chunk - c))]:
-            blocks = list(kernel._masked_tiles(tile, n, part.min_distance, part.max_distance, start, None,
-                                               (part.key_span, positions), tile, torch.float32, "cpu"))
-            if want_keys[1] <= max(0, want_keys[0]):
-                assert blocks == []
-                continue
-            [block] = blocks
-            assert (block.keys.start, block.keys.stop) == want_keys
-            assert (block.mask is None) == (part is not same)
+        want = {same: [(chunk, start, False), (start, start + tile, True)], previous: [(chunk - c, chunk, False)],
+                earlier: [(0, chunk - c, False)]}
+        for part, blocks in want.items():
+            got = list(kernel._masked_tiles(tile, n, part.min_distance, part.max_distance, start, None,
+                                       (part.key_span, positions), tile, torch.float32, "cpu"))
+            assert [(b.keys.start, b.keys.stop, b.causal) for b in got if b.mask is None] == [b for b in blocks if b[1] > max(0, b[0])]
+            assert all(b.mask is None for b in got)
     for part in (same, previous, earlier):
         keys, allowed = kernel._region(torch.tensor([100]), part.min_distance, part.max_distance, n, None, (part.key_span, positions))
         assert allowed.dim() == 0 and bool(allowed)

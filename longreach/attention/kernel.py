@@ -379,14 +379,35 @@ def _masked_tiles(q_len, kv_len, lo, hi, offset, key_padding, span, tile, dtype,
     (key_span, positions)`` is given, key positions in ``key_span(query positions)``; a mask per tile.
 
     The general path (key padding, decoding, narrow bands, chunked regions): each query tile meets
-    only the keys it can reach, with a ``[B, 1, T, K]`` mask of that size.
+    only the keys it can reach, with a ``[B, 1, T, K]`` mask of that size. A tile whose pairs are
+    all in needs no mask; one whose region is a rectangle ending in a causal square (DCA's same
+    chunk) is two unmasked blocks.
     """
     for start in range(0, q_len, tile):
         stop = min(q_len, start + tile)
         rows = torch.arange(start + offset, stop + offset, device=device)
         keys, allowed = _region(rows, lo, hi, kv_len, key_padding, span)
-        if keys is not None:
-            yield Block(slice(start, stop), keys, None if bool(allowed.all()) else _additive(allowed, dtype))
+        if keys is None:
+            continue
+        if bool(allowed.all()):
+            yield Block(slice(start, stop), keys)
+        elif _rectangle_then_causal(allowed):
+            square = keys.stop - (stop - start)
+            if square > keys.start:
+                yield Block(slice(start, stop), slice(keys.start, square))
+            yield Block(slice(start, stop), slice(square, keys.stop), causal=True)
+        else:
+            yield Block(slice(start, stop), keys, _additive(allowed, dtype))
+
+
+def _rectangle_then_causal(allowed: torch.Tensor) -> bool:
+    """Whether a ``[T, K]`` (or ``[B, 1, T, K]``) mask is all True but for a top-left causal ``T x T``
+    square at its right end, in every sequence."""
+    rows, keys = allowed.shape[-2:]
+    if keys < rows:
+        return False
+    square = torch.ones(rows, rows, dtype=torch.bool, device=allowed.device).tril()
+    return bool(allowed[..., : keys - rows].all()) and bool((allowed[..., keys - rows :] == square).all())
 
 
 def _region(rows, lo, hi, kv_len, key_padding, span):
