@@ -287,3 +287,18 @@ def test_key_rotations_are_reused_only_while_positions_and_frequencies_agree(mon
 def reference_angles(shift, positions, inv_freq):
     angle = shift(positions.to(torch.float64))[:, None, :, None] * inv_freq.to(torch.float64)
     return angle.cos(), angle.sin()
+
+
+@pytest.mark.parametrize("pads", [(0, 0), (3, 9)])
+def test_dca_decoding_turns_the_query_per_chunk_instead_of_the_cached_keys(monkeypatch, pads):
+    """DCA's key shift is constant on each chunk: a decoding step (and a short chunk of queries) moves
+    the query by each chunk's shift, never the cached keys, and still equals the reference (left padding
+    included)."""
+    method = create("dca", training_window=40, chunk_size=16, local_window=4)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(70, pads=pads)
+    monkeypatch.setattr(kernel, "_shifted_keys", lambda key, shift, *args: key if not shift else pytest.fail("a key was rotated"))
+    for q_len in (1, 5):
+        want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
+        got = kernel.attention(q_rot[:, :, -q_len:].float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(),
+                               scaling=0.3, key_padding=padding if pads[1] else None, positions=positions)
+        assert (got - want)[rows].abs().max() <= 1e-5

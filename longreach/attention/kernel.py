@@ -84,6 +84,8 @@ def attention(
     whole_blocks = block is not _math and not (needs_grad and block not in BACKWARDS)
 
     q_positions = positions[:, offset:]
+    if q_len <= SMALL_QUERY:
+        parts = _fold_block_key_shifts(parts, positions)
     plans, shifted, shifted_keys = [], [], {}
     for part in parts:
         lo, hi = part.min_distance, _upper_bound(part, sliding_window)
@@ -115,6 +117,43 @@ def attention(
     else:
         out, _ = _run(plans, block, scaling, value, shifted)
     return out.to(query.dtype).transpose(1, 2)
+
+
+def _fold_block_key_shifts(parts: Sequence[Part], positions: torch.Tensor) -> list[Part]:
+    """Decoding: a part whose key shift is constant on aligned blocks of key positions (DCA's chunks)
+    becomes one part per block, the block's shift moved to the query side.
+
+    Keys of a block all sit at ``j + sigma``, so ``(i + s_q(i)) - (j + sigma) = (i + s_q(i) - sigma) - j``:
+    the query turns by ``-sigma`` and the cached keys are used as they are. A decoding step then
+    rotates one query per block instead of all ``n`` cached keys.
+    """
+    folded = []
+    for part in parts:
+        size = part.key_shift_block
+        if size is None:
+            folded.append(part)
+            continue
+        first, last = int(positions.min()) // size * size, int(positions.max())
+        for start in range(first, last + 1, size):
+            sigma = float(part.key_shift(torch.tensor([start], dtype=torch.float64))[0])
+            folded.append(Part(part.min_distance, part.max_distance, query_shift=_minus(part.query_shift, sigma),
+                               key_span=_within(part.key_span, start, start + size)))
+    return folded
+
+
+def _minus(shift, sigma: float):
+    """The shift ``shift - sigma`` (a constant, or a function of positions)."""
+    return (lambda p: shift(p) - sigma) if callable(shift) else shift - sigma
+
+
+def _within(key_span, first: int, stop: int):
+    """``key_span`` cut to the key positions ``[first, stop)`` (``None``: every key position)."""
+    def span(p):
+        if key_span is None:
+            return torch.full_like(p, first), torch.full_like(p, stop)
+        lo, hi = key_span(p)
+        return lo.clamp(min=first), hi.clamp(max=stop)
+    return span
 
 
 class Block(NamedTuple):

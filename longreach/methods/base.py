@@ -33,6 +33,9 @@ class Part:
     the relative position there is ``i - j + query_shift - key_shift``; a shift may be a function of
     the absolute positions. ``key_span``, for regions not given by distance alone (DCA's chunks),
     maps query positions ``[B, Lq]`` to the ``[first, stop)`` key positions they may attend here.
+    ``key_shift_block = b`` declares that the key shift is constant on every aligned block
+    ``[m b, (m + 1) b)`` of key positions (DCA's chunks): a decoding step then moves the query by
+    each block's shift instead of moving every cached key.
     """
 
     min_distance: int = 0
@@ -40,6 +43,7 @@ class Part:
     query_shift: Shift = 0.0
     key_shift: Shift = 0.0
     key_span: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
+    key_shift_block: int | None = None
 
     @property
     def needs_positions(self) -> bool:

@@ -70,11 +70,11 @@ class DualChunk(PositionMethod):
         at_key = lambda p: p % c - p
         never = lambda p: torch.full_like(p, torch.iinfo(p.dtype).min)
         return (
-            Part(0, c, query_shift=at_key, key_shift=at_key, key_span=lambda p: (start(p), p + 1)),
+            Part(0, c, query_shift=at_key, key_shift=at_key, key_span=lambda p: (start(p), p + 1), key_shift_block=c),
             Part(1, 2 * c, query_shift=lambda p: torch.clamp(p % c + c, max=s) - p, key_shift=at_key,
-                 key_span=lambda p: (start(p) - c, start(p))),
+                 key_span=lambda p: (start(p) - c, start(p)), key_shift_block=c),
             Part(c + 1, None, query_shift=lambda p: inter - p, key_shift=at_key,
-                 key_span=lambda p: (never(p), start(p) - c)),
+                 key_span=lambda p: (never(p), start(p) - c), key_shift_block=c),
         )
 
     def relative_positions(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
