@@ -34,6 +34,7 @@ from .rotary import apply_rotation, compute_dtype, rotate, rotation
 NEG_INF = float("-inf")
 SMALL_QUERY = 16  # decoding and short chunks: one small masked tile is cheapest
 MIN_BAND_TILE = 32  # narrower bands are computed with masked tiles
+MAX_FOLDED_BLOCKS = 64  # decoding: at most this many per-chunk parts replace a per-token key shift
 DROP_TILE = 32  # query rows per tile when rows are computed whole (Drop Attention): O(32 * n) memory
 
 
@@ -130,10 +131,10 @@ def _fold_block_key_shifts(parts: Sequence[Part], positions: torch.Tensor) -> li
     folded = []
     for part in parts:
         size = part.key_shift_block
-        if size is None:
+        first, last = (0, 0) if size is None else (int(positions.min()) // size * size, int(positions.max()))
+        if size is None or (last - first) // size >= MAX_FOLDED_BLOCKS:  # tiny chunks: rotating the keys is cheaper
             folded.append(part)
             continue
-        first, last = int(positions.min()) // size * size, int(positions.max())
         for start in range(first, last + 1, size):
             sigma = float(part.key_shift(torch.tensor([start], dtype=torch.float64))[0])
             folded.append(Part(part.min_distance, part.max_distance, query_shift=_minus(part.query_shift, sigma),
