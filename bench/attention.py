@@ -142,9 +142,9 @@ def main() -> None:
     else:
         rows = time_ratios(lengths, methods, args.heads, args.dim, args.rounds, args.decode)
     if args.write:
-        command = "python bench/attention.py " + " ".join(sys.argv[1:]).replace(" --write", "").replace("--write", "")
+        command = " ".join(["python bench/attention.py", *(a for a in sys.argv[1:] if a != "--write")])
         title = f"Attention, {what}, {'peak memory' if args.memory else 'time'}, n = {args.lengths}, {args.heads} heads"
-        write_section(title, f"`{command.strip()}`\n\n{header}\n\n" + "\n".join(rows))
+        write_section(title, f"`{command}`\n\n{header}\n\n" + "\n".join(rows))
 
 
 if __name__ == "__main__":

@@ -128,14 +128,17 @@ def _fold_block_key_shifts(parts: Sequence[Part], positions: torch.Tensor) -> li
     the query turns by ``-sigma`` and the cached keys are used as they are. A decoding step then
     rotates one query per block instead of all ``n`` cached keys.
     """
+    if all(part.key_shift_block is None for part in parts):
+        return list(parts)
+    lowest, highest = int(positions.min()), int(positions.max())
     folded = []
     for part in parts:
         size = part.key_shift_block
-        first, last = (0, 0) if size is None else (int(positions.min()) // size * size, int(positions.max()))
-        if size is None or (last - first) // size >= MAX_FOLDED_BLOCKS:  # tiny chunks: rotating the keys is cheaper
+        starts = range(lowest // size * size, highest + 1, size) if size is not None else range(0)
+        if not starts or len(starts) > MAX_FOLDED_BLOCKS:  # tiny chunks: rotating the keys is cheaper
             folded.append(part)
             continue
-        for start in range(first, last + 1, size):
+        for start in starts:
             sigma = float(part.key_shift(torch.tensor([start], dtype=torch.float64))[0])
             folded.append(Part(part.min_distance, part.max_distance, query_shift=_minus(part.query_shift, sigma),
                                key_span=_within(part.key_span, start, start + size)))
@@ -461,7 +464,9 @@ def _region(rows, lo, hi, kv_len, key_padding, span):
     k_stop = min(kv_len, last_row - lo + 1)
     uniform_span = True
     if span is not None:
-        k_start, k_stop, uniform_span = _span_keys(rows, k_start, k_stop, span)
+        key_span, positions = span
+        span_first, span_stop = key_span(positions[:, rows])  # [B, T] each
+        k_start, k_stop, uniform_span = _span_keys(span_first, span_stop, positions, k_start, k_stop)
     if k_stop <= k_start:
         return None, None
     whole = k_stop - 1 <= first_row - lo and (hi is None or k_start > last_row - hi)  # distance bounds cut nothing
@@ -474,19 +479,16 @@ def _region(rows, lo, hi, kv_len, key_padding, span):
     if key_padding is not None:
         allowed = allowed[None, None] & key_padding[:, None, None, k_start:k_stop]  # [B, 1, T, K]
     if span is not None:
-        key_span, positions = span
-        span_first, span_stop = key_span(positions[:, rows])  # [B, T] each
         key_positions = positions[:, None, None, k_start:k_stop]
         allowed = allowed & (key_positions >= span_first[:, None, :, None]) & (key_positions < span_stop[:, None, :, None])
     return slice(k_start, k_stop), allowed
 
 
-def _span_keys(rows, k_start, k_stop, span):
-    """The keys in ``[k_start, k_stop)`` whose positions fall in some row's span (DCA's chunks are
-    narrower than the distance bounds): ``(k_start, k_stop, uniform)``, ``uniform`` when every row
-    has the same span and every key of the narrowed slice is in it. O(B * (T + K)), no T x K mask."""
-    key_span, positions = span
-    span_first, span_stop = key_span(positions[:, rows])  # [B, T] each
+def _span_keys(span_first, span_stop, positions, k_start, k_stop):
+    """The keys in ``[k_start, k_stop)`` whose positions fall in some row's span ``[span_first, span_stop)``
+    (``[B, T]`` each; DCA's chunks are narrower than the distance bounds): ``(k_start, k_stop, uniform)``,
+    ``uniform`` when every row has the same span and every key of the narrowed slice is in it.
+    O(B * (T + K)), no T x K mask."""
     lowest, highest = span_first.min(), span_stop.max()
     key_positions = positions[:, k_start:k_stop]
     inside = (key_positions >= lowest) & (key_positions < highest)  # [B, K]
