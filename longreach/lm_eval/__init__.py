@@ -1,0 +1,80 @@
+"""lm-evaluation-harness with a longreach method applied (tested with lm-eval 0.4.13).
+
+:class:`LongreachLM` is lm-eval's Hugging Face model (``HFLM``) that applies a method right after
+loading, so every request type -- ``generate_until``, ``loglikelihood``, ``loglikelihood_rolling`` --
+runs batched and padded through longreach's attention::
+
+    import lm_eval
+    from longreach.lm_eval import LongreachLM
+
+    lm = LongreachLM(pretrained="path/to/model", method="string", max_length=32768, batch_size=4)
+    lm_eval.simple_evaluate(model=lm, tasks=["ruler"])
+
+    python -m longreach.lm_eval --model_args pretrained=PATH,method=string,shift=1000 --tasks ruler ...
+
+Every ``HFLM`` argument is accepted as it is. longreach adds ``method`` (default ``string``), the
+method's own parameters by name (``shift``, ``local_window``, ``group_size``, ...), ``training_window``,
+``scaling`` (a frequency method to compose, e.g. ``yarn``, with its parameters such as ``factor``),
+``drop`` (``drop`` or ``dynamic_drop``, with theirs) and ``attention_backend`` (``longreach.apply``'s
+``backend``; lm-eval's own ``backend`` keeps its meaning). Weights load from safetensors only unless
+a ``gguf_file`` is given; ``trust_remote_code`` stays off unless asked for.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..integrations.transformers import apply
+from ..methods import available
+
+INSTALL = "pip install 'longreach[lm-eval]'"
+
+try:
+    from lm_eval.api.registry import register_model
+    from lm_eval.models.huggingface import HFLM
+except ImportError as missing:
+    raise ImportError(f"lm-evaluation-harness is not installed ({missing.name} is missing); run: {INSTALL}") from None
+
+PARAMETERS = {row["name"]: set(row["parameters"]) for row in available()}
+"""Every method's parameter names: what ``LongreachLM`` takes out of lm-eval's model arguments."""
+
+
+def _claim(name: str | None, role: str, arguments: dict) -> dict:
+    """The parameters of method ``name`` taken out of ``arguments`` (the rest stays for ``HFLM``)."""
+    if name is None:
+        return {}
+    if name not in PARAMETERS:
+        raise ValueError(f"{role}={name!r} is not a longreach method; choose from: {', '.join(PARAMETERS)}")
+    return {key: arguments.pop(key) for key in sorted(PARAMETERS[name] & set(arguments))}
+
+
+@register_model("longreach")
+class LongreachLM(HFLM):
+    """lm-eval's ``HFLM`` with a longreach method applied after loading (see the module docstring)."""
+
+    def __init__(self, pretrained, method: str = "string", training_window: int | None = None, scaling: str | None = None,
+                 drop: str | None = None, attention_backend: str = "auto", **kwargs) -> None:
+        params = _claim(method, "method", kwargs)
+        frequency = _claim(scaling, "scaling", kwargs)
+        dropping = _claim(drop, "drop", kwargs)
+        self.longreach = dict(
+            method=method, training_window=training_window, backend=attention_backend,
+            scaling=None if scaling is None else {"rope_type": scaling, **frequency},
+            drop=None if drop is None else {"method": drop, **dropping}, **params,
+        )
+        if isinstance(pretrained, str) and kwargs.get("gguf_file") is None:
+            kwargs.setdefault("use_safetensors", True)
+        super().__init__(pretrained, **kwargs)
+        apply(self.model, **self.longreach)
+
+    def _create_model(self, pretrained, *args, **kwargs) -> None:
+        """Check the method on an empty (meta) copy of the model first: a typo fails in a second, not after loading."""
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            empty = AutoModelForCausalLM.from_config(self._config)
+        apply(empty, **self.longreach)
+        super()._create_model(pretrained, *args, **kwargs)
+
+
+__all__ = ["LongreachLM"]
