@@ -66,10 +66,13 @@ def _grid(args: argparse.Namespace):
 
 def _eval(args: argparse.Namespace) -> None:
     from .eval import report, runner
+    from .eval.distributed import World
 
     grid = _grid(args)  # every argument checked before anything is written
     out = writable_folder(args.out)
-    runner.run(grid, out, limit=args.limit, batch_size=args.batch_size)
+    runner.run(grid, out, limit=args.limit, batch_size=args.batch_size, tp=args.tp)
+    if World.from_environment(args.tp).rank:  # under torchrun, process 0 reports
+        return
     print(report.build(out, args.threshold))
     print(f"results, summary.md and pictures in {out}/")
 
@@ -203,7 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"cases per (task, length, method) (default {samples}; RULER uses 500)")
         p.add_argument("--batch-size", type=positive, default=1, help="cases decoded together, left-padded (default 1)")
         p.add_argument("--out", default=out, help=f"results folder; a rerun resumes it (default {out})")
-        p.add_argument("--limit", type=positive, help="run at most this many new cases")
+        p.add_argument("--limit", type=positive, help="run at most this many new cases (per process under torchrun)")
+        p.add_argument("--tp", action="store_true", help="under torchrun: shard the model over the processes (tensor "
+                       "parallelism) instead of sharing out the cases")
         p.add_argument("--training-window", type=positive, help=TRAINING_WINDOW_HELP)
         p.add_argument("--threshold", type=float, default=RULER_THRESHOLD, help="effective-length threshold (RULER: 85.6)")
 

@@ -38,8 +38,14 @@ def default_gguf() -> Path:
     return path
 
 
-def load(name: str = DEFAULT, dtype: torch.dtype = torch.float32, device: str = "cpu", trust_remote_code: bool = False):
+def load(name: str = DEFAULT, dtype: torch.dtype = torch.float32, device: str = "cpu", trust_remote_code: bool = False,
+         tp: bool = False):
     """Return ``(model, tokenizer)`` in eval mode with SDPA attention (the stock baseline).
+
+    ``tp=True`` shards the model over the processes of ``torchrun`` with transformers' tensor
+    parallelism (``tp_plan="auto"``: each process holds some heads of every layer; ``device`` is then
+    chosen by transformers, one GPU per process or the CPU with gloo). longreach's attention runs on
+    each process's heads as it is. Every process must run the same forward passes.
 
     A model saved with ``save_pretrained`` after ``longreach.apply`` comes back with the same method
     applied (its config records it; plain ``from_pretrained`` keeps only a frequency method, which
@@ -59,23 +65,41 @@ def load(name: str = DEFAULT, dtype: torch.dtype = torch.float32, device: str = 
         raise RuntimeError(f"cannot load model {name!r}: the folder {source} holds no config.json (not a saved model)")
     try:
         config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+        sharding = _tp_plan(config) if tp else {}
         recorded = getattr(config, CONFIG_KEY, None)
         if recorded and recorded.get("replaced_rope_parameters"):  # build the model's own rotary; apply rescales it again
             config.get_text_config().rope_parameters = recorded["replaced_rope_parameters"]
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(
             source, config=config, dtype=dtype, attn_implementation="sdpa", use_safetensors=True,
-            trust_remote_code=trust_remote_code,
+            trust_remote_code=trust_remote_code, **sharding,
         )
     except OSError as error:
         raise RuntimeError(
             f"cannot load model {name!r}: not a local folder and not fetchable from the Hugging Face hub "
             f"(offline?). Pass a local path, or 'default' for the bundled SmolLM2-135M. ({error.__class__.__name__})"
         ) from None
-    model = model.to(device).eval()
+    model = (model if tp else model.to(device)).eval()
     if recorded:
         reapply(model, recorded)
     return model, tokenizer
+
+
+def _tp_plan(config) -> dict:
+    """``from_pretrained``'s tensor-parallel arguments, after checking that ``torchrun`` started us and
+    that the heads split evenly over its processes."""
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    if "RANK" not in os.environ or processes < 2:
+        raise RuntimeError("tp=True shards the model over processes: start under torchrun, e.g. "
+                           "torchrun --nproc-per-node 2 -m longreach eval ... --tp")
+    text = config.get_text_config()
+    heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    if heads % processes:
+        raise RuntimeError(f"tensor parallelism over {processes} processes needs the key/value heads ({heads}) to split "
+                           f"evenly: use --nproc-per-node with a divisor of {heads}")
+    if not getattr(text, "base_model_tp_plan", None):
+        raise RuntimeError(f"{text.model_type} has no tensor-parallel plan in transformers (base_model_tp_plan); run it without --tp")
+    return {"tp_plan": "auto"}
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:

@@ -7,6 +7,7 @@ ignored and recomputed). Greedy decoding; a progress bar with ETA; ``limit`` cap
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -20,6 +21,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from . import ruler, tasks
+from .distributed import World, shares
 
 RESULTS = "results.jsonl"
 
@@ -210,34 +212,66 @@ class Grid:
                 self.keys.append((self.model, method.label, task, length, depth, seed))
 
 
-def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, batch_size: int = 1) -> Path:
+def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, batch_size: int = 1, tp: bool = False) -> Path:
     """Run the grid's missing cases, appending to ``out/results.jsonl``; returns that path.
 
     Cases of one (task, length) are built once for every method; ``batch_size`` of them decode as one
-    left-padded batch per method (the answers equal batch size 1's).
+    left-padded batch per method (the answers equal batch size 1's). Under ``torchrun`` the cases are
+    shared out over the processes, or with ``tp`` the model is (see :mod:`.distributed`); ``limit``
+    then caps each process's new cases.
     """
     import longreach
     from longreach import models
 
     if batch_size < 1:
         raise ValueError(f"--batch-size={batch_size} is out of range: at least 1")
+    world = World.from_environment(tp)
     out.mkdir(parents=True, exist_ok=True)
     path = out / RESULTS
     specs = {m.label: m for m in grid.methods}
-    model, tokenizer = loaded or models.load(grid.model)
+    model, tokenizer = loaded or models.load(grid.model, device=world.device(), tp=tp)
     window = grid.training_window or longreach.training_window(model.config)
     check_lengths(grid.lengths, window)
     resolved = {}
     for spec in grid.methods:  # validate every method before spending time; a case is keyed by the method as resolved
         spec.apply(model, window)
         resolved[spec.label] = longreach.describe(model)
-    done = {case_key(r) for r in read_results(path) if not r.get("error")}  # failed cases are tried again
-    missing = [key for key in grid.keys if (key[0], resolved[key[1]], *key[2:]) not in done]
+    done = {case_key(r) for file in [path, *shares(out, RESULTS)] for r in read_results(file) if not r.get("error")}  # failed cases are tried again
+    world.barrier()  # everyone has read what is done before anyone writes: tensor-parallel processes run the same cases
+    mine = world.share(grid.keys, lambda key: key[2:])
+    missing = [key for key in mine if (key[0], resolved[key[1]], *key[2:]) not in done]
     pending = missing if limit is None else missing[:limit]
-    print(f"{len(grid.keys)} cases in the grid, {len(grid.keys) - len(missing)} already in {path}, running {len(pending)}")
-    if not pending:
-        longreach.remove(model)
-        return path
+    if world.writes:
+        where = f"process {world.rank} of {world.size}: " if world.size > 1 and not world.tp else ""
+        print(f"{where}{len(mine)} cases in the grid, {len(mine) - len(missing)} already in {out}, running {len(pending)}")
+    if pending:
+        _run_cases(grid, pending, model, tokenizer, specs, resolved, window, batch_size, world, world.results_file(out, RESULTS))
+    longreach.remove(model)
+    world.barrier()
+    if world.rank == 0 and world.size > 1 and not world.tp:
+        merge(out)
+    return path
+
+
+def merge(out: Path) -> None:
+    """Append the records of the per-process files (data parallel) to ``results.jsonl``, then remove them."""
+    path = out / RESULTS
+    good = {case_key(r) for r in read_results(path) if not r.get("error")}
+    with path.open("a", encoding="utf-8") as sink:
+        if not _ends_with_newline(path):
+            sink.write("\n")
+        for share in shares(out, RESULTS):
+            for record in read_results(share):
+                if case_key(record) not in good:
+                    sink.write(json.dumps(record) + "\n")
+        sink.flush()
+        os.fsync(sink.fileno())
+    for share in shares(out, RESULTS):
+        share.unlink()
+
+
+def _run_cases(grid, pending, model, tokenizer, specs, resolved, window, batch_size, world, path) -> None:
+    """Run ``pending`` cases, one JSON line each in ``path`` (only where ``world`` writes)."""
     state = {"applied": None}
 
     def apply(label: str) -> None:
@@ -245,8 +279,11 @@ def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, batch_size
             specs[label].apply(model, window)
             state["applied"] = label
 
-    with path.open("a", encoding="utf-8") as sink, tqdm(total=len(pending), desc="cases", unit="case") as bar:
-        if not _ends_with_newline(path):
+    shared_out = world.size > 1 and not world.tp
+    desc = f"cases (process {world.rank})" if shared_out else "cases"
+    with (path.open("a", encoding="utf-8") if world.writes else contextlib.nullcontext()) as sink, \
+            tqdm(total=len(pending), desc=desc, unit="case", position=world.rank if shared_out else 0, disable=not world.writes) as bar:
+        if sink and not _ends_with_newline(path):
             sink.write("\n")  # end a line cut short by a crash, so the next record stands alone
         for (task_name, length), keys in itertools.groupby(pending, key=lambda key: (key[2], key[3])):
             keys, task = list(keys), tasks.get(task_name)
@@ -269,12 +306,11 @@ def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, batch_size
                         record = {"model": grid.model, "method": label, "resolved": resolved[label], "window": window,
                                   "task": task_name, "length": length, "depth": depth, "seed": seed, **record,
                                   "seconds": round(seconds + build_seconds, 3)}
-                        sink.write(json.dumps(record) + "\n")
-                        sink.flush()
-                        os.fsync(sink.fileno())
+                        if sink:
+                            sink.write(json.dumps(record) + "\n")
+                            sink.flush()
+                            os.fsync(sink.fileno())
                         bar.update()
-    longreach.remove(model)
-    return path
 
 
 def _build(task, tokenizer, length: int, depth, seed: int):

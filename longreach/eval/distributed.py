@@ -1,0 +1,77 @@
+"""Evaluations over several processes started by ``torchrun``.
+
+* Data parallel (the default under ``torchrun``): each process loads the whole model and runs its own
+  share of the grid's cases -- case ``i`` of the grid belongs to process ``i mod N``, fixed by the grid
+  alone, so every case runs exactly once whatever each process finds already done -- appending to its
+  own ``results.rankR.jsonl``. When all are done, process 0 merges the shares into ``results.jsonl``.
+  A crash leaves the shares in place; a rerun counts them as done and merges them.
+* Tensor parallel (``--tp``): the model is sharded over the processes (transformers' ``tp_plan``), so
+  every process runs every case in the same order; process 0 alone writes and shows progress.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place among ``size`` processes (``size == 1``: no ``torchrun``)."""
+
+    rank: int = 0
+    size: int = 1
+    tp: bool = False
+
+    @classmethod
+    def from_environment(cls, tp: bool = False) -> "World":
+        size = int(os.environ.get("WORLD_SIZE", "1"))
+        if tp and size < 2:
+            raise ValueError("--tp shards the model over processes: start under torchrun, e.g. "
+                             "torchrun --nproc-per-node 2 -m longreach eval ... --tp")
+        return cls(int(os.environ.get("RANK", "0")), size, tp)
+
+    @property
+    def writes(self) -> bool:
+        """Whether this process writes results (all do in data parallel; process 0 alone in tensor parallel)."""
+        return self.rank == 0 or not self.tp
+
+    def results_file(self, out: Path, name: str) -> Path:
+        if self.size == 1 or self.tp:
+            return out / name
+        stem, dot, suffix = name.rpartition(".")
+        return out / f"{stem}.rank{self.rank}{dot}{suffix}"
+
+    def share(self, keys: list[tuple], case_of) -> list[tuple]:
+        """The grid keys this process runs: all of them in tensor parallel, else those whose case
+        (``case_of(key)``, every method of one prompt together) has index ``rank`` modulo ``size``."""
+        if self.size == 1 or self.tp:
+            return keys
+        cases = list(dict.fromkeys(case_of(key) for key in keys))
+        mine = set(cases[self.rank :: self.size])
+        return [key for key in keys if case_of(key) in mine]
+
+    def barrier(self) -> None:
+        """Wait for every process (a gloo group is started when transformers has not started one)."""
+        if self.size == 1:
+            return
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group("gloo")
+        dist.barrier()
+
+    def device(self) -> str:
+        """Where a whole model goes: this process's GPU (``LOCAL_RANK``) when there is one, else the CPU."""
+        if torch.cuda.is_available():
+            return f"cuda:{int(os.environ.get('LOCAL_RANK', '0')) % torch.cuda.device_count()}"
+        return "cpu"
+
+
+def shares(out: Path, name: str) -> list[Path]:
+    """The per-process results files left in ``out`` (``results.rank0.jsonl`` ...)."""
+    stem, _, suffix = name.rpartition(".")
+    return sorted(out.glob(f"{stem}.rank*.{suffix}"))
