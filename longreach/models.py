@@ -88,10 +88,9 @@ def load(name: str = DEFAULT, dtype: torch.dtype = torch.float32, device: str = 
 def _tp_plan(config) -> dict:
     """``from_pretrained``'s tensor-parallel arguments, after checking that ``torchrun`` started us and
     that the heads split evenly over its processes."""
-    processes = int(os.environ.get("WORLD_SIZE", "1"))
-    if "RANK" not in os.environ or processes < 2:
-        raise RuntimeError("tp=True shards the model over processes: start under torchrun, e.g. "
-                           "torchrun --nproc-per-node 2 -m longreach eval ... --tp")
+    from .eval.distributed import World
+
+    processes = World.from_environment(tp=True).size
     text = config.get_text_config()
     heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
     if heads % processes:

@@ -55,11 +55,11 @@ def single_process(folder: Path, out: Path) -> list[tuple]:
 
 
 @needs_torchrun
-def test_tensor_parallel_prefill_and_generate_equal_one_process(folder, tmp_path):
+def test_tensor_parallel_prefill_and_generate_equal_one_process(folder, tmp_path, monkeypatch):
     torchrun(str(WORKERS / "tensor_parallel.py"), str(folder), str(tmp_path / "tp.pt"), cwd=tmp_path)
     sharded = torch.load(tmp_path / "tp.pt")
     assert sharded["sharded"] == "DTensor"  # the weights really were split
-    sys.path.insert(0, str(WORKERS))
+    monkeypatch.syspath_prepend(str(WORKERS))
     from tensor_parallel import compute
 
     whole = compute(models.load(str(folder))[0])

@@ -29,10 +29,15 @@ class World:
     @classmethod
     def from_environment(cls, tp: bool = False) -> "World":
         size = int(os.environ.get("WORLD_SIZE", "1"))
-        if tp and size < 2:
+        if tp and ("RANK" not in os.environ or size < 2):
             raise ValueError("--tp shards the model over processes: start under torchrun, e.g. "
                              "torchrun --nproc-per-node 2 -m longreach eval ... --tp")
         return cls(int(os.environ.get("RANK", "0")), size, tp)
+
+    @property
+    def shares_cases(self) -> bool:
+        """Data parallel: several processes, each running its own share of the cases."""
+        return self.size > 1 and not self.tp
 
     @property
     def writes(self) -> bool:
@@ -40,7 +45,7 @@ class World:
         return self.rank == 0 or not self.tp
 
     def results_file(self, out: Path, name: str) -> Path:
-        if self.size == 1 or self.tp:
+        if not self.shares_cases:
             return out / name
         stem, dot, suffix = name.rpartition(".")
         return out / f"{stem}.rank{self.rank}{dot}{suffix}"
@@ -48,7 +53,7 @@ class World:
     def share(self, keys: list[tuple], case_of) -> list[tuple]:
         """The grid keys this process runs: all of them in tensor parallel, else those whose case
         (``case_of(key)``, every method of one prompt together) has index ``rank`` modulo ``size``."""
-        if self.size == 1 or self.tp:
+        if not self.shares_cases:
             return keys
         cases = list(dict.fromkeys(case_of(key) for key in keys))
         mine = set(cases[self.rank :: self.size])

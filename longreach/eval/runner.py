@@ -242,31 +242,31 @@ def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, batch_size
     missing = [key for key in mine if (key[0], resolved[key[1]], *key[2:]) not in done]
     pending = missing if limit is None else missing[:limit]
     if world.writes:
-        where = f"process {world.rank} of {world.size}: " if world.size > 1 and not world.tp else ""
+        where = f"process {world.rank} of {world.size}: " if world.shares_cases else ""
         print(f"{where}{len(mine)} cases in the grid, {len(mine) - len(missing)} already in {out}, running {len(pending)}")
     if pending:
         _run_cases(grid, pending, model, tokenizer, specs, resolved, window, batch_size, world, world.results_file(out, RESULTS))
     longreach.remove(model)
     world.barrier()
-    if world.rank == 0 and world.size > 1 and not world.tp:
+    if world.rank == 0 and world.shares_cases:
         merge(out)
     return path
 
 
 def merge(out: Path) -> None:
     """Append the records of the per-process files (data parallel) to ``results.jsonl``, then remove them."""
-    path = out / RESULTS
+    path, left = out / RESULTS, shares(out, RESULTS)
     good = {case_key(r) for r in read_results(path) if not r.get("error")}
     with path.open("a", encoding="utf-8") as sink:
         if not _ends_with_newline(path):
             sink.write("\n")
-        for share in shares(out, RESULTS):
+        for share in left:
             for record in read_results(share):
                 if case_key(record) not in good:
                     sink.write(json.dumps(record) + "\n")
         sink.flush()
         os.fsync(sink.fileno())
-    for share in shares(out, RESULTS):
+    for share in left:
         share.unlink()
 
 
@@ -279,10 +279,9 @@ def _run_cases(grid, pending, model, tokenizer, specs, resolved, window, batch_s
             specs[label].apply(model, window)
             state["applied"] = label
 
-    shared_out = world.size > 1 and not world.tp
-    desc = f"cases (process {world.rank})" if shared_out else "cases"
+    desc = f"cases (process {world.rank})" if world.shares_cases else "cases"
     with (path.open("a", encoding="utf-8") if world.writes else contextlib.nullcontext()) as sink, \
-            tqdm(total=len(pending), desc=desc, unit="case", position=world.rank if shared_out else 0, disable=not world.writes) as bar:
+            tqdm(total=len(pending), desc=desc, unit="case", position=world.rank if world.shares_cases else 0, disable=not world.writes) as bar:
         if sink and not _ends_with_newline(path):
             sink.write("\n")  # end a line cut short by a crash, so the next record stands alone
         for (task_name, length), keys in itertools.groupby(pending, key=lambda key: (key[2], key[3])):
