@@ -155,9 +155,13 @@ def _matrix(args: argparse.Namespace) -> None:
         raise ValueError(f"--length={args.length} is out of range: 1 .. {MAX_MATRIX} (the matrix is drawn whole)")
     P, description = matrix.matrix(spec.name, args.length, args.window, **dict(spec.params))
     out = writable_file(args.out or f"matrix_{spec.name}_{args.length}.png")
+    groups = [P] if P.ndim == 2 else [P[..., g] for g in range(P.shape[-1])]
+    titles = [f"frequency group {g} (scale {s})" for g, s in enumerate(dict(spec.params).get("group_scales", ()))] or None
     if args.length <= 24:
-        print("\n".join(" ".join("  ." if v != v else f"{v:3g}" for v in row) for row in P))  # NaN: not attended
-    print(f"wrote {matrix.plot(P, f'{description}, L = {args.window or args.length}', out)}")
+        for g, panel in enumerate(groups):
+            print(titles[g] if titles and len(groups) > 1 else "", end="\n" if len(groups) > 1 else "")
+            print("\n".join(" ".join("  ." if v != v else f"{v:3g}" for v in row) for row in panel))  # NaN: not attended
+    print(f"wrote {matrix.plot(P, f'{description}, L = {args.window or args.length}', out, panel_titles=titles)}")
 
 
 def _cost(args: argparse.Namespace) -> None:

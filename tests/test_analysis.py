@@ -46,6 +46,9 @@ def test_matrix_reproduces_figure_5_and_refuses_frequency_methods(tmp_path):
     assert np.nan_to_num(P, nan=-1)[8].tolist() == [6, 5, 4, 3, 2, 1, 2, 1, 0]
     assert description.startswith("string(shift=3, local_window=1")
     assert matrix.plot(P, "fig 5", tmp_path / "m.png").stat().st_size > 0
+    groups, description = matrix.matrix("dpe", 12, group_scales=(1, 2, 4), local_window=3, top_k=None)
+    assert groups.shape == (12, 12, 3) and groups[11, 0].tolist() == [11, 11 // 2 + 3 - 1, 11 // 4 + 3 - 0]
+    assert matrix.plot(groups, description, tmp_path / "dpe.png").stat().st_size > 0
     big, _ = matrix.matrix("dca", 300, training_window=200)
     assert matrix.plot(big, "dca", tmp_path / "big.png").stat().st_size > 0
     with pytest.raises(ValueError, match="'yarn' is a frequency method"):

@@ -21,6 +21,7 @@ METHODS = {
     "self_extend": dict(group_size=3, neighbor_window=16),
     "dca": dict(chunk_size=30, local_window=6),
     "dynamic_drop": dict(chunk=8, initial_rate=0.2, layers=(0, 1)),
+    "dpe": dict(group_scales=(2, 3, 1, 4), local_window=12, top_k=3, dimensions=torch.rand(2, 4, 8, generator=torch.Generator().manual_seed(1))),
 }
 CACHE_FAMILIES = {"llama": {}, "mistral": {"sliding_window": 24}, "gemma3": {}}  # full, sliding, hybrid caches
 
@@ -161,7 +162,8 @@ def test_packed_sequences_are_refused_not_mixed():
                                           ("dca", {**METHODS["dca"], "mscale": True}),
                                           ("ntk", {"factor": 3.0}),
                                           ("self_extend", {**METHODS["self_extend"], "scaling": {"rope_type": "yarn", "factor": 2.0},
-                                                           "drop": {"method": "drop", "rate": 0.2, "layers": [1]}})])
+                                                           "drop": {"method": "drop", "rate": 0.2, "layers": [1]}}),
+                                          ("dpe", METHODS["dpe"])])  # its dimensions tensor is saved in config.json
 @torch.no_grad()
 def test_save_pretrained_records_the_method_and_load_reapplies_it(tmp_path, name, params):
     model = tiny_model("llama")

@@ -23,6 +23,7 @@ METHODS = [
     ("rerope", {"window": 12, "leak": 3.0}),
     ("self_extend", {"group_size": 3, "neighbor_window": 8}),
     ("dca", {"chunk_size": 16, "local_window": 4}),
+    ("dpe", {"group_scales": (2, 3, 1, 4), "local_window": 8, "top_k": 5, "dimensions": torch.rand(1, 4, 8, generator=torch.Generator().manual_seed(3))}),
 ]
 
 
@@ -38,12 +39,12 @@ def gradients(method, backend, n, q_len, pads, dtype, tile):
         if use_kernel:
             rotated = lambda x: rotate(x, positions[:, None, :].double(), inv_freq)
             out = kernel.attention(
-                rotated(raw_q)[:, :, -q_len:].to(dtype), rotated(raw_k).to(dtype), raw_v.to(dtype), method.parts(), inv_freq.to(dtype),
+                rotated(raw_q)[:, :, -q_len:].to(dtype), rotated(raw_k).to(dtype), raw_v.to(dtype), method.layer_parts(0), inv_freq.to(dtype),
                 scaling=0.3, key_padding=padding if pads[1] else None, positions=positions, backend=backend, tile=tile,
                 logit_scale=method.logit_scale,
             ).double()
         else:
-            P = method.relative_positions(positions[:, -q_len:, None], positions[:, None, :])
+            P = method.layer_positions(positions[:, -q_len:, None], positions[:, None, :], 0)
             out = reference.dense_attention(raw_q[:, :, -q_len:], raw_k, raw_v, P, inv_freq, 0.3, key_padding=padding,
                                             logit_scale=method.logit_scale)
         (out * weight * rows).sum().backward()

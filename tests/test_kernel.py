@@ -31,7 +31,7 @@ def case(n, batch=2, q_heads=4, kv_heads=2, dim=16, rotary_dims=16, pads=(0, 0),
 
 
 def expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling, window=None):
-    P = method.relative_positions(positions[:, -q_len:, None], positions[:, None, :])
+    P = method.layer_positions(positions[:, -q_len:, None], positions[:, None, :], 0)
     if window is not None:
         P = torch.where(positions[:, -q_len:, None] - positions[:, None, :] < window, P, torch.nan)
     out = reference.dense_attention(q[:, :, -q_len:], k, v, P, inv_freq, scaling, key_padding=padding, logit_scale=method.logit_scale)
@@ -239,6 +239,11 @@ BASELINES = [
     ("self_extend", {"group_size": 3, "neighbor_window": 10}),
     ("dca", {"chunk_size": 16, "local_window": 4}),
     ("dca", {"chunk_size": 9, "local_window": 5}),
+    ("dpe", {"group_scales": (2, 3, 1, 4), "local_window": 10, "top_k": None}),  # every pair: a shift per frequency group
+    # per-head pairs that differ inside a key/value group (keys repeated per query head), then agree inside it (not repeated)
+    ("dpe", {"group_scales": (2, 3, 1, 4), "local_window": 10, "top_k": 5, "dimensions": torch.rand(1, 4, 8, generator=torch.Generator().manual_seed(3))}),
+    ("dpe", {"group_scales": (4, 2), "local_window": 7, "top_k": None,
+             "dimensions": torch.tensor([[1, 0, 1, 1, 0, 0, 1, 0], [0, 1, 1, 0, 1, 1, 0, 0]], dtype=torch.bool).repeat_interleave(2, 0)[None]}),
 ]
 
 
@@ -253,7 +258,7 @@ def test_baselines_prefill_and_decode_match_the_reference_fp32(name, params, pad
     for q_len in (n, 1, 20):
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
         got = kernel.attention(
-            q_rot[:, :, -q_len:].float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), scaling=0.3,
+            q_rot[:, :, -q_len:].float(), k_rot.float(), v.float(), method.layer_parts(0), inv_freq.float(), scaling=0.3,
             key_padding=padding if pads[1] else None, positions=positions, tile=tile, backend=backend,
         )
         assert not got.isnan().any()

@@ -140,10 +140,11 @@ def test_unknown_method_lists_the_supported_ones():
 def test_available_lists_every_method_with_defaults_and_ranges():
     rows = {row["name"]: row for row in methods.available()}
     assert set(rows) == {"rope", "string", "rerope", "self_extend", "dca", "pi", "ntk", "dynamic", "yarn", "llama3",
-                         "drop", "dynamic_drop"}
+                         "drop", "dynamic_drop", "dpe"}
     assert rows["dynamic_drop"]["parameters"]["chunk"] == 1000 and rows["drop"]["kind"] == "drop"
     assert rows["string"]["parameters"] == {"shift": None, "local_window": 128, "mscale": False}
-    assert "2410.18745" in rows["string"]["paper"] and "2402.17463" in rows["dca"]["paper"]
+    assert "2410.18745" in rows["string"]["paper"] and "2402.17463" in rows["dca"]["paper"] and "2504.18857" in rows["dpe"]["paper"]
+    assert rows["dpe"]["parameters"] == {"group_scales": None, "local_window": 1024, "top_k": 48, "dimensions": None}
     for row in rows.values():
         assert row["changes"] and set(row["ranges"]) == set(row["parameters"])
 

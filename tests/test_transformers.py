@@ -164,6 +164,7 @@ BASELINES = {
     "self_extend": dict(group_size=3, neighbor_window=16),
     "dca": dict(chunk_size=30, local_window=6),
     "string+yarn": dict(shift=20, local_window=4, scaling={"rope_type": "yarn", "factor": 2.0}),
+    "dpe": dict(group_scales=(2, 3, 1, 4), local_window=12, top_k=None),  # per-head pairs: tests/test_dpe.py
 }
 
 

@@ -71,6 +71,7 @@ def attention(
     if q_heads % key.shape[1]:
         raise ValueError(f"query heads ({q_heads}) must be a multiple of key/value heads ({key.shape[1]})")
     offset = kv_len - q_len
+    key, value = _heads_for_pairs(parts, key, value, q_heads)
     if drop is not None and bool((drop > 0).any()):
         common = dict(scaling=scaling, key_padding=key_padding, sliding_window=sliding_window, logit_scale=logit_scale,
                       positions=positions)
@@ -92,9 +93,9 @@ def attention(
         lo, hi = part.min_distance, _upper_bound(part, sliding_window)
         if hi is not None and hi <= lo:
             continue
-        q = _shifted(query, part.query_shift, q_positions, inv_freq)
-        if (k := shifted_keys.get(id(part.key_shift))) is None:  # parts sharing a key shift (DCA's three) rotate once
-            k = shifted_keys[id(part.key_shift)] = _shifted_keys(key, part.key_shift, positions, inv_freq)
+        q = _shifted(query, part.query_shift, q_positions, inv_freq, part.pairs)
+        if (k := shifted_keys.get((id(part.key_shift), id(part.pairs)))) is None:  # parts sharing a key shift (DCA's three) rotate once
+            k = shifted_keys[id(part.key_shift), id(part.pairs)] = _shifted_keys(key, part.key_shift, positions, inv_freq, part.pairs)
         structured = whole_blocks and key_padding is None and part.key_span is None and q_len > SMALL_QUERY
         if block is flex.part_attention:
             span = None if part.key_span is None else (*part.key_span(q_positions), positions)
@@ -141,7 +142,7 @@ def _fold_block_key_shifts(parts: Sequence[Part], positions: torch.Tensor) -> li
         for start in starts:
             sigma = float(part.key_shift(torch.tensor([start], dtype=torch.float64))[0])
             folded.append(Part(part.min_distance, part.max_distance, query_shift=_minus(part.query_shift, sigma),
-                               key_span=_within(part.key_span, start, start + size)))
+                               key_span=_within(part.key_span, start, start + size), pairs=part.pairs))
     return folded
 
 
@@ -289,6 +290,7 @@ def attention_probabilities(query, key, parts, inv_freq, rows, scaling=None, key
     the arguments mean what they mean in :func:`attention`. ``DROP_TILE`` rows at a time.
     """
     query, key, scaling, positions = _prepare(query, key, inv_freq, scaling, logit_scale, positions)
+    key, _ = _heads_for_pairs(parts, key, key, query.shape[1])
     yield from row_probabilities(query, key, parts, inv_freq, rows, scaling, positions, key_padding, sliding_window, drop, DROP_TILE)
 
 
@@ -299,8 +301,13 @@ def _upper_bound(part: Part, sliding_window: int | None) -> int | None:
     return sliding_window if part.max_distance is None else min(part.max_distance, sliding_window)
 
 
-def _shifted(x: torch.Tensor, shift, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """``x`` moved by a constant shift, or by ``shift(positions)`` per token (``[B, L]`` -> ``[B, 1, L]``)."""
+def _shifted(x: torch.Tensor, shift, positions: torch.Tensor, inv_freq: torch.Tensor, pairs: torch.Tensor | None = None) -> torch.Tensor:
+    """``x`` moved by a constant shift, or by ``shift(positions)`` per token (``[B, L]`` -> ``[B, 1, L]``);
+    with ``pairs`` (``[query heads, rotary pairs]``), only the marked pairs of each head move."""
+    if pairs is not None:
+        angles = _shift_angles(shift, positions, inv_freq, compute_dtype(x.dtype)) if callable(shift) else \
+            rotation(shift, inv_freq, compute_dtype(x.dtype), x.device)
+        return apply_rotation(x, *_select_pairs(angles, pairs, x.shape[1]))
     if callable(shift):
         return apply_rotation(x, *_shift_angles(shift, positions, inv_freq, compute_dtype(x.dtype)))
     return rotate(x, shift, inv_freq) if shift else x
@@ -308,15 +315,50 @@ def _shifted(x: torch.Tensor, shift, positions: torch.Tensor, inv_freq: torch.Te
 
 def _shift_angles(shift, positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """``(cos, sin)`` ``[B, 1, L, D_rot / 2]`` of a per-token shift at ``positions [B, L]``; the shift is
-    evaluated in float64, so that fractional shifts (Leaky ReRoPE) of large positions keep their precision."""
-    return rotation(shift(positions.to(torch.float64))[:, None, :], inv_freq, dtype, positions.device)
+    evaluated in float64, so that fractional shifts (Leaky ReRoPE) of large positions keep their precision.
+    A shift per group of rotary pairs (``[B, L, G]``) gives each pair its group's angle."""
+    values = shift(positions.to(torch.float64))
+    if values.dim() == 2:
+        return rotation(values[:, None, :], inv_freq, dtype, positions.device)
+    pairs = inv_freq.shape[-1]
+    if pairs % values.shape[-1]:
+        raise ValueError(f"a shift with {values.shape[-1]} frequency groups cannot split {pairs} rotary pairs evenly")
+    values = values.repeat_interleave(pairs // values.shape[-1], dim=-1)[:, None]  # [B, 1, L, P]
+    angle = values * inv_freq.to(device=positions.device, dtype=torch.float64)
+    return angle.cos().to(dtype), angle.sin().to(dtype)
 
 
-def _shifted_keys(key: torch.Tensor, shift, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+def _select_pairs(angles: tuple[torch.Tensor, torch.Tensor], pairs: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Angles ``[..., L, P]`` kept at the ``pairs [query heads, P]`` marked True and zero elsewhere, per head:
+    ``[B, heads, L, P]``. With fewer ``heads`` than query heads (a key/value head serves a group whose
+    marks agree, see :func:`_heads_for_pairs`), each group's first row is used."""
+    cos, sin = angles
+    marks = pairs.to(cos.device)[:: pairs.shape[0] // heads][None, :, None, :]
+    return torch.where(marks, cos, 1.0), torch.where(marks, sin, 0.0)
+
+
+def _heads_for_pairs(parts: Sequence[Part], key: torch.Tensor, value: torch.Tensor, q_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values repeated per query head when some part moves different pairs in query heads that share a
+    key/value head (DPE's per-head dimensions, as its official code does); as they are otherwise."""
+    kv_heads = key.shape[1]
+    if kv_heads == q_heads:
+        return key, value
+    for part in parts:
+        if part.pairs is not None:
+            if part.pairs.shape[0] != q_heads:
+                raise ValueError(f"a part's pairs mark {part.pairs.shape[0]} heads; the model has {q_heads} query heads")
+            groups = part.pairs.view(kv_heads, q_heads // kv_heads, -1)
+            if not bool((groups == groups[:, :1]).all()):
+                return _expand_heads(key, q_heads), _expand_heads(value, q_heads)
+    return key, value
+
+
+def _shifted_keys(key: torch.Tensor, shift, positions: torch.Tensor, inv_freq: torch.Tensor, pairs: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`_shifted` for keys, with the angles of a per-token shift taken from :data:`KEY_ROTATIONS`."""
     if not callable(shift):
-        return _shifted(key, shift, positions, inv_freq)
-    return apply_rotation(key, *KEY_ROTATIONS.get(shift, positions, inv_freq, compute_dtype(key.dtype)))
+        return _shifted(key, shift, positions, inv_freq, pairs)
+    angles = KEY_ROTATIONS.get(shift, positions, inv_freq, compute_dtype(key.dtype))
+    return apply_rotation(key, *(angles if pairs is None else _select_pairs(angles, pairs, key.shape[1])))
 
 
 class KeyRotations:
@@ -512,8 +554,8 @@ def row_probabilities(query, key, parts, inv_freq, rows, scaling, positions, key
     """
     compute = compute_dtype(query.dtype)
     kv_len = key.shape[2]
-    shifted = [(part, _shifted(query, part.query_shift, positions[:, rows], inv_freq), _shifted(key, part.key_shift, positions, inv_freq))
-               for part in parts]
+    shifted = [(part, _shifted(query, part.query_shift, positions[:, rows], inv_freq, part.pairs),
+                _shifted(key, part.key_shift, positions, inv_freq, part.pairs)) for part in parts]
     for start in range(0, rows.numel(), tile):
         tile_rows = rows[start : start + tile]
         k_start = 0 if sliding_window is None else max(0, int(tile_rows.min()) - sliding_window + 1)

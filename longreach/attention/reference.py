@@ -48,7 +48,9 @@ def dense_attention(
 ) -> torch.Tensor:
     """Attention of unrotated ``query [B, Hq, Lq, D]`` over ``key``/``value [B, Hkv, Lkv, D]`` in float64.
 
-    ``relative_positions [B or 1, Lq, Lkv]``: RoPE's position per pair, NaN where not attended.
+    ``relative_positions [B or 1, Lq, Lkv]``: RoPE's position per pair, NaN where not attended; or
+    ``[B or 1, Hq or 1, Lq, Lkv, G]``: one position per head and per group of ``D_rot / (2 G)``
+    consecutive rotary pairs (DPE), NaN (in every group) where not attended.
     ``key_padding [B, Lkv]``: False for padding keys. ``attention_scaling`` multiplies cos and sin
     of both q and k as transformers does; ``logit_scale`` (a number, or one per sequence ``[B]``)
     multiplies the rotary part of the logits.
@@ -62,18 +64,22 @@ def dense_attention(
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     rot = 2 * inv_freq.shape[-1]
     P = relative_positions.to(torch.float64)
-    attended = ~torch.isnan(P)
+    if P.dim() == 3:
+        P = P[:, None, :, :, None]  # one position for every head and pair
+    P = P.repeat_interleave(inv_freq.shape[-1] // P.shape[-1], dim=-1)  # [B, H, Lq, Lkv, pairs]
+    attended = ~torch.isnan(P[..., 0])  # [B, H, Lq, Lkv]
     if key_padding is not None:
-        attended = attended & key_padding[:, None, :]
-    cos, sin = _cos_sin(torch.nan_to_num(P), inv_freq)  # [B, Lq, Lkv, rot]
+        attended = attended & key_padding[:, None, None, :]
+    angle = torch.nan_to_num(P) * inv_freq.to(torch.float64)
+    cos, sin = torch.cat((angle, angle), dim=-1).cos(), torch.cat((angle, angle), dim=-1).sin()  # [B, H, Lq, Lkv, rot]
     q_head = q[..., :rot][:, :, :, None, :]  # [B, H, Lq, 1, rot]
-    q_pair = (q_head * cos[:, None] + _half_turn(q_head) * sin[:, None]) * attention_scaling**2
+    q_pair = (q_head * cos + _half_turn(q_head) * sin) * attention_scaling**2
     rotary_logits = (q_pair * k[..., :rot][:, :, None, :, :]).sum(-1)
     plain_logits = q[..., rot:] @ k[..., rot:].transpose(-1, -2)
     factor = torch.as_tensor(logit_scale, dtype=torch.float64, device=rotary_logits.device)
     factor = factor.view(-1, 1, 1, 1) if factor.dim() else factor  # one per sequence, or one number
     scores = (rotary_logits * factor + plain_logits) * scaling
-    scores = scores.masked_fill(~attended[:, None], float("-inf"))
+    scores = scores.masked_fill(~attended, float("-inf"))
     if drop_rates is not None:
         for b, h, i in torch.cartesian_prod(*(torch.arange(n) for n in scores.shape[:3])).tolist():
             row = scores[b, h, i]

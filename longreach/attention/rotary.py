@@ -62,6 +62,11 @@ def inverse_frequencies(rotary: nn.Module, layer_type: str | None = None) -> tor
     return rotary.inv_freq
 
 
+def rotary_pairs(rotary: nn.Module) -> int:
+    """How many rotary pairs each head has: the length of the module's ``inv_freq`` (any layer type's)."""
+    return next(buffer for name, buffer in rotary.named_buffers() if name == "inv_freq" or name.endswith("_inv_freq")).shape[-1]
+
+
 def find_rotary(model: nn.Module) -> nn.Module | None:
     """The model's rotary embedding module (``model.model.rotary_emb`` on decoder-only models)."""
     for _, module in model.named_modules():

@@ -92,7 +92,7 @@ def _value(text: str):
             return convert(text)
         except ValueError:
             pass
-    return {"true": True, "false": False}.get(text.lower(), text)
+    return {"true": True, "false": False, "none": None}.get(text.lower(), text)
 
 
 MAX_LENGTH = 1 << 24  # 16M tokens: beyond any model; runner.check_lengths bounds lengths by the model's L

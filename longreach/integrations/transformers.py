@@ -32,7 +32,7 @@ from transformers.masking_utils import AttentionMaskInterface, causal_mask_funct
 
 from .. import methods
 from ..attention import kernel, reference
-from ..attention.rotary import find_rotary, inverse_frequencies
+from ..attention.rotary import find_rotary, inverse_frequencies, rotary_pairs
 from ..methods import drop as drops
 from ..methods.base import PositionMethod, require_int
 from ..methods.scaling import ALIASES as FREQUENCY_METHODS
@@ -56,10 +56,11 @@ class Applied:
     drop: drops.Drop | drops.DynamicDrop | None = None
     replaced_rotary: nn.Module | None = None  # the model's own rotary module, when a frequency method replaced it
     replaced_rope_parameters: dict | None = None
-    parts: tuple = dataclasses.field(init=False, repr=False)  # made once: the same shift objects every call (kernel.KEY_ROTATIONS)
 
-    def __post_init__(self) -> None:
-        self.parts = self.method.parts()
+    def parts(self, layer: int | None) -> tuple:
+        """The method's parts for attention layer ``layer``: made once by the method, so every call sees
+        the same shift objects (kernel.KEY_ROTATIONS)."""
+        return self.method.layer_parts(layer)
 
     def describe(self) -> str:
         extras = [x.describe() for x in (self.scaling, self.drop) if x is not None]
@@ -76,7 +77,8 @@ class Applied:
 
 
 def _jsonable(values: dict) -> dict:
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+    """Tuples as lists and tensors (DPE's dimensions) as nested lists, for the config's JSON."""
+    return {k: list(v) if isinstance(v, tuple) else v.tolist() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
 
 
 _probe: contextvars.ContextVar = contextvars.ContextVar("longreach_probe", default=None)
@@ -138,6 +140,8 @@ def apply(model: nn.Module, method: str = "string", *, training_window: int | No
         require_int("training_window", _plain_number(training_window), 2, None, "an integer >= 2 (tokens)")
         window = int(training_window)
     position_method, frequency, dropping = _resolve(model, window, method, scaling, drop, params)
+    text = model.config.get_text_config()
+    position_method.check_model(text.num_hidden_layers, text.num_attention_heads, rotary_pairs(find_rotary(model)))
     remove(model)
     applied = Applied(position_method, model.config._attn_implementation, window, find_rotary(model), backend, frequency, dropping)
     if frequency:
@@ -406,7 +410,7 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
         out = _reference(state, module, query, key, value, inv_freq, scaling, keys, sliding_window, logit_scale, rates)
     else:
         out = kernel.attention(
-            query, key, value, state.parts, inv_freq, scaling=scaling, key_padding=keys.padding,
+            query, key, value, state.parts(getattr(module, "layer_idx", None)), inv_freq, scaling=scaling, key_padding=keys.padding,
             sliding_window=sliding_window, logit_scale=logit_scale, positions=keys.positions, drop=rates, backend=state.backend,
         )
     if (probe := _probe.get()) is not None and q_len == keys.count:
@@ -420,7 +424,7 @@ def _record(probe, method, module, query, key, inv_freq, scaling, keys, sliding_
     tops = [
         probabilities.topk(min(top_k, probabilities.shape[-1]), dim=-1).values.mean(-1).mean(1)  # [B, T]
         for probabilities, _ in kernel.attention_probabilities(
-            query[:, :, rows], key, method.parts(), inv_freq, rows, scaling, keys.padding, sliding_window,
+            query[:, :, rows], key, method.layer_parts(module.layer_idx), inv_freq, rows, scaling, keys.padding, sliding_window,
             logit_scale, keys.positions, None if rates is None else rates[:, rows],
         )
     ]
@@ -436,9 +440,10 @@ def _reference(state, module, query, key, value, inv_freq, scaling, keys, slidin
     q_raw = reference.unrotate(query, keys.rotated_at[:, -q_len:], inv_freq, attention_scaling)
     k_raw = reference.unrotate(key, keys.rotated_at, inv_freq, attention_scaling)
     q_pos, k_pos = keys.positions[:, -q_len:, None], keys.positions[:, None, :]
-    P = state.method.relative_positions(q_pos, k_pos)
+    P = state.method.layer_positions(q_pos, k_pos, getattr(module, "layer_idx", None))
     if sliding_window is not None:
-        P = torch.where(q_pos - k_pos < sliding_window, P, torch.nan)
+        inside = q_pos - k_pos < sliding_window
+        P = torch.where(inside if P.dim() == 3 else inside[:, None, :, :, None], P, torch.nan)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scaling is None else scaling
     out = reference.dense_attention(q_raw, k_raw, value, P, inv_freq, scale, attention_scaling, keys.padding, logit_scale, rates)
     return out.to(query.dtype)

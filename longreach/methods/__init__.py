@@ -7,12 +7,13 @@ from dataclasses import MISSING, fields
 from . import drop, scaling
 from .base import Part, PositionMethod
 from .dca import DualChunk
+from .dpe import DPE
 from .rerope import ReRope
 from .rope import Rope
 from .self_extend import SelfExtend
 from .string import String
 
-METHODS: dict[str, type[PositionMethod]] = {cls.name: cls for cls in (Rope, String, ReRope, SelfExtend, DualChunk)}
+METHODS: dict[str, type[PositionMethod]] = {cls.name: cls for cls in (Rope, String, ReRope, SelfExtend, DualChunk, DPE)}
 
 
 def create(name: str, training_window: int, **params) -> PositionMethod:
@@ -61,12 +62,16 @@ def paper_baseline(name: str, training_window: int) -> dict:
         if "original_max_position_embeddings" in scaling.PARAMETERS[scaling.ALIASES[name]]:
             params["original_max_position_embeddings"] = short
         return params
-    return {
+    baselines = {
         "rope": {}, "string": {},
         "rerope": {"window": short // 2},
         "self_extend": {"group_size": 2, "neighbor_window": short // 4},
         "dca": {"chunk_size": 3 * short // 4, "local_window": short // 8},
-    }[create(name, training_window).name]
+    }
+    if name not in baselines:
+        known = ", ".join([*baselines, *scaling.ALIASES])
+        raise ValueError(f"protocol=paper has no set-up for {name!r} (the STRING paper's baselines: {known})")
+    return baselines[name]
 
 
 __all__ = ["METHODS", "Part", "PositionMethod", "available", "create", "paper_baseline"]

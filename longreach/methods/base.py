@@ -22,10 +22,12 @@ import torch
 
 
 Shift = Union[float, Callable[[torch.Tensor], torch.Tensor]]
-"""A position shift: a constant, or a function of the tokens' absolute positions (Self-Extend, DCA)."""
+"""A position shift: a constant, or a function of the tokens' absolute positions ``[B, L]`` (Self-Extend,
+DCA) returning ``[B, L]``, or ``[B, L, G]`` for a shift per frequency: one value per group of ``P / G``
+consecutive rotary pairs, highest frequency first (DPE)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Part:
     """Pairs with ``min_distance <= i - j < max_distance`` (``None``: no upper bound).
 
@@ -35,7 +37,9 @@ class Part:
     maps query positions ``[B, Lq]`` to the ``[first, stop)`` key positions they may attend here.
     ``key_shift_block = b`` declares that the key shift is constant on every aligned block
     ``[m b, (m + 1) b)`` of key positions (DCA's chunks): a decoding step then moves the query by
-    each block's shift instead of moving every cached key.
+    each block's shift instead of moving every cached key. ``pairs``, a boolean ``[query heads,
+    rotary pairs]`` tensor, limits the shifts to the pairs it marks in each head; the other pairs keep
+    their original positions there (DPE's selected dimensions).
     """
 
     min_distance: int = 0
@@ -44,6 +48,7 @@ class Part:
     key_shift: Shift = 0.0
     key_span: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
     key_shift_block: int | None = None
+    pairs: torch.Tensor | None = None
 
     @property
     def needs_positions(self) -> bool:
@@ -64,6 +69,18 @@ class PositionMethod:
     def relative_positions(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
         """Dense ``P`` for broadcastable position tensors; NaN where the pair is not attended."""
         raise NotImplementedError
+
+    def layer_parts(self, layer: int | None) -> tuple[Part, ...]:
+        """The parts of attention layer ``layer`` (the same for every layer, but for DPE's per-layer pairs)."""
+        return self.parts()
+
+    def layer_positions(self, query_positions: torch.Tensor, key_positions: torch.Tensor, layer: int | None) -> torch.Tensor:
+        """Dense ``P`` of layer ``layer``: ``[..., Lq, Lkv]``, or ``[B, H, Lq, Lkv, pairs]`` when it differs
+        per head and rotary pair (DPE)."""
+        return self.relative_positions(query_positions, key_positions)
+
+    def check_model(self, layers: int, query_heads: int, pairs: int) -> None:
+        """Raise ``ValueError`` if the method cannot serve a model of this shape (``pairs``: rotary pairs per head)."""
 
     @property
     def logit_scale(self) -> float:
