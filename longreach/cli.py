@@ -190,6 +190,45 @@ def _methods(args: argparse.Namespace) -> None:
           "(as if the window were 2L/3, factor 3/2).")
 
 
+def _single_length(text: str) -> int:
+    from .eval import runner
+
+    lengths = runner.parse_lengths(text)
+    if len(lengths) != 1:
+        raise ValueError(f"--length={text} gives {len(lengths)} lengths: give one, e.g. 8k")
+    return lengths[0]
+
+
+def _tune(args: argparse.Namespace) -> None:
+    from .eval import runner, tasks, tune
+    from .methods import METHODS
+
+    if args.method not in METHODS:
+        raise ValueError(f"tune takes a position method ({', '.join(METHODS)}), got {args.method!r}")
+    tasks.get(args.task)
+    grid = tune.parse_grid(args.grid)
+    fixed = dict(runner.MethodSpec.parse(f"{args.method}:{args.set}").params) if args.set else {}
+    length = _single_length(args.length)
+    out = writable_folder(args.out or f"runs/tune_{args.method}")
+    _, winner, text = tune.run(args.model, args.method, grid, args.task, length, args.samples, out, fixed,
+                               None if args.no_baseline else "rope", args.training_window, args.batch_size, args.limit)
+    print(text)
+    print(f"table, tune.json and tune.png in {out}/")
+
+
+def _calibrate(args: argparse.Namespace) -> None:
+    from .eval import calibrate, tasks
+
+    if args.method != "dpe":
+        raise ValueError(f"calibrate measures DPE's settings; got {args.method!r} (use `longreach tune` for other methods)")
+    tasks.get(args.task)
+    out = writable_folder(args.out or f"runs/calibrate_dpe_{args.length}")
+    result = calibrate.calibrate(args.model, _single_length(args.length), out, args.samples, args.local_window, args.top_k,
+                                 args.importance_samples, args.task, args.groups, args.training_window, args.batch_size)
+    print((out / "calibration.md").read_text(encoding="utf-8"))
+    print(f"use: {result['apply']}\ncalibration.md, calibration.json, calibration.png and dimensions.safetensors in {out}/")
+
+
 def _demo(args: argparse.Namespace) -> None:
     args.task, args.method, args.lengths, args.depths = ["niah4"], ["rope", "string"], DEMO_LENGTHS, 1
     _eval(args)
@@ -263,6 +302,38 @@ def build_parser() -> argparse.ArgumentParser:
     costs.add_argument("--sliding-window", type=positive, default=4096)
     costs.add_argument("--out", default="runs/cost.png")
     costs.set_defaults(run=_cost)
+
+    tuning = commands.add_parser("tune", help="a grid of a method's parameters on a task at one length: scores with "
+                                 "intervals, the best as an apply(...) line (resumable)")
+    tuning.add_argument("method", help="a position method, e.g. string, self_extend, dca, dpe")
+    tuning.add_argument("--grid", nargs="+", required=True, help="name=value1,value2 per parameter, e.g. shift=1024,2048 local_window=64,128")
+    tuning.add_argument("--set", help="parameters held fixed, name=value,... (lists with ;), e.g. local_window=128")
+    tuning.add_argument("--task", default="passkey", help="any longreach task (default passkey)")
+    tuning.add_argument("--length", default="8k", help="the one context length to tune at (default 8k)")
+    tuning.add_argument("--no-baseline", action="store_true", help="leave out the rope row run on the same cases")
+    tuning.add_argument("--model", default="default", help="'default', a local path or a HF id")
+    tuning.add_argument("--samples", type=positive, default=20, help="cases per setting (default 20)")
+    tuning.add_argument("--batch-size", type=positive, default=1, help="cases decoded together (default 1)")
+    tuning.add_argument("--limit", type=positive, help="run at most this many new cases")
+    tuning.add_argument("--training-window", type=positive, help=TRAINING_WINDOW_HELP)
+    tuning.add_argument("--out", help="results folder; a rerun resumes it (default runs/tune_METHOD)")
+    tuning.set_defaults(run=_tune)
+
+    calibration = commands.add_parser("calibrate", help="DPE's pair importance and group-scale search on a model (resumable)")
+    calibration.add_argument("method", help="dpe")
+    calibration.add_argument("--model", default="default", help="'default', a local path or a HF id")
+    calibration.add_argument("--length", default="8k", help="the target length the scales are searched for (default 8k)")
+    calibration.add_argument("--samples", type=positive, default=10, help="probe cases per setting (default 10)")
+    calibration.add_argument("--importance-samples", type=positive, default=10, help="texts per length for pair importance (default 10, as DPE)")
+    calibration.add_argument("--local-window", type=positive, default=1024, help="DPE's w (default 1024)")
+    calibration.add_argument("--top-k", type=int, help="pairs changed per head (default: 3/4 of the rotary pairs, the paper's 48 of 64; "
+                             "0: every pair, no importance measurement)")
+    calibration.add_argument("--groups", type=positive, default=8, help="frequency groups (default 8)")
+    calibration.add_argument("--task", default="ruler:niah_multivalue", help="the probe (default ruler:niah_multivalue: 4 values, fraction found)")
+    calibration.add_argument("--batch-size", type=positive, default=1, help="cases decoded together (default 1)")
+    calibration.add_argument("--training-window", type=positive, help=TRAINING_WINDOW_HELP)
+    calibration.add_argument("--out", help="results folder; a rerun resumes it (default runs/calibrate_dpe_LENGTH)")
+    calibration.set_defaults(run=_calibrate)
 
     listing = commands.add_parser("methods", help="every method: paper, what it changes, parameters with defaults and ranges")
     listing.set_defaults(run=_methods)

@@ -84,3 +84,51 @@ def panels(series: dict, title: str, path: Path, xlabel: str, marks: dict[str, f
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def intervals(labels: list[str], scores: list[float], bounds: list[tuple[float, float]], title: str, path: Path,
+              xlabel: str = "score") -> Path:
+    """One row per label: the score with its interval as a horizontal error bar (best at the top when sorted so)."""
+    fig, ax = plt.subplots(figsize=(8, 0.35 * len(labels) + 1.6))
+    y = np.arange(len(labels))[::-1]
+    low = [s - lo if lo == lo else 0 for s, (lo, _) in zip(scores, bounds)]
+    high = [hi - s if hi == hi else 0 for s, (_, hi) in zip(scores, bounds)]
+    ax.errorbar(scores, y, xerr=[low, high], fmt="o", capsize=3)
+    ax.set_yticks(y, labels, fontsize=7)
+    ax.set_xlim(-2, 102)
+    ax.set_xlabel(xlabel)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3, axis="x")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def sweeps(series: dict[str, tuple[list[float], list[float], list[tuple[float, float]]]], title: str, path: Path,
+           xlabel: str, marks: dict[str, float] | None = None) -> Path:
+    """Small multiples of score against a parameter on a log2 axis: ``series[panel] = (x, y, intervals)``;
+    ``marks[panel]`` draws a vertical line (the chosen value)."""
+    names = list(series)
+    columns = min(4, len(names))
+    rows = -(-len(names) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 2.6 * rows + 0.6), squeeze=False, sharey=True)
+    for ax, name in zip(axes.flat, names):
+        x, y, bounds = series[name]
+        low = [v - lo if lo == lo else 0 for v, (lo, _) in zip(y, bounds)]
+        high = [hi - v if hi == hi else 0 for v, (_, hi) in zip(y, bounds)]
+        ax.errorbar(x, y, yerr=[low, high], fmt="o-", capsize=3, linewidth=1.2)
+        if marks and name in marks:
+            ax.axvline(marks[name], color="black", linestyle=":", linewidth=1)
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(-2, 102)
+        ax.set_title(name, fontsize=9)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(names):]:
+        ax.axis("off")
+    fig.suptitle(title, fontsize=10)
+    fig.supxlabel(xlabel, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

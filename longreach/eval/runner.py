@@ -81,7 +81,8 @@ class MethodSpec:
 
     @property
     def label(self) -> str:
-        return self.name + (":" + ",".join(f"{k}={v}" for k, v in self.params) if self.params else "")
+        text = lambda v: ";".join(map(str, v)) if isinstance(v, tuple) else str(v)  # as parse reads it back
+        return self.name + (":" + ",".join(f"{k}={text(v)}" for k, v in self.params) if self.params else "")
 
 
 def _value(text: str):

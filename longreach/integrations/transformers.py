@@ -99,6 +99,39 @@ def probing(rows: torch.Tensor, top_k: int):
         _probe.reset(token)
 
 
+_importance: contextvars.ContextVar = contextvars.ContextVar("longreach_pair_importance", default=None)
+
+
+@contextlib.contextmanager
+def pair_importance():
+    """Record, per layer, DPE's importance of each rotary pair in each query head during prefill: the mean
+    over the real tokens of ``|q_p| |k_p|`` (each pair's 2-D norm, which RoPE's rotation leaves unchanged;
+    a key/value head serves its group of query heads), as LuLuLuyi/DPE ``qk_2_norm_select_dim.py``.
+
+    Yields a dict ``{layer index: [batch, query heads, pairs] tensor}`` filled by the forward pass.
+    """
+    record: dict[int, torch.Tensor] = {}
+    token = _importance.set(record)
+    try:
+        yield record
+    finally:
+        _importance.reset(token)
+
+
+def _pair_norms(x: torch.Tensor, pairs: int) -> torch.Tensor:
+    """``[..., D]`` -> ``[..., pairs]``: the norm of each rotary pair ``(x_p, x_{p + pairs})`` in float32."""
+    x = x.float()
+    return torch.hypot(x[..., :pairs], x[..., pairs : 2 * pairs])
+
+
+def _record_importance(record: dict, layer: int, query: torch.Tensor, key: torch.Tensor, pairs: int, padding) -> None:
+    q_norms = _pair_norms(query, pairs)  # [B, Hq, L, P]
+    k_norms = _pair_norms(key, pairs).repeat_interleave(query.shape[1] // key.shape[1], dim=1)
+    weight = torch.ones(query.shape[0], query.shape[2], device=query.device) if padding is None else padding.float()
+    products = (q_norms * k_norms * weight[:, None, :, None]).sum(2)
+    record[layer] = (products / weight.sum(-1)[:, None, None]).cpu()
+
+
 def training_window(config) -> int:
     """``L``: the text config's ``max_position_embeddings``, what the model was trained or tuned for.
 
@@ -413,6 +446,8 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
             query, key, value, state.parts(getattr(module, "layer_idx", None)), inv_freq, scaling=scaling, key_padding=keys.padding,
             sliding_window=sliding_window, logit_scale=logit_scale, positions=keys.positions, drop=rates, backend=state.backend,
         )
+    if (importance := _importance.get()) is not None and q_len == keys.count:
+        _record_importance(importance, module.layer_idx, query, key, inv_freq.shape[-1], keys.padding)
     if (probe := _probe.get()) is not None and q_len == keys.count:
         _record(probe, state.method, module, query, key, inv_freq, scaling, keys, sliding_window, logit_scale, rates)
     return out, None

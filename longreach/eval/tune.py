@@ -1,0 +1,133 @@
+"""``longreach tune``: a method's parameters chosen by measurement -- a grid of settings, each run on a task
+at one length through the ordinary resumable runner, scored with intervals, the best printed as the
+``apply`` line to use.
+
+The table keeps every setting with its n and 95% interval, and names the settings whose interval
+overlaps the best one's: at small n these cannot be told apart, and the README says so wherever a
+"best" setting is quoted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import mean
+
+from .. import plots
+from . import runner, stats
+from .runner import MethodSpec
+
+
+def parse_grid(items: list[str]) -> dict[str, list]:
+    """``["shift=1024,2048", "local_window=64"]`` -> ``{"shift": [1024, 2048], "local_window": [64]}``."""
+    grid = {}
+    for item in items:
+        name, sep, values = item.partition("=")
+        name = name.strip()
+        if not sep or not name or not values.strip(","):
+            raise ValueError(f"--grid {item!r} must look like name=value1,value2 (e.g. shift=1024,2048)")
+        if name in grid:
+            raise ValueError(f"--grid names {name!r} twice; give all its values in one name=value1,value2")
+        grid[name] = [runner._value(v.strip()) for v in values.split(",") if v.strip()]
+    if not grid:
+        raise ValueError("--grid is empty: give e.g. shift=1024,2048 local_window=64,128")
+    return grid
+
+
+def settings(method: str, grid: dict[str, list], fixed: dict | None = None) -> list[MethodSpec]:
+    """One method spec per combination of the grid's values (the last parameter varies fastest)."""
+    fixed = dict(fixed or {})
+    if overlap := sorted(set(fixed) & set(grid)):
+        raise ValueError(f"{', '.join(overlap)} is both fixed and in the grid; give it once")
+    return [MethodSpec(method, tuple(sorted({**fixed, **dict(zip(grid, values))}.items())))
+            for values in itertools.product(*grid.values())]
+
+
+@dataclass
+class Row:
+    """One setting's cases: its label, parameters, the scores and their summary."""
+
+    label: str
+    params: dict
+    scores: list[float]
+
+    @property
+    def n(self) -> int:
+        return len(self.scores)
+
+    @property
+    def score(self) -> float:
+        return mean(self.scores) if self.scores else float("nan")
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return stats.interval(self.scores) if self.scores else (float("nan"), float("nan"))
+
+
+def rows(out: Path, specs: list[MethodSpec], task: str, length: int) -> list[Row]:
+    """The scores of every spec at ``task`` and ``length`` in ``out``'s results (errors left out)."""
+    records = [r for r in runner.read_results(out / runner.RESULTS)
+               if r["task"] == task and r["length"] == length and not r.get("error")]
+    return [Row(spec.label, dict(spec.params), [r["score"] for r in records if r["method"] == spec.label]) for spec in specs]
+
+
+def best(candidates: list[Row]) -> Row:
+    """The highest mean score (ties: more cases, then the earlier setting)."""
+    scored = [row for row in candidates if row.n]
+    if not scored:
+        raise ValueError("no setting has a finished case yet: run (or resume) the grid first")
+    return max(scored, key=lambda row: (row.score, row.n, -candidates.index(row)))
+
+
+def apply_line(method: str, params: dict) -> str:
+    """The Python line that applies a setting."""
+    arguments = "".join(f", {k}={tuple(v) if isinstance(v, (list, tuple)) else v!r}" for k, v in params.items())
+    return f'longreach.apply(model, "{method}"{arguments})'
+
+
+def _interval_text(row: Row) -> str:
+    low, high = row.interval
+    return "[?]" if low != low else f"[{low:.0f}, {high:.0f}]"
+
+
+def markdown(title: str, table: list[Row], winner: Row, method: str) -> str:
+    """The table of settings with n and intervals, the best, and which settings it cannot be told from."""
+    lines = [f"## {title}", "", "| setting | score | 95% interval | n |", "|---|---|---|---|"]
+    for row in table:
+        mark = " **best**" if row is winner else ""
+        lines.append(f"| `{row.label}`{mark} | {row.score:.1f} | {_interval_text(row)} | {row.n} |")
+    low = winner.interval[0]
+    close = [row.label for row in table if row is not winner and row.n and not (row.interval[1] < low)]
+    lines += ["", f"Best: `{apply_line(method, winner.params)}` ({winner.score:.1f}, n = {winner.n})."]
+    if close:
+        lines.append(f"Not separable from it at this n (intervals overlap): {', '.join(f'`{c}`' for c in close)}.")
+    return "\n".join(lines) + "\n"
+
+
+def plot(table: list[Row], title: str, path: Path) -> Path:
+    """Score per setting with its 95% interval."""
+    return plots.intervals([row.label for row in table], [row.score for row in table], [row.interval for row in table], title, path)
+
+
+def run(model: str, method: str, grid: dict[str, list], task: str, length: int, samples: int, out: Path,
+        fixed: dict | None = None, baseline: str | None = "rope", training_window: int | None = None,
+        batch_size: int = 1, limit: int | None = None, loaded=None) -> tuple[list[Row], Row, str]:
+    """Run the grid (resuming ``out``), write ``tune.md``, ``tune.json`` and ``tune.png``; return (rows, best, markdown)."""
+    specs = settings(method, grid, fixed)
+    extra = [MethodSpec.parse(baseline)] if baseline else []
+    evaluation = runner.Grid(model, [task], specs + extra, [length], [0.5], samples, training_window)
+    runner.run(evaluation, out, limit=limit, loaded=loaded, batch_size=batch_size)
+    table = rows(out, specs + extra, task, length)
+    winner = best(table[: len(specs)])
+    title = f"{method} on {task} at {length} tokens ({samples} cases per setting)"
+    text = markdown(title, table, winner, method)
+    (out / "tune.md").write_text(text, encoding="utf-8")
+    (out / "tune.json").write_text(json.dumps({
+        "method": method, "task": task, "length": length, "grid": grid, "fixed": fixed or {},
+        "rows": [{"label": r.label, "params": r.params, "score": r.score, "interval": list(r.interval), "n": r.n} for r in table],
+        "best": {"label": winner.label, "params": winner.params, "apply": apply_line(method, winner.params)},
+    }, indent=1, default=list) + "\n", encoding="utf-8")
+    plot(table, title, out / "tune.png")
+    return table, winner, text

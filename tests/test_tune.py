@@ -1,0 +1,108 @@
+"""`longreach tune` and `longreach calibrate dpe` end to end on tiny models, and their pieces."""
+
+import json
+
+import pytest
+import torch
+from conftest import TINY_VOCAB, byte_tokenizer, tiny_model
+from safetensors.torch import load_file
+
+import longreach
+from longreach import cli
+from longreach.eval import calibrate, runner, tune
+from longreach.integrations.transformers import pair_importance
+
+
+def test_grids_parse_and_expand_with_clear_errors():
+    grid = tune.parse_grid(["shift=100,200", "local_window=8,16"])
+    assert grid == {"shift": [100, 200], "local_window": [8, 16]}
+    labels = [spec.label for spec in tune.settings("string", grid, {"mscale": True})]
+    assert labels == ["string:local_window=8,mscale=True,shift=100", "string:local_window=16,mscale=True,shift=100",
+                      "string:local_window=8,mscale=True,shift=200", "string:local_window=16,mscale=True,shift=200"]
+    assert runner.MethodSpec.parse(labels[1]).label == labels[1]  # labels read back as they are written
+    for items, message in ((["shift"], "must look like name=value1,value2"), (["shift=1", "shift=2"], "names 'shift' twice"), ([], "empty")):
+        with pytest.raises(ValueError, match=message):
+            tune.parse_grid(items)
+    with pytest.raises(ValueError, match="shift is both fixed and in the grid"):
+        tune.settings("string", {"shift": [1]}, {"shift": 2})
+
+
+def test_the_best_setting_and_the_ones_it_cannot_be_told_from():
+    rows = [tune.Row("a", {"shift": 1}, [100.0] * 2 + [0.0] * 8), tune.Row("b", {"shift": 2}, [100.0] * 9 + [0.0]),
+            tune.Row("c", {"shift": 3}, [100.0] * 8 + [0.0] * 2), tune.Row("d", {"shift": 4}, [])]
+    assert tune.best(rows).label == "b"
+    text = tune.markdown("t", rows, tune.best(rows), "string")
+    assert "`b` **best** | 90.0 | [60, 98] | 10" in text and 'longreach.apply(model, "string", shift=2)' in text
+    assert "intervals overlap): `c`." in text  # a is below b's interval; d has no cases
+    with pytest.raises(ValueError, match="no setting has a finished case"):
+        tune.best([tune.Row("x", {}, [])])
+
+
+def tiny(window=1024):
+    return tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=window), byte_tokenizer()
+
+
+def test_tune_runs_the_grid_through_the_runner_and_resumes(tmp_path):
+    loaded = tiny()
+    args = ("tiny", "string", {"shift": [300, 500]}, "passkey", 700, 2, tmp_path, {"local_window": 8})
+    table, winner, text = tune.run(*args, loaded=loaded)
+    assert [row.label for row in table] == ["string:local_window=8,shift=300", "string:local_window=8,shift=500", "rope"]
+    assert all(row.n == 2 for row in table) and winner in table[:2]
+    records = runner.read_results(tmp_path / runner.RESULTS)
+    assert len(records) == 6 and {r["resolved"] for r in records} >= {"string(shift=500, local_window=8, mscale=False) [L=1024]"}
+    saved = json.loads((tmp_path / "tune.json").read_text())
+    assert saved["best"]["apply"] == tune.apply_line("string", winner.params) and len(saved["rows"]) == 3
+    assert (tmp_path / "tune.png").stat().st_size > 0 and (tmp_path / "tune.md").read_text() == text
+    tune.run(*args, loaded=loaded)  # a rerun finds every case done
+    assert len((tmp_path / runner.RESULTS).read_text().splitlines()) == 6
+
+
+@torch.no_grad()
+def test_pair_importance_is_the_mean_product_of_pair_norms():
+    """Layer 0 by hand: q and k projections of the normed embeddings, before RoPE (which keeps pair norms)."""
+    model, _ = tiny()
+    longreach.apply(model, "rope")
+    x = torch.randint(3, 97, (1, 30))
+    with pair_importance() as record:
+        model(x)
+    layer = model.model.layers[0]
+    hidden = layer.input_layernorm(model.model.embed_tokens(x))
+    q = layer.self_attn.q_proj(hidden).view(1, 30, 4, 16)
+    k = layer.self_attn.k_proj(hidden).view(1, 30, 2, 16).repeat_interleave(2, dim=2)
+    norms = lambda t: torch.hypot(t[..., :8], t[..., 8:])
+    want = (norms(q) * norms(k)).mean(1)  # [1, heads, pairs]
+    assert sorted(record) == [0, 1] and torch.allclose(record[0], want, atol=1e-5)
+
+
+def test_calibrate_measures_importance_sweeps_each_group_and_checks_the_combination(tmp_path):
+    loaded = tiny()
+    result = calibrate.calibrate("tiny", 2048, tmp_path, samples=1, local_window=64, top_k=4, importance_samples=2, groups=4,
+                                 training_window=512, loaded=loaded)
+    assert calibrate.importance_lengths(512) == [512] and calibrate.importance_lengths(8192) == [2048, 4096, 8192]
+    assert result["sweep_values"] == [1, 2] and result["others_at"] == 8
+    importance = load_file(str(tmp_path / "dimensions.safetensors"))["importance"]
+    assert importance.shape == (2, 4, 8) and bool((importance > 0).all())
+    assert sorted(p.name for p in (tmp_path / "importance").iterdir()) == ["512_0.safetensors", "512_1.safetensors"]
+    assert all(len(rows) == 2 and all(r["n"] == 1 for r in rows) for rows in result["groups"].values())
+    assert len(result["group_scales"]) == 4 and set(result["group_scales"]) <= {1, 2}
+    assert [row["label"].split(":")[0] for row in result["check"]] == ["dpe", "rope"] and all(row["n"] == 1 for row in result["check"])
+    assert result["apply"].startswith('longreach.apply(model, "dpe", group_scales=(') and "top_k=4" in result["apply"]
+    for name in ("calibration.md", "calibration.json", "calibration.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert len(runner.read_results(tmp_path / runner.RESULTS)) == 4 * 2 + 2  # no swept setting has every group at 8
+    model, _ = loaded
+    exec(result["apply"], {"longreach": longreach, "model": model})  # the printed line works as it is
+    assert longreach.describe(model).startswith("dpe(group_scales=")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["tune", "yarn", "--grid", "factor=2"], "tune takes a position method"),
+    (["tune", "string", "--grid", "shift"], "must look like name=value1,value2"),
+    (["tune", "string", "--grid", "shift=1", "--task", "nope"], "unknown task 'nope'"),
+    (["tune", "string", "--grid", "shift=1", "--length", "4k,8k"], "gives 2 lengths: give one"),
+    (["calibrate", "string"], "calibrate measures DPE's settings"),
+])
+def test_command_errors_are_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit:
+        cli.main(argv)
+    assert message in str(exit.value) and "\n" not in str(exit.value)
