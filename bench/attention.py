@@ -24,6 +24,9 @@ import time
 from results import write_section
 
 METHODS = {"rope": {}, "string": {}, "rerope": {}, "self_extend": {}, "dca": {}}  # defaults for L = n
+LLAMA_3_SCALES = (4, 4, 2, 16, 32, 32, 16, 128)  # DPE's published Llama-3-8B-Instruct setting (w = 1024)
+DPES = {"dpe": {"top_k": None},  # every pair: one shift per frequency group
+        "dpe_top_k": {"top_k": "3/4"}}  # 3/4 of the pairs per head (the paper's 48 of 64), chosen at random here
 DROPS = {"drop": {"rate": 0.3}, "dynamic_drop": {}}  # DA at 0.3 on every row; DDA with L = n/2 (half the rows beyond it)
 
 
@@ -46,6 +49,11 @@ def case(method: str, n: int, heads: int, dim: int, decode: bool, device: str = 
         rates = drop.create(method, **DROPS[method]).rates(positions, n // 2, generated=decode)
         parts = create("rope", training_window=n).parts()
         return (lambda: kernel.attention(q, k, v, parts, inv_freq, drop=rates)), inputs
+    if method in DPES:
+        pairs, top_k = dim // 2, DPES[method]["top_k"]
+        chosen = {"top_k": None} if top_k is None else {"top_k": 3 * pairs // 4, "dimensions": torch.rand(1, heads, pairs, generator=generator)}
+        parts = create("dpe", training_window=n, group_scales=LLAMA_3_SCALES, **chosen).layer_parts(0)
+        return (lambda: kernel.attention(q, k, v, parts, inv_freq)), inputs
     parts = create(method, training_window=n, **METHODS[method]).parts()
     return (lambda: kernel.attention(q, k, v, parts, inv_freq)), inputs
 
@@ -116,7 +124,7 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds after the warm-up (medians)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of: " + ", ".join([*METHODS, *DROPS]))
+    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of: " + ", ".join([*METHODS, *DPES, *DROPS]))
     parser.add_argument("--decode", action="store_true", help="one query against n cached keys instead of the causal prefill")
     parser.add_argument("--memory", action="store_true", help="peak memory, each method in its own process, instead of time")
     parser.add_argument("--write", action="store_true", help="also write the table into its section of bench/RESULTS.md")
@@ -127,15 +135,16 @@ def main() -> None:
         return
     lengths = [int(x) for x in args.lengths.split(",")]
     methods = args.methods.split(",")
-    unknown = sorted(set(methods) - set(METHODS) - set(DROPS))
+    unknown = sorted(set(methods) - set(METHODS) - set(DPES) - set(DROPS))
     if unknown:
-        parser.error(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join([*METHODS, *DROPS])}")
+        parser.error(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join([*METHODS, *DPES, *DROPS])}")
     if args.device != "cpu" and not args.memory:
         parser.error("--device: timing runs on cpu only here; use --memory for other devices")
     what = "decoding step (1 query against n cached keys)" if args.decode else "causal prefill"
     header = (f"{'Peak memory' if args.memory else 'Time'}, {what}: fp32, batch 1, {args.heads} heads, head dim {args.dim}, "
               f"{args.device} ({platform.processor() or platform.machine()}, {os.cpu_count()} cores). "
-              "drop: DA at rate 0.3 on every row; dynamic_drop: DDA (0.15, +0.05 per 1000 tokens, max 0.3) with L = n/2.")
+              "drop: DA at rate 0.3 on every row; dynamic_drop: DDA (0.15, +0.05 per 1000 tokens, max 0.3) with L = n/2. "
+              "dpe: Llama-3-8B's published scales, w = 1024, every pair; dpe_top_k: 3/4 of the pairs per head.")
     print(header, flush=True)
     if args.memory:
         rows = memory_table(lengths, methods, args.heads, args.dim, args.decode, args.device)
@@ -144,6 +153,8 @@ def main() -> None:
     if args.write:
         command = " ".join(["python bench/attention.py", *(a for a in sys.argv[1:] if a != "--write")])
         title = f"Attention, {what}, {'peak memory' if args.memory else 'time'}, n = {args.lengths}, {args.heads} heads"
+        if args.methods != parser.get_default("methods"):
+            title += f", {args.methods}"
         write_section(title, f"`{command}`\n\n{header}\n\n" + "\n".join(rows))
 
 

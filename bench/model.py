@@ -22,6 +22,7 @@ from transformers import DynamicCache
 
 import longreach
 from longreach import models
+from longreach.eval.runner import MethodSpec
 from results import write_section
 
 METHODS = ["rope", "string", "rerope", "self_extend", "dca"]
@@ -29,10 +30,11 @@ STOCK = "sdpa (stock)"
 
 
 def switch(model, method: str) -> None:
+    """Stock attention, or a method as the command line writes it (``dpe:group_scales=2;4,...``)."""
     if method == STOCK:
         longreach.remove(model)
     else:
-        longreach.apply(model, method)
+        MethodSpec.parse(method).apply(model, longreach.training_window(model.config))
 
 
 def timed(run) -> float:
@@ -85,11 +87,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="prefill / generate rounds (medians)")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens for the generate timing (0: skip it)")
     parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--method", action="append", default=[], help="one more method with parameters, repeatable, "
+                        "e.g. dpe:group_scales=2;2;2;2;2;2;2;2,top_k=24,dimensions=runs/calibrate_dpe_8k/dimensions.safetensors")
     parser.add_argument("--write", action="store_true", help="also write the tables into their section of bench/RESULTS.md")
     args = parser.parse_args()
     model, _ = models.load("default")
     ids = torch.randint(100, 20000, (1, args.length), generator=torch.Generator().manual_seed(0))
-    methods = [STOCK, *args.methods.split(",")]
+    methods = [STOCK, *filter(None, args.methods.split(",")), *args.method]
     header = (f"SmolLM2-135M-Instruct (30 layers, 9 query / 3 KV heads), fp32, batch 1, {args.length} tokens, "
               f"{platform.processor() or platform.machine()} with {os.cpu_count()} cores, torch {torch.__version__}; "
               f"L = {longreach.integrations.transformers.training_window(model.config)} (each method's defaults).")
@@ -103,8 +107,10 @@ def main() -> None:
         lines += [""] + table(f"generate {args.new_tokens} tokens after {args.length} ({args.rounds} rounds)", generate, 1, "s")
     print("\n".join(lines[-2 * len(methods) - 5:]), flush=True)
     if args.write:
-        command = f"`python bench/model.py --length {args.length} --steps {args.steps} --rounds {args.rounds} --new-tokens {args.new_tokens}`"
-        write_section(f"End to end, the default model at {args.length} tokens", f"{command}\n\n{header}\n\n" + "\n".join(lines))
+        extra = "".join(f" --methods {args.methods}" if args.methods != ",".join(METHODS) else "") + "".join(f" --method '{m}'" for m in args.method)
+        command = f"`python bench/model.py --length {args.length} --steps {args.steps} --rounds {args.rounds} --new-tokens {args.new_tokens}{extra}`"
+        title = f"End to end, the default model at {args.length} tokens" + (", " + ", ".join(methods[1:]) if extra else "")
+        write_section(title, f"{command}\n\n{header}\n\n" + "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -213,7 +213,7 @@ def _tune(args: argparse.Namespace) -> None:
     _, winner, text = tune.run(args.model, args.method, grid, args.task, length, args.samples, out, fixed,
                                None if args.no_baseline else "rope", args.training_window, args.batch_size, args.limit)
     print(text)
-    print(f"table, tune.json and tune.png in {out}/")
+    print(f"tune_{args.method}.md, .json and .png in {out}/")
 
 
 def _calibrate(args: argparse.Namespace) -> None:

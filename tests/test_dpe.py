@@ -94,17 +94,18 @@ def test_other_pairs_change_other_logits_and_top_k_picks_the_most_important():
     assert (outputs[0] - outputs[1]).abs().max() > 1e-3
 
 
-def test_keys_are_repeated_per_query_head_only_when_a_group_disagrees(monkeypatch):
+def test_keys_are_repeated_per_query_head_only_in_prefill_and_only_when_a_group_disagrees(monkeypatch):
+    """Decoding steps put the moved and the plain keys side by side instead (kernel._augmented)."""
     repeats = []
     expand = kernel._expand_heads
     monkeypatch.setattr(kernel, "_expand_heads", lambda x, heads: repeats.append(heads) or expand(x, heads))
     q, k, v = torch.randn(1, 4, 30, 16), torch.randn(1, 2, 30, 16), torch.randn(1, 2, 30, 16)
     inv_freq = 1.0 / (10000 ** (torch.arange(0, 16, 2) / 16))
     agreeing = torch.tensor([[1, 0, 1, 1, 0, 0, 1, 0], [0, 1, 1, 0, 1, 1, 0, 0]], dtype=torch.bool).repeat_interleave(2, 0)[None]
-    for dimensions, expected in ((agreeing, []), (torch.rand(1, 4, 8), [4, 4])):
+    for dimensions, q_len, expected in ((agreeing, 30, []), (torch.rand(1, 4, 8), 30, [4, 4]), (torch.rand(1, 4, 8), 1, [])):
         repeats.clear()
         method = create("dpe", training_window=40, group_scales=(2, 4), local_window=5, top_k=4, dimensions=dimensions)
-        kernel.attention(q, k, v, method.layer_parts(0), inv_freq, backend="math")
+        kernel.attention(q[:, :, -q_len:], k, v, method.layer_parts(0), inv_freq)
         assert repeats == expected
 
 

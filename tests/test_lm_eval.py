@@ -123,6 +123,15 @@ def test_method_parameters_are_split_from_lm_evals_and_checked_before_loading(se
     assert not loaded  # the method was checked on an empty model, before any weight was read
 
 
+def test_model_arguments_given_as_text_are_read_as_the_command_line_reads_them():
+    """lm-eval's --model_args hands lists and None on as strings (DPE's scales, drop layers)."""
+    from longreach.lm_eval import _claim
+
+    arguments = {"group_scales": "2;4;1;8", "top_k": "none", "local_window": 16, "batch_size": 2}
+    assert _claim("dpe", "method", arguments) == {"group_scales": (2, 4, 1, 8), "top_k": None, "local_window": 16}
+    assert arguments == {"batch_size": 2}
+
+
 def run_cli(*args: str, cwd) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
     return subprocess.run([sys.executable, "-m", "longreach.lm_eval", *args], capture_output=True, text=True, cwd=cwd, env=env)

@@ -50,9 +50,9 @@ def test_tune_runs_the_grid_through_the_runner_and_resumes(tmp_path):
     assert all(row.n == 2 for row in table) and winner in table[:2]
     records = runner.read_results(tmp_path / runner.RESULTS)
     assert len(records) == 6 and {r["resolved"] for r in records} >= {"string(shift=500, local_window=8, mscale=False) [L=1024]"}
-    saved = json.loads((tmp_path / "tune.json").read_text())
+    saved = json.loads((tmp_path / "tune_string.json").read_text())
     assert saved["best"]["apply"] == tune.apply_line("string", winner.params) and len(saved["rows"]) == 3
-    assert (tmp_path / "tune.png").stat().st_size > 0 and (tmp_path / "tune.md").read_text() == text
+    assert (tmp_path / "tune_string.png").stat().st_size > 0 and (tmp_path / "tune_string.md").read_text() == text
     tune.run(*args, loaded=loaded)  # a rerun finds every case done
     assert len((tmp_path / runner.RESULTS).read_text().splitlines()) == 6
 

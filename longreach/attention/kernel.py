@@ -71,7 +71,10 @@ def attention(
     if q_heads % key.shape[1]:
         raise ValueError(f"query heads ({q_heads}) must be a multiple of key/value heads ({key.shape[1]})")
     offset = kv_len - q_len
-    key, value = _heads_for_pairs(parts, key, value, q_heads)
+    split = _pairs_split_groups(parts, key.shape[1], q_heads)
+    if split and (q_len > SMALL_QUERY or (drop is not None and bool((drop > 0).any()))):
+        key, value = _expand_heads(key, q_heads), _expand_heads(value, q_heads)  # prefill: as DPE's official code
+    augment = split and key.shape[1] < q_heads  # decoding: two key sets side by side, see _augmented
     if drop is not None and bool((drop > 0).any()):
         common = dict(scaling=scaling, key_padding=key_padding, sliding_window=sliding_window, logit_scale=logit_scale,
                       positions=positions)
@@ -93,9 +96,12 @@ def attention(
         lo, hi = part.min_distance, _upper_bound(part, sliding_window)
         if hi is not None and hi <= lo:
             continue
-        q = _shifted(query, part.query_shift, q_positions, inv_freq, part.pairs)
-        if (k := shifted_keys.get((id(part.key_shift), id(part.pairs)))) is None:  # parts sharing a key shift (DCA's three) rotate once
-            k = shifted_keys[id(part.key_shift), id(part.pairs)] = _shifted_keys(key, part.key_shift, positions, inv_freq, part.pairs)
+        if augment and part.pairs is not None:
+            q, k = _augmented(query, key, part, q_positions, positions, inv_freq)
+        else:
+            q = _shifted(query, part.query_shift, q_positions, inv_freq, part.pairs)
+            if (k := shifted_keys.get((id(part.key_shift), id(part.pairs)))) is None:  # parts sharing a key shift (DCA's three) rotate once
+                k = shifted_keys[id(part.key_shift), id(part.pairs)] = _shifted_keys(key, part.key_shift, positions, inv_freq, part.pairs)
         structured = whole_blocks and key_padding is None and part.key_span is None and q_len > SMALL_QUERY
         if block is flex.part_attention:
             span = None if part.key_span is None else (*part.key_span(q_positions), positions)
@@ -183,8 +189,9 @@ def _run(plans, block, scaling, value, shifted):
 
     out = lse = None  # allocated at the first block that covers only some rows; a whole first block is taken as it is
     for plan, q, k in zip(plans, shifted[0::2], shifted[1::2]):
+        run = _block_for(block, q, value)
         for b in plan():
-            part_out, part_lse = block(q[:, :, b.rows], k[:, :, b.keys], value[:, :, b.keys], b.mask, b.causal, scaling)
+            part_out, part_lse = run(q[:, :, b.rows], k[:, :, b.keys], value[:, :, b.keys], b.mask, b.causal, scaling)
             if isinstance(b.mask, torch.Tensor):
                 part_out, part_lse = _with_empty_rows(part_out, part_lse, b.mask)
             whole = b.rows == slice(0, q_len)
@@ -198,6 +205,12 @@ def _run(plans, block, scaling, value, shifted):
             else:
                 out[:, :, b.rows], lse[:, :, b.rows] = merge(out[:, :, b.rows], lse[:, :, b.rows], part_out, part_lse)
     return (out, lse) if out is not None else nothing_attended()  # no part reaches any key
+
+
+def _block_for(block: Callable, q: torch.Tensor, value: torch.Tensor) -> Callable:
+    """The backend for a part: the chosen one, or the math backend where query and key are wider than the
+    value (DPE's side-by-side keys, :func:`_augmented`), which the flash kernels refuse and FlexAttention takes."""
+    return block if q.shape[-1] == value.shape[-1] or block is flex.part_attention else _math
 
 
 class _PartsAttention(torch.autograd.Function):
@@ -227,8 +240,9 @@ class _PartsAttention(torch.autograd.Function):
         for index, plan in enumerate(ctx.plans):
             q, k = shifted[2 * index], shifted[2 * index + 1]
             grad_q, grad_k = grads[2 * index], grads[2 * index + 1]
+            backward = ctx.backward if q.shape[-1] == value.shape[-1] else _math_backward
             for b in plan():
-                dq, dk, dv = ctx.backward(grad_out[:, :, b.rows], q[:, :, b.rows], k[:, :, b.keys], value[:, :, b.keys],
+                dq, dk, dv = backward(grad_out[:, :, b.rows], q[:, :, b.rows], k[:, :, b.keys], value[:, :, b.keys],
                                           out[:, :, b.rows], lse[:, :, b.rows], b.mask, b.causal, ctx.scaling)
                 grad_q[:, :, b.rows] += dq
                 grad_k[:, :, b.keys] += dk
@@ -290,7 +304,8 @@ def attention_probabilities(query, key, parts, inv_freq, rows, scaling=None, key
     the arguments mean what they mean in :func:`attention`. ``DROP_TILE`` rows at a time.
     """
     query, key, scaling, positions = _prepare(query, key, inv_freq, scaling, logit_scale, positions)
-    key, _ = _heads_for_pairs(parts, key, key, query.shape[1])
+    if _pairs_split_groups(parts, key.shape[1], query.shape[1]):
+        key = _expand_heads(key, query.shape[1])
     yield from row_probabilities(query, key, parts, inv_freq, rows, scaling, positions, key_padding, sliding_window, drop, DROP_TILE)
 
 
@@ -304,13 +319,11 @@ def _upper_bound(part: Part, sliding_window: int | None) -> int | None:
 def _shifted(x: torch.Tensor, shift, positions: torch.Tensor, inv_freq: torch.Tensor, pairs: torch.Tensor | None = None) -> torch.Tensor:
     """``x`` moved by a constant shift, or by ``shift(positions)`` per token (``[B, L]`` -> ``[B, 1, L]``);
     with ``pairs`` (``[query heads, rotary pairs]``), only the marked pairs of each head move."""
-    if pairs is not None:
-        angles = _shift_angles(shift, positions, inv_freq, compute_dtype(x.dtype)) if callable(shift) else \
-            rotation(shift, inv_freq, compute_dtype(x.dtype), x.device)
-        return apply_rotation(x, *_select_pairs(angles, pairs, x.shape[1]))
     if callable(shift):
-        return apply_rotation(x, *_shift_angles(shift, positions, inv_freq, compute_dtype(x.dtype)))
-    return rotate(x, shift, inv_freq) if shift else x
+        moved = apply_rotation(x, *_shift_angles(shift, positions, inv_freq, compute_dtype(x.dtype)))
+    else:
+        moved = rotate(x, shift, inv_freq) if shift else x
+    return moved if pairs is None else torch.where(_pair_dims(pairs, x.shape[1], x.shape[-1]), moved, x)
 
 
 def _shift_angles(shift, positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -328,37 +341,49 @@ def _shift_angles(shift, positions: torch.Tensor, inv_freq: torch.Tensor, dtype:
     return angle.cos().to(dtype), angle.sin().to(dtype)
 
 
-def _select_pairs(angles: tuple[torch.Tensor, torch.Tensor], pairs: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Angles ``[..., L, P]`` kept at the ``pairs [query heads, P]`` marked True and zero elsewhere, per head:
-    ``[B, heads, L, P]``. With fewer ``heads`` than query heads (a key/value head serves a group whose
-    marks agree, see :func:`_heads_for_pairs`), each group's first row is used."""
-    cos, sin = angles
-    marks = pairs.to(cos.device)[:: pairs.shape[0] // heads][None, :, None, :]
-    return torch.where(marks, cos, 1.0), torch.where(marks, sin, 0.0)
+def _pair_dims(pairs: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
+    """The dimensions ``[1, heads, 1, dim]`` of the rotary pairs marked in ``pairs [query heads, P]``
+    (both halves of each pair; never the dimensions without rotation). With fewer ``heads`` than query
+    heads (a key/value head serves a group whose marks agree), each group's first row is used."""
+    marks = pairs[:: pairs.shape[0] // heads]
+    rest = torch.zeros(heads, dim - 2 * marks.shape[-1], dtype=torch.bool, device=marks.device)
+    return torch.cat((marks, marks, rest), dim=-1)[None, :, None, :]
 
 
-def _heads_for_pairs(parts: Sequence[Part], key: torch.Tensor, value: torch.Tensor, q_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys and values repeated per query head when some part moves different pairs in query heads that share a
-    key/value head (DPE's per-head dimensions, as its official code does); as they are otherwise."""
-    kv_heads = key.shape[1]
-    if kv_heads == q_heads:
-        return key, value
+def _pairs_split_groups(parts: Sequence[Part], kv_heads: int, q_heads: int) -> bool:
+    """Whether some part moves different pairs in query heads that share a key/value head (DPE's per-head pairs)."""
     for part in parts:
         if part.pairs is not None:
             if part.pairs.shape[0] != q_heads:
                 raise ValueError(f"a part's pairs mark {part.pairs.shape[0]} heads; the model has {q_heads} query heads")
             groups = part.pairs.view(kv_heads, q_heads // kv_heads, -1)
             if not bool((groups == groups[:, :1]).all()):
-                return _expand_heads(key, q_heads), _expand_heads(value, q_heads)
-    return key, value
+                return True
+    return False
+
+
+def _augmented(query, key, part: Part, q_positions, positions, inv_freq) -> tuple[torch.Tensor, torch.Tensor]:
+    """Query heads with their own pairs against shared key/value heads, without repeating the keys.
+
+    Each query head's score is ``q_sel . k_moved + q_rest . k``: its marked pairs against the moved keys,
+    the rest against the keys as they are. Side by side, that is one dot product of ``[q_sel, q_rest]``
+    (``[B, Hq, Lq, 2D]``) with ``[k_moved, k]`` (``[B, Hkv, L, 2D]``, still one per key/value head): exact,
+    and for a decoding step far less traffic than keys and values repeated per query head. The value
+    keeps its dimension, so these blocks run on the math backend (see :func:`_run`).
+    """
+    moved_q = _shifted(query, part.query_shift, q_positions, inv_freq)
+    moved_k = _shifted_keys(key, part.key_shift, positions, inv_freq)
+    dims = _pair_dims(part.pairs, query.shape[1], query.shape[-1])
+    q = torch.cat((moved_q.masked_fill(~dims, 0.0), query.masked_fill(dims, 0.0)), dim=-1)
+    return q, torch.cat((moved_k, key), dim=-1)
 
 
 def _shifted_keys(key: torch.Tensor, shift, positions: torch.Tensor, inv_freq: torch.Tensor, pairs: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`_shifted` for keys, with the angles of a per-token shift taken from :data:`KEY_ROTATIONS`."""
     if not callable(shift):
         return _shifted(key, shift, positions, inv_freq, pairs)
-    angles = KEY_ROTATIONS.get(shift, positions, inv_freq, compute_dtype(key.dtype))
-    return apply_rotation(key, *(angles if pairs is None else _select_pairs(angles, pairs, key.shape[1])))
+    moved = apply_rotation(key, *KEY_ROTATIONS.get(shift, positions, inv_freq, compute_dtype(key.dtype)))
+    return moved if pairs is None else torch.where(_pair_dims(pairs, key.shape[1], key.shape[-1]), moved, key)
 
 
 class KeyRotations:
@@ -660,7 +685,8 @@ def _grouped_matmul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     groups = x.shape[1] // y.shape[1]
     if groups == 1:
         return x @ y
-    return (x.unflatten(1, (y.shape[1], groups)) @ y[:, :, None]).flatten(1, 2)
+    rows = x.shape[2]  # a group's query rows stacked: one matmul per key/value head (broadcasting y would copy it per query head)
+    return (x.unflatten(1, (y.shape[1], groups)).flatten(2, 3) @ y).unflatten(2, (groups, rows)).flatten(1, 2)
 
 
 def _scores(q, k, mask, causal, scaling, compute: torch.dtype) -> torch.Tensor:

@@ -44,7 +44,7 @@ class MethodSpec:
                 raise ValueError(f"method parameter {item!r} must look like name=value (in {text!r})")
             if key.strip() in params:
                 raise ValueError(f"method parameter {key.strip()!r} is given twice (in {text!r}); give it once")
-            params[key.strip()] = _value(value.strip())
+            params[key.strip()] = parse_value(value.strip())
         if not name.strip():
             raise ValueError(f"--method {text!r} names no method; see `longreach methods`")
         return cls(name.strip(), tuple(sorted(params.items())))
@@ -85,9 +85,9 @@ class MethodSpec:
         return self.name + (":" + ",".join(f"{k}={text(v)}" for k, v in self.params) if self.params else "")
 
 
-def _value(text: str):
+def parse_value(text: str):
     if ";" in text:  # a list, e.g. layers=0;1;2
-        return tuple(_value(item) for item in text.split(";") if item)
+        return tuple(parse_value(item) for item in text.split(";") if item)
     for convert in (int, float):
         try:
             return convert(text)

@@ -30,7 +30,7 @@ def parse_grid(items: list[str]) -> dict[str, list]:
             raise ValueError(f"--grid {item!r} must look like name=value1,value2 (e.g. shift=1024,2048)")
         if name in grid:
             raise ValueError(f"--grid names {name!r} twice; give all its values in one name=value1,value2")
-        grid[name] = [runner._value(v.strip()) for v in values.split(",") if v.strip()]
+        grid[name] = [runner.parse_value(v.strip()) for v in values.split(",") if v.strip()]
     if not grid:
         raise ValueError("--grid is empty: give e.g. shift=1024,2048 local_window=64,128")
     return grid
@@ -114,7 +114,9 @@ def plot(table: list[Row], title: str, path: Path) -> Path:
 def run(model: str, method: str, grid: dict[str, list], task: str, length: int, samples: int, out: Path,
         fixed: dict | None = None, baseline: str | None = "rope", training_window: int | None = None,
         batch_size: int = 1, limit: int | None = None, loaded=None) -> tuple[list[Row], Row, str]:
-    """Run the grid (resuming ``out``), write ``tune.md``, ``tune.json`` and ``tune.png``; return (rows, best, markdown)."""
+    """Run the grid (resuming ``out``), write ``tune_METHOD.md``, ``.json`` and ``.png``; return (rows, best, markdown).
+
+    Several methods may share one folder: their ``rope`` cases are then run once."""
     specs = settings(method, grid, fixed)
     extra = [MethodSpec.parse(baseline)] if baseline else []
     evaluation = runner.Grid(model, [task], specs + extra, [length], [0.5], samples, training_window)
@@ -123,11 +125,11 @@ def run(model: str, method: str, grid: dict[str, list], task: str, length: int, 
     winner = best(table[: len(specs)])
     title = f"{method} on {task} at {length} tokens ({samples} cases per setting)"
     text = markdown(title, table, winner, method)
-    (out / "tune.md").write_text(text, encoding="utf-8")
-    (out / "tune.json").write_text(json.dumps({
+    (out / f"tune_{method}.md").write_text(text, encoding="utf-8")
+    (out / f"tune_{method}.json").write_text(json.dumps({
         "method": method, "task": task, "length": length, "grid": grid, "fixed": fixed or {},
         "rows": [{"label": r.label, "params": r.params, "score": r.score, "interval": list(r.interval), "n": r.n} for r in table],
         "best": {"label": winner.label, "params": winner.params, "apply": apply_line(method, winner.params)},
     }, indent=1, default=list) + "\n", encoding="utf-8")
-    plot(table, title, out / "tune.png")
+    plot(table, title, out / f"tune_{method}.png")
     return table, winner, text

@@ -45,7 +45,11 @@ def _claim(name: str | None, role: str, arguments: dict) -> dict:
         return {}
     if name not in PARAMETERS:
         raise ValueError(f"{role}={name!r} is not a longreach method; choose from: {', '.join(PARAMETERS)}")
-    return {key: arguments.pop(key) for key in sorted(PARAMETERS[name] & set(arguments))}
+    from ..eval.runner import parse_value
+
+    # lm-eval hands strings on: read them as the command line does (lists with ';', none)
+    return {key: parse_value(value) if isinstance(value := arguments.pop(key), str) else value
+            for key in sorted(PARAMETERS[name] & set(arguments))}
 
 
 @register_model("longreach")
