@@ -1,6 +1,6 @@
 """Attention speed and peak memory of every method against causal SDPA, on the same q, k, v.
 
-    python bench/attention.py [--lengths 4096,8192,16384] [--heads 8] [--dim 64] [--rounds 3]
+    python bench/attention.py [--lengths 4096,8192,16384] [--heads 8] [--kv-heads 8] [--dim 64] [--rounds 3]
                               [--methods rope,string,...] [--decode] [--memory] [--write]
 
 Time (default): in one process, SDPA and each method alternate ``--rounds`` times after a warm-up
@@ -30,7 +30,7 @@ DPES = {"dpe": {"top_k": None},  # every pair: one shift per frequency group
 DROPS = {"drop": {"rate": 0.3}, "dynamic_drop": {}}  # DA at 0.3 on every row; DDA with L = n/2 (half the rows beyond it)
 
 
-def case(method: str, n: int, heads: int, dim: int, decode: bool, device: str = "cpu"):
+def case(method: str, n: int, heads: int, dim: int, decode: bool, device: str = "cpu", kv_heads: int | None = None):
     """``(run, input_bytes)``: one call of ``method`` (or causal SDPA for ``"sdpa"``) on fixed random inputs."""
     import torch
 
@@ -39,10 +39,11 @@ def case(method: str, n: int, heads: int, dim: int, decode: bool, device: str = 
 
     generator = torch.Generator().manual_seed(0)
     q = torch.randn(1, heads, 1 if decode else n, dim, generator=generator).to(device)
-    k, v = (torch.randn(1, heads, n, dim, generator=generator).to(device) for _ in range(2))
+    k, v = (torch.randn(1, kv_heads or heads, n, dim, generator=generator).to(device) for _ in range(2))
     inputs = sum(t.numel() * t.element_size() for t in (q, k, v))
     if method == "sdpa":
-        return (lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=not decode)), inputs
+        gqa = k.shape[1] != heads
+        return (lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=not decode, enable_gqa=gqa)), inputs
     inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, device=device).float() / dim))
     if method in DROPS:
         positions = torch.arange(n - q.shape[2], n, device=device)[None]
@@ -64,13 +65,13 @@ def timed(run) -> float:
     return time.perf_counter() - start
 
 
-def time_ratios(lengths: list[int], methods: list[str], heads: int, dim: int, rounds: int, decode: bool) -> list[str]:
+def time_ratios(lengths: list[int], methods: list[str], heads: int, dim: int, rounds: int, decode: bool, kv_heads: int) -> list[str]:
     """Medians of per-round time ratios against SDPA, SDPA and the method alternating in one process."""
     rows = ["| method | n | SDPA (s) | median time / SDPA | min / max ratio |", "|---|---|---|---|---|"]
     for n in lengths:
-        sdpa, _ = case("sdpa", n, heads, dim, decode)
+        sdpa, _ = case("sdpa", n, heads, dim, decode, kv_heads=kv_heads)
         for method in methods:
-            ours, _ = case(method, n, heads, dim, decode)
+            ours, _ = case(method, n, heads, dim, decode, kv_heads=kv_heads)
             base, ratios = [], []
             for _ in range(rounds + 1):  # the first round warms up
                 base.append(timed(sdpa))
@@ -121,6 +122,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lengths", default="4096,8192,16384")
     parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--kv-heads", type=int, help="key/value heads (default: --heads; fewer: grouped-query attention)")
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds after the warm-up (medians)")
     parser.add_argument("--device", default="cpu")
@@ -138,10 +140,13 @@ def main() -> None:
     unknown = sorted(set(methods) - set(METHODS) - set(DPES) - set(DROPS))
     if unknown:
         parser.error(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join([*METHODS, *DPES, *DROPS])}")
+    if args.memory and args.kv_heads:
+        parser.error("--kv-heads: timing only (--memory measures every method with --heads key/value heads)")
     if args.device != "cpu" and not args.memory:
         parser.error("--device: timing runs on cpu only here; use --memory for other devices")
     what = "decoding step (1 query against n cached keys)" if args.decode else "causal prefill"
-    header = (f"{'Peak memory' if args.memory else 'Time'}, {what}: fp32, batch 1, {args.heads} heads, head dim {args.dim}, "
+    heads = f"{args.heads} heads" + (f" ({args.kv_heads} KV)" if args.kv_heads and args.kv_heads != args.heads else "")
+    header = (f"{'Peak memory' if args.memory else 'Time'}, {what}: fp32, batch 1, {heads}, head dim {args.dim}, "
               f"{args.device} ({platform.processor() or platform.machine()}, {os.cpu_count()} cores). "
               "drop: DA at rate 0.3 on every row; dynamic_drop: DDA (0.15, +0.05 per 1000 tokens, max 0.3) with L = n/2. "
               "dpe: Llama-3-8B's published scales, w = 1024, every pair; dpe_top_k: 3/4 of the pairs per head.")
@@ -149,10 +154,10 @@ def main() -> None:
     if args.memory:
         rows = memory_table(lengths, methods, args.heads, args.dim, args.decode, args.device)
     else:
-        rows = time_ratios(lengths, methods, args.heads, args.dim, args.rounds, args.decode)
+        rows = time_ratios(lengths, methods, args.heads, args.dim, args.rounds, args.decode, args.kv_heads or args.heads)
     if args.write:
         command = " ".join(["python bench/attention.py", *(a for a in sys.argv[1:] if a != "--write")])
-        title = f"Attention, {what}, {'peak memory' if args.memory else 'time'}, n = {args.lengths}, {args.heads} heads"
+        title = f"Attention, {what}, {'peak memory' if args.memory else 'time'}, n = {args.lengths}, {heads}"
         if args.methods != parser.get_default("methods"):
             title += f", {args.methods}"
         write_section(title, f"`{command}`\n\n{header}\n\n" + "\n".join(rows))

@@ -109,7 +109,8 @@ def main() -> None:
     if args.write:
         extra = "".join(f" --methods {args.methods}" if args.methods != ",".join(METHODS) else "") + "".join(f" --method '{m}'" for m in args.method)
         command = f"`python bench/model.py --length {args.length} --steps {args.steps} --rounds {args.rounds} --new-tokens {args.new_tokens}{extra}`"
-        title = f"End to end, the default model at {args.length} tokens" + (", " + ", ".join(methods[1:]) if extra else "")
+        names = dict.fromkeys(m.split(":")[0] for m in methods[1:])
+        title = f"End to end, the default model at {args.length} tokens" + (", " + ", ".join(names) if extra else "")
         write_section(title, f"{command}\n\n{header}\n\n" + "\n".join(lines))
 
 
