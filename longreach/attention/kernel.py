@@ -12,7 +12,9 @@ region (``hi = None``) is one causal call on a shifted square plus an unmasked r
 is three blocks per query tile (:func:`_band`); key padding, decoding, narrow bands and chunked
 regions (DCA) use query tiles against only the keys a tile can reach, with a tile-sized mask.
 Drop Attention needs whole rows: :func:`row_probabilities` computes them ``DROP_TILE`` queries at a
-time.
+time. A part may move some rotary pairs only, per query head (DPE): where query heads sharing a
+key/value head move different pairs, prefill repeats keys and values per query head and decoding
+puts the moved and the plain keys side by side (:func:`_augmented`).
 
 Queries are the last ``Lq`` of the ``Lkv`` keys (prefill: ``Lq = Lkv``; decode: ``Lq = 1`` against
 the whole KV cache), so the distance of query row ``t`` to key ``j`` is ``t + Lkv - Lq - j``; with
@@ -323,7 +325,7 @@ def _shifted(x: torch.Tensor, shift, positions: torch.Tensor, inv_freq: torch.Te
         moved = apply_rotation(x, *_shift_angles(shift, positions, inv_freq, compute_dtype(x.dtype)))
     else:
         moved = rotate(x, shift, inv_freq) if shift else x
-    return moved if pairs is None else torch.where(_pair_dims(pairs, x.shape[1], x.shape[-1]), moved, x)
+    return moved if pairs is None else torch.where(_pair_dims(pairs, x.shape[1], x.shape[-1], x.device), moved, x)
 
 
 def _shift_angles(shift, positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -341,12 +343,12 @@ def _shift_angles(shift, positions: torch.Tensor, inv_freq: torch.Tensor, dtype:
     return angle.cos().to(dtype), angle.sin().to(dtype)
 
 
-def _pair_dims(pairs: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
+def _pair_dims(pairs: torch.Tensor, heads: int, dim: int, device) -> torch.Tensor:
     """The dimensions ``[1, heads, 1, dim]`` of the rotary pairs marked in ``pairs [query heads, P]``
     (both halves of each pair; never the dimensions without rotation). With fewer ``heads`` than query
     heads (a key/value head serves a group whose marks agree), each group's first row is used."""
-    marks = pairs[:: pairs.shape[0] // heads]
-    rest = torch.zeros(heads, dim - 2 * marks.shape[-1], dtype=torch.bool, device=marks.device)
+    marks = pairs[:: pairs.shape[0] // heads].to(device)
+    rest = torch.zeros(heads, dim - 2 * marks.shape[-1], dtype=torch.bool, device=device)
     return torch.cat((marks, marks, rest), dim=-1)[None, :, None, :]
 
 
@@ -369,11 +371,11 @@ def _augmented(query, key, part: Part, q_positions, positions, inv_freq) -> tupl
     the rest against the keys as they are. Side by side, that is one dot product of ``[q_sel, q_rest]``
     (``[B, Hq, Lq, 2D]``) with ``[k_moved, k]`` (``[B, Hkv, L, 2D]``, still one per key/value head): exact,
     and for a decoding step far less traffic than keys and values repeated per query head. The value
-    keeps its dimension, so these blocks run on the math backend (see :func:`_run`).
+    keeps its dimension, so these blocks run on the math backend (see :func:`_block_for`).
     """
     moved_q = _shifted(query, part.query_shift, q_positions, inv_freq)
     moved_k = _shifted_keys(key, part.key_shift, positions, inv_freq)
-    dims = _pair_dims(part.pairs, query.shape[1], query.shape[-1])
+    dims = _pair_dims(part.pairs, query.shape[1], query.shape[-1], query.device)
     q = torch.cat((moved_q.masked_fill(~dims, 0.0), query.masked_fill(dims, 0.0)), dim=-1)
     return q, torch.cat((moved_k, key), dim=-1)
 
@@ -383,7 +385,7 @@ def _shifted_keys(key: torch.Tensor, shift, positions: torch.Tensor, inv_freq: t
     if not callable(shift):
         return _shifted(key, shift, positions, inv_freq, pairs)
     moved = apply_rotation(key, *KEY_ROTATIONS.get(shift, positions, inv_freq, compute_dtype(key.dtype)))
-    return moved if pairs is None else torch.where(_pair_dims(pairs, key.shape[1], key.shape[-1]), moved, key)
+    return moved if pairs is None else torch.where(_pair_dims(pairs, key.shape[1], key.shape[-1], key.device), moved, key)
 
 
 class KeyRotations:

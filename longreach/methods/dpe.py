@@ -19,7 +19,6 @@ follows ``//`` everywhere.
 from __future__ import annotations
 
 import hashlib
-import numbers
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -175,7 +174,7 @@ def _selected(dimensions: torch.Tensor, top_k: int | None) -> torch.Tensor:
         return dimensions
     if top_k is None:
         return torch.ones(dimensions.shape, dtype=torch.bool)
-    if isinstance(top_k, numbers.Integral) and top_k > pairs:
+    if top_k > pairs:
         raise ValueError(f"top_k={top_k} is out of range: 1 .. {pairs} (the rotary pairs in dimensions)")
     chosen = dimensions.topk(top_k, dim=-1).indices
     return torch.zeros(dimensions.shape, dtype=torch.bool).scatter_(-1, chosen, True)
