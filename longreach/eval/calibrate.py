@@ -8,7 +8,8 @@ LuLuLuyi/DPE ``dimension_selection/`` and ``effective_length_detection/``), both
 2. Group scales: for each frequency group in turn, its scale swept over ``1, 2, 4, ..., target / 1024``
    with every other group at ``max(1, 2 target / L)`` (the official script's ``TEST_MAX_LENGTH /
    PRETRAIN_LENGTH * 2``), scoring a 4-needle probe at the target length; each group keeps its best
-   scale (ties: the smaller). The sweeps are independent, as the official script's; the combination is
+   scale (ties: the scale the other groups were held at -- the setting every sweep was measured in --
+   else the smaller; the official script leaves ties to the reader). The sweeps are independent, as the official script's; the combination is
    then run on the same cases beside ``rope``, so the report says whether it helps.
 """
 
@@ -128,7 +129,8 @@ def calibrate(model_name: str, target: int, out: Path, samples: int, local_windo
     best = {}
     for g, group in sweep.items():
         candidates = [by_label[spec.label] for spec in group]
-        winner = max(candidates, key=lambda row: (row.score, -values[candidates.index(row)]))  # ties: the smaller scale
+        # ties: the scale every other group was held at (the setting each sweep was measured in), else the smaller
+        winner = max(candidates, key=lambda row: (row.score, values[candidates.index(row)] == others, -values[candidates.index(row)]))
         best[g] = values[candidates.index(winner)]
     scales = [best[g] for g in range(groups)]
     chosen = _spec(scales, local_window, chosen_top_k, dimensions)
