@@ -91,9 +91,7 @@ def intervals(labels: list[str], scores: list[float], bounds: list[tuple[float, 
     """One row per label: the score with its interval as a horizontal error bar (best at the top when sorted so)."""
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(labels) + 1.6))
     y = np.arange(len(labels))[::-1]
-    low = [s - lo if lo == lo else 0 for s, (lo, _) in zip(scores, bounds)]
-    high = [hi - s if hi == hi else 0 for s, (_, hi) in zip(scores, bounds)]
-    ax.errorbar(scores, y, xerr=[low, high], fmt="o", capsize=3)
+    ax.errorbar(scores, y, xerr=_error_bars(scores, bounds), fmt="o", capsize=3)
     ax.set_yticks(y, labels, fontsize=7)
     ax.set_xlim(-2, 102)
     ax.set_xlabel(xlabel)
@@ -115,9 +113,7 @@ def sweeps(series: dict[str, tuple[list[float], list[float], list[tuple[float, f
     fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 2.6 * rows + 0.6), squeeze=False, sharey=True)
     for ax, name in zip(axes.flat, names):
         x, y, bounds = series[name]
-        low = [v - lo if lo == lo else 0 for v, (lo, _) in zip(y, bounds)]
-        high = [hi - v if hi == hi else 0 for v, (_, hi) in zip(y, bounds)]
-        ax.errorbar(x, y, yerr=[low, high], fmt="o-", capsize=3, linewidth=1.2)
+        ax.errorbar(x, y, yerr=_error_bars(y, bounds), fmt="o-", capsize=3, linewidth=1.2)
         if marks and name in marks:
             ax.axvline(marks[name], color="black", linestyle=":", linewidth=1)
         ax.set_xscale("log", base=2)
@@ -132,3 +128,9 @@ def sweeps(series: dict[str, tuple[list[float], list[float], list[tuple[float, f
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _error_bars(values: list[float], bounds: list[tuple[float, float]]) -> list[list[float]]:
+    """Matplotlib's ``[below, above]`` distances from each value to its interval's ends (0 where there is none)."""
+    return [[v - lo if lo == lo else 0 for v, (lo, _) in zip(values, bounds)],
+            [hi - v if hi == hi else 0 for v, (_, hi) in zip(values, bounds)]]

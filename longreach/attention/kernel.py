@@ -73,11 +73,12 @@ def attention(
     if q_heads % key.shape[1]:
         raise ValueError(f"query heads ({q_heads}) must be a multiple of key/value heads ({key.shape[1]})")
     offset = kv_len - q_len
+    dropping = drop is not None and bool((drop > 0).any())
     split = _pairs_split_groups(parts, key.shape[1], q_heads)
-    if split and (q_len > SMALL_QUERY or (drop is not None and bool((drop > 0).any()))):
+    if split and (q_len > SMALL_QUERY or dropping):
         key, value = _expand_heads(key, q_heads), _expand_heads(value, q_heads)  # prefill: as DPE's official code
     augment = split and key.shape[1] < q_heads  # decoding: two key sets side by side, see _augmented
-    if drop is not None and bool((drop > 0).any()):
+    if dropping:
         common = dict(scaling=scaling, key_padding=key_padding, sliding_window=sliding_window, logit_scale=logit_scale,
                       positions=positions)
         return _attention_with_drop(query, key, value, parts, inv_freq, drop, common, backend, tile)

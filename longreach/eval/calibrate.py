@@ -9,8 +9,9 @@ LuLuLuyi/DPE ``dimension_selection/`` and ``effective_length_detection/``), both
    with every other group at ``max(1, 2 target / L)`` (the official script's ``TEST_MAX_LENGTH /
    PRETRAIN_LENGTH * 2``), scoring a 4-needle probe at the target length; each group keeps its best
    scale (ties: the scale the other groups were held at -- the setting every sweep was measured in --
-   else the smaller; the official script leaves ties to the reader). The sweeps are independent, as the official script's; the combination is
-   then run on the same cases beside ``rope``, so the report says whether it helps.
+   else the smaller; the official script leaves ties to the reader). The sweeps are independent, as the
+   official script's; the combination is then run on the same cases beside ``rope``, so the report
+   says whether it helps.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from . import haystack, runner, tune
+from . import haystack, report, runner, tune
 from .runner import MethodSpec
 
 PROBE = "ruler:niah_multivalue"  # 4 values for one key, fraction found: the needles of DPE's own generator
@@ -84,11 +85,15 @@ def measure_importance(model, tokenizer, out: Path, lengths: list[int], samples:
     return path
 
 
-def _spec(scales: list[int], local_window: int, top_k: int | None, dimensions: Path | None) -> MethodSpec:
+def _params(scales: list[int], local_window: int, top_k: int | None, dimensions: Path | None) -> dict:
     params = {"group_scales": tuple(scales), "local_window": local_window, "top_k": top_k}
     if dimensions is not None:
         params["dimensions"] = str(dimensions)
-    return MethodSpec("dpe", tuple(sorted(params.items())))
+    return params
+
+
+def _spec(scales: list[int], local_window: int, top_k: int | None, dimensions: Path | None) -> MethodSpec:
+    return MethodSpec("dpe", tuple(sorted(_params(scales, local_window, top_k, dimensions).items())))
 
 
 def calibrate(model_name: str, target: int, out: Path, samples: int, local_window: int = 1024, top_k: int | None = None,
@@ -128,19 +133,16 @@ def calibrate(model_name: str, target: int, out: Path, samples: int, local_windo
     by_label = {row.label: row for row in tune.rows(out, specs, task, target)}
     best = {}
     for g, group in sweep.items():
-        candidates = [by_label[spec.label] for spec in group]
         # ties: the scale every other group was held at (the setting each sweep was measured in), else the smaller
-        winner = max(candidates, key=lambda row: (row.score, values[candidates.index(row)] == others, -values[candidates.index(row)]))
-        best[g] = values[candidates.index(winner)]
+        scored = [(by_label[spec.label].score, value == others, -value, value) for value, spec in zip(values, group)]
+        best[g] = max(scored)[-1]
     scales = [best[g] for g in range(groups)]
     chosen = _spec(scales, local_window, chosen_top_k, dimensions)
     check = [chosen, MethodSpec("rope")]
     runner.run(runner.Grid(model_name, [task], check, [target], [0.5], samples, training_window), out, loaded=(model, tokenizer),
                batch_size=batch_size)
     final = tune.rows(out, check, task, target)
-    params = {"group_scales": tuple(scales), "local_window": local_window, "top_k": chosen_top_k}
-    if dimensions is not None:
-        params["dimensions"] = str(dimensions)
+    params = _params(scales, local_window, chosen_top_k, dimensions)
     result = {
         "model": model_name, "target": target, "training_window": window, "task": task, "samples": samples,
         "local_window": local_window, "top_k": chosen_top_k, "dimensions": None if dimensions is None else str(dimensions),
@@ -179,7 +181,4 @@ def _markdown(result: dict, final: list) -> str:
 
 
 def _cell(score: float, interval, n: int) -> str:
-    if not n:
-        return "—"
-    low, high = interval
-    return f"{score:.1f} [?]" if low != low else f"{score:.1f} [{low:.0f}, {high:.0f}]"
+    return f"{score:.1f} {report.bounds(tuple(interval))}" if n else "—"

@@ -54,10 +54,10 @@ class Cell:
         return sum(bool(r.get("empty")) for r in self.rows)
 
     def text(self) -> str:
-        return f"{self.score:.1f} {_bounds(self.interval)} n={self.n}"
+        return f"{self.score:.1f} {bounds(self.interval)} n={self.n}"
 
 
-def _bounds(interval: tuple[float, float]) -> str:
+def bounds(interval: tuple[float, float]) -> str:
     """``[low, high]``, or ``[?]`` where one case per group leaves no interval."""
     low, high = interval
     return "[?]" if math.isnan(low) else f"[{low:.0f}, {high:.0f}]"
@@ -166,7 +166,7 @@ def _task_section(out: Path, task: str, rows: list[dict], threshold: float, summ
             texts = []
             for n in lengths:
                 fractions = [100 * r["fraction"] for r in cells[method, n].rows] if (method, n) in cells else []
-                texts.append(f"{mean(fractions):.1f} {_bounds(stats.bootstrap([fractions]))}" if fractions else "—")
+                texts.append(f"{mean(fractions):.1f} {bounds(stats.bootstrap([fractions]))}" if fractions else "—")
             lines.append(f"| {method} | " + " | ".join(texts) + " |")
     empty = sum(c.empty for c in cells.values())
     if not perplexity:
@@ -214,7 +214,7 @@ def _ruler_section(out: Path, model: str, rows: list[dict], threshold: float, su
             cases = sum(len(g) for g in groups.values())
             summary["ruler"].append({"model": rows[0]["model"], "method": method, "length": n, "score": score, "low": _number(low),
                                      "high": _number(high), "tasks": sorted(groups), "cases": cases, "complete": kind != "incomplete"})
-            texts.append(f"{score:.1f} {_bounds((low, high))} ({kind if kind != '13' else ''}{' tasks, ' if kind != '13' else ''}"
+            texts.append(f"{score:.1f} {bounds((low, high))} ({kind if kind != '13' else ''}{' tasks, ' if kind != '13' else ''}"
                          f"n={cases})")
             if kind != "incomplete":
                 complete[n], by_interval[method, n] = (score, low), (low, high)

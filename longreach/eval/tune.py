@@ -16,7 +16,7 @@ from pathlib import Path
 from statistics import mean
 
 from .. import plots
-from . import runner, stats
+from . import report, runner, stats
 from .runner import MethodSpec
 
 
@@ -87,17 +87,12 @@ def apply_line(method: str, params: dict) -> str:
     return f'longreach.apply(model, "{method}"{arguments})'
 
 
-def _interval_text(row: Row) -> str:
-    low, high = row.interval
-    return "[?]" if low != low else f"[{low:.0f}, {high:.0f}]"
-
-
 def markdown(title: str, table: list[Row], winner: Row, method: str) -> str:
     """The table of settings with n and intervals, the best, and which settings it cannot be told from."""
     lines = [f"## {title}", "", "| setting | score | 95% interval | n |", "|---|---|---|---|"]
     for row in table:
         mark = " **best**" if row is winner else ""
-        lines.append(f"| `{row.label}`{mark} | {row.score:.1f} | {_interval_text(row)} | {row.n} |")
+        lines.append(f"| `{row.label}`{mark} | {row.score:.1f} | {report.bounds(row.interval)} | {row.n} |")
     low = winner.interval[0]
     close = [row.label for row in table if row is not winner and row.n and not (row.interval[1] < low)]
     lines += ["", f"Best: `{apply_line(method, winner.params)}` ({winner.score:.1f}, n = {winner.n})."]

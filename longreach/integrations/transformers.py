@@ -57,11 +57,6 @@ class Applied:
     replaced_rotary: nn.Module | None = None  # the model's own rotary module, when a frequency method replaced it
     replaced_rope_parameters: dict | None = None
 
-    def parts(self, layer: int | None) -> tuple:
-        """The method's parts for attention layer ``layer``: made once by the method, so every call sees
-        the same shift objects (kernel.KEY_ROTATIONS)."""
-        return self.method.layer_parts(layer)
-
     def describe(self) -> str:
         extras = [x.describe() for x in (self.scaling, self.drop) if x is not None]
         return " + ".join([self.method.describe(), *extras]) + f" [L={self.window}]"
@@ -161,7 +156,8 @@ def apply(model: nn.Module, method: str = "string", *, training_window: int | No
     ``"cpu_flash"``, ``"cuda_efficient"``, ``"flex"`` (FlexAttention; eager and forward-only on CPU,
     for checking), ``"math"``, or ``"reference"`` (the dense float64 oracle, O(n^2), for tests). Applying again replaces the previous method; :func:`remove` undoes it.
     """
-    if find_rotary(model) is None:
+    rotary = find_rotary(model)
+    if rotary is None:
         raise ValueError(
             f"{model.__class__.__name__} has no rotary position embedding (no module with an inv_freq buffer); "
             f"longreach's methods work on RoPE models: {SUPPORTED_FAMILIES}"
@@ -174,7 +170,7 @@ def apply(model: nn.Module, method: str = "string", *, training_window: int | No
         window = int(training_window)
     position_method, frequency, dropping = _resolve(model, window, method, scaling, drop, params)
     text = model.config.get_text_config()
-    position_method.check_model(text.num_hidden_layers, text.num_attention_heads, rotary_pairs(find_rotary(model)))
+    position_method.check_model(text.num_hidden_layers, text.num_attention_heads, rotary_pairs(rotary))
     remove(model)
     applied = Applied(position_method, model.config._attn_implementation, window, find_rotary(model), backend, frequency, dropping)
     if frequency:
@@ -443,7 +439,7 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
         out = _reference(state, module, query, key, value, inv_freq, scaling, keys, sliding_window, logit_scale, rates)
     else:
         out = kernel.attention(
-            query, key, value, state.parts(getattr(module, "layer_idx", None)), inv_freq, scaling=scaling, key_padding=keys.padding,
+            query, key, value, state.method.layer_parts(getattr(module, "layer_idx", None)), inv_freq, scaling=scaling, key_padding=keys.padding,
             sliding_window=sliding_window, logit_scale=logit_scale, positions=keys.positions, drop=rates, backend=state.backend,
         )
     if (importance := _importance.get()) is not None and q_len == keys.count:

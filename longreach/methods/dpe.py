@@ -117,9 +117,6 @@ class DPE(PositionMethod):
         if tuple(self._mask.shape) != expected:
             raise ValueError(f"dimensions has shape {tuple(self._mask.shape)}; this model needs [layers, query heads, pairs] = "
                              f"{list(expected)} (calibrate it on this model)")
-        if self.top_k is not None and self.top_k > pairs:
-            raise ValueError(f"top_k={self.top_k} is out of range: 1 .. {pairs} (this model's rotary pairs per head; "
-                             f"the paper changes 48 of 64, i.e. {3 * pairs // 4} here)")
 
     def parts(self) -> tuple[Part, ...]:
         return self.layer_parts(None)
@@ -175,6 +172,7 @@ def _selected(dimensions: torch.Tensor, top_k: int | None) -> torch.Tensor:
     if top_k is None:
         return torch.ones(dimensions.shape, dtype=torch.bool)
     if top_k > pairs:
-        raise ValueError(f"top_k={top_k} is out of range: 1 .. {pairs} (the rotary pairs in dimensions)")
+        raise ValueError(f"top_k={top_k} is out of range: 1 .. {pairs} (the rotary pairs in dimensions; "
+                         f"the paper changes 48 of 64, i.e. {3 * pairs // 4} here)")
     chosen = dimensions.topk(top_k, dim=-1).indices
     return torch.zeros(dimensions.shape, dtype=torch.bool).scatter_(-1, chosen, True)
