@@ -27,15 +27,31 @@ def test_grids_parse_and_expand_with_clear_errors():
         tune.settings("string", {"shift": [1]}, {"shift": 2})
 
 
+def cases(*scores):
+    return {(0.5, seed): score for seed, score in enumerate(scores)}
+
+
 def test_the_best_setting_and_the_ones_it_cannot_be_told_from():
-    rows = [tune.Row("a", {"shift": 1}, [100.0] * 2 + [0.0] * 8), tune.Row("b", {"shift": 2}, [100.0] * 9 + [0.0]),
-            tune.Row("c", {"shift": 3}, [100.0] * 8 + [0.0] * 2), tune.Row("d", {"shift": 4}, [])]
+    rows = [tune.Row("a", {"shift": 1}, cases(*[100.0] * 2, *[0.0] * 8)), tune.Row("b", {"shift": 2}, cases(*[100.0] * 9, 0.0)),
+            tune.Row("c", {"shift": 3}, cases(*[100.0] * 8, *[0.0] * 2)), tune.Row("d", {"shift": 4}, {})]
     assert tune.best(rows).label == "b"
     text = tune.markdown("t", rows, tune.best(rows), "string")
-    assert "`b` **best** | 90.0 | [60, 98] | 10" in text and 'longreach.apply(model, "string", shift=2)' in text
+    assert "`b` **best** | 90.0 | [60, 98] | 10 |" in text and 'longreach.apply(model, "string", shift=2)' in text
     assert "intervals overlap): `c`." in text  # a is below b's interval; d has no cases
     with pytest.raises(ValueError, match="no setting has a finished case"):
-        tune.best([tune.Row("x", {}, [])])
+        tune.best([tune.Row("x", {}, {})])
+
+
+def test_paired_differences_use_only_the_cases_both_settings_ran():
+    setting = tune.Row("s", {}, {(0.5, 0): 100.0, (0.5, 1): 50.0, (0.5, 2): 75.0, (0.5, 9): 0.0})
+    rope = tune.Row("rope", {}, {(0.5, 0): 75.0, (0.5, 1): 25.0, (0.5, 2): 50.0, (0.5, 3): 100.0})
+    assert setting.minus(rope) == (25.0, (25.0, 25.0), 3)  # seeds 9 and 3 have no partner
+    value, (low, high), n = tune.Row("t", {}, cases(100.0, 0.0, 100.0, 0.0)).minus(tune.Row("r", {}, cases(0.0, 0.0, 0.0, 0.0)))
+    assert (value, n) == (50.0, 4) and 0.0 <= low < 50.0 < high <= 100.0
+    assert tune.Row("u", {}, {(0.5, 7): 1.0}).minus(rope)[2] == 0
+    text = tune.markdown("t", [setting, rope], setting, "string", baseline=rope)
+    assert "| n | minus rope, same cases |" in text and "| `s` **best** | 56.2 | " in text and "| +25.0 [+25, +25] (n=3) |" in text
+    assert tune.difference(float("nan"), (float("nan"),) * 2, 0) == "no common cases"
 
 
 def tiny(window=1024):
@@ -52,6 +68,8 @@ def test_tune_runs_the_grid_through_the_runner_and_resumes(tmp_path):
     assert len(records) == 6 and {r["resolved"] for r in records} >= {"string(shift=500, local_window=8, mscale=False) [L=1024]"}
     saved = json.loads((tmp_path / "tune_string.json").read_text())
     assert saved["best"]["apply"] == tune.apply_line("string", winner.params) and len(saved["rows"]) == 3
+    assert [row["minus_baseline"]["n"] for row in saved["rows"][:2]] == [2, 2] and "minus_baseline" not in saved["rows"][2]
+    assert "| n | minus rope, same cases |" in text
     assert (tmp_path / "tune_string.png").stat().st_size > 0 and (tmp_path / "tune_string.md").read_text() == text
     tune.run(*args, loaded=loaded)  # a rerun finds every case done
     assert len((tmp_path / runner.RESULTS).read_text().splitlines()) == 6
@@ -86,6 +104,7 @@ def test_calibrate_measures_importance_sweeps_each_group_and_checks_the_combinat
     assert all(len(rows) == 2 and all(r["n"] == 1 for r in rows) for rows in result["groups"].values())
     assert len(result["group_scales"]) == 4 and set(result["group_scales"]) <= {1, 2}
     assert [row["label"].split(":")[0] for row in result["check"]] == ["dpe", "rope"] and all(row["n"] == 1 for row in result["check"])
+    assert result["minus_rope"]["n"] == 1 and "the calibrated dpe minus rope: " in (tmp_path / "calibration.md").read_text()
     assert result["apply"].startswith('longreach.apply(model, "dpe", group_scales=(') and "top_k=4" in result["apply"]
     for name in ("calibration.md", "calibration.json", "calibration.png"):
         assert (tmp_path / name).stat().st_size > 0

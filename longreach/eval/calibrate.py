@@ -151,6 +151,7 @@ def calibrate(model_name: str, target: int, out: Path, samples: int, local_windo
                         "n": by_label[s.label].n} for v, s in zip(values, sweep[g])] for g in range(groups)},
         "group_scales": scales, "apply": tune.apply_line("dpe", params),
         "check": [{"label": row.label, "score": row.score, "interval": list(row.interval), "n": row.n} for row in final],
+        "minus_rope": dict(zip(("difference", "interval", "n"), final[0].minus(final[1]))),
     }
     (out / "calibration.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     (out / "calibration.md").write_text(_markdown(result, final), encoding="utf-8")
@@ -176,6 +177,8 @@ def _markdown(result: dict, final: list) -> str:
         lines.append(f"| {g} | " + " | ".join(cells) + f" | {result['group_scales'][int(g)]} |")
     lines += ["", "The combination on the same cases:", "", "| method | score [95% interval] | n |", "|---|---|---|"]
     lines += [f"| `{row.label}` | {_cell(row.score, row.interval, row.n)} | {row.n} |" for row in final]
+    combination, rope = final
+    lines += ["", f"Paired on the same cases, the calibrated dpe minus rope: {tune.difference(*combination.minus(rope))}."]
     lines += ["", f"Apply: `{result['apply']}`", ""]
     return "\n".join(lines)
 

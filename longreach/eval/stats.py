@@ -44,6 +44,16 @@ def interval(scores: Sequence[float]) -> tuple[float, float]:
     return bootstrap([scores])
 
 
+def paired_difference(a: dict, b: dict) -> tuple[float, tuple[float, float], int]:
+    """``a - b`` on the cases both ran (same key: the same prompt under two methods): the mean difference,
+    its 95% bootstrap interval over cases, and the number of pairs. Pairing removes the cases' own
+    difficulty from the comparison, so it separates methods at an n where their own intervals overlap."""
+    differences = [a[key] - b[key] for key in a if key in b]
+    if not differences:
+        return (math.nan, (math.nan, math.nan), 0)
+    return (mean(differences), bootstrap([differences]), len(differences))
+
+
 def weighted_averages(by_length: dict[int, float]) -> dict[str, float]:
     """RULER's Avg. and its weighted averages over lengths: weights 1..k rising with length (inc) or falling (dec)."""
     lengths = sorted(by_length)

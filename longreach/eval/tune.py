@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
@@ -47,30 +48,39 @@ def settings(method: str, grid: dict[str, list], fixed: dict | None = None) -> l
 
 @dataclass
 class Row:
-    """One setting's cases: its label, parameters, the scores and their summary."""
+    """One setting's cases: its label, parameters, and the score of each case by (depth, seed)."""
 
     label: str
     params: dict
-    scores: list[float]
+    cases: dict
+
+    @property
+    def scores(self) -> list[float]:
+        return list(self.cases.values())
 
     @property
     def n(self) -> int:
-        return len(self.scores)
+        return len(self.cases)
 
     @property
     def score(self) -> float:
-        return mean(self.scores) if self.scores else float("nan")
+        return mean(self.scores) if self.cases else float("nan")
 
     @property
     def interval(self) -> tuple[float, float]:
-        return stats.interval(self.scores) if self.scores else (float("nan"), float("nan"))
+        return stats.interval(self.scores) if self.cases else (float("nan"), float("nan"))
+
+    def minus(self, other: Row) -> tuple[float, tuple[float, float], int]:
+        """This setting's score minus ``other``'s on the cases both ran, with its interval and n."""
+        return stats.paired_difference(self.cases, other.cases)
 
 
 def rows(out: Path, specs: list[MethodSpec], task: str, length: int) -> list[Row]:
     """The scores of every spec at ``task`` and ``length`` in ``out``'s results (errors left out)."""
     records = [r for r in runner.read_results(out / runner.RESULTS)
                if r["task"] == task and r["length"] == length and not r.get("error")]
-    return [Row(spec.label, dict(spec.params), [r["score"] for r in records if r["method"] == spec.label]) for spec in specs]
+    return [Row(spec.label, dict(spec.params), {(r["depth"], r["seed"]): r["score"] for r in records if r["method"] == spec.label})
+            for spec in specs]
 
 
 def best(candidates: list[Row]) -> Row:
@@ -87,18 +97,31 @@ def apply_line(method: str, params: dict) -> str:
     return f'longreach.apply(model, "{method}"{arguments})'
 
 
-def markdown(title: str, table: list[Row], winner: Row, method: str) -> str:
-    """The table of settings with n and intervals, the best, and which settings it cannot be told from."""
-    lines = [f"## {title}", "", "| setting | score | 95% interval | n |", "|---|---|---|---|"]
+def markdown(title: str, table: list[Row], winner: Row, method: str, baseline: Row | None = None) -> str:
+    """The table of settings with n and intervals (and each one's paired difference from ``baseline``),
+    the best, and which settings it cannot be told from."""
+    against = f" | minus {baseline.label}, same cases" if baseline else ""
+    lines = [f"## {title}", "", f"| setting | score | 95% interval | n{against} |", "|---|---|---|---|" + "---|" * bool(baseline)]
     for row in table:
         mark = " **best**" if row is winner else ""
-        lines.append(f"| `{row.label}`{mark} | {row.score:.1f} | {report.bounds(row.interval)} | {row.n} |")
+        cells = [f"`{row.label}`{mark}", f"{row.score:.1f}", report.bounds(row.interval), str(row.n)]
+        if baseline:
+            cells.append("" if row is baseline else difference(*row.minus(baseline)))
+        lines.append("| " + " | ".join(cells) + " |")
     low = winner.interval[0]
     close = [row.label for row in table if row is not winner and row.n and not (row.interval[1] < low)]
     lines += ["", f"Best: `{apply_line(method, winner.params)}` ({winner.score:.1f}, n = {winner.n})."]
     if close:
         lines.append(f"Not separable from it at this n (intervals overlap): {', '.join(f'`{c}`' for c in close)}.")
     return "\n".join(lines) + "\n"
+
+
+def difference(value: float, interval: tuple[float, float], n: int) -> str:
+    """``+12.5 [+0, +25] (n=4)``: a paired difference with its interval and number of pairs."""
+    if not n:
+        return "no common cases"
+    low, high = ("?", "?") if math.isnan(interval[0]) else (f"{interval[0]:+.0f}", f"{interval[1]:+.0f}")
+    return f"{value:+.1f} [{low}, {high}] (n={n})"
 
 
 def plot(table: list[Row], title: str, path: Path) -> Path:
@@ -119,11 +142,14 @@ def run(model: str, method: str, grid: dict[str, list], task: str, length: int, 
     table = rows(out, specs + extra, task, length)
     winner = best(table[: len(specs)])
     title = f"{method} on {task} at {length} tokens ({samples} cases per setting)"
-    text = markdown(title, table, winner, method)
+    text = markdown(title, table, winner, method, table[-1] if baseline else None)
     (out / f"tune_{method}.md").write_text(text, encoding="utf-8")
     (out / f"tune_{method}.json").write_text(json.dumps({
         "method": method, "task": task, "length": length, "grid": grid, "fixed": fixed or {},
-        "rows": [{"label": r.label, "params": r.params, "score": r.score, "interval": list(r.interval), "n": r.n} for r in table],
+        "rows": [{"label": r.label, "params": r.params, "score": r.score, "interval": list(r.interval), "n": r.n,
+                  **({"minus_baseline": dict(zip(("difference", "interval", "n"), r.minus(table[-1])))}
+                     if baseline and r is not table[-1] else {})}
+                 for r in table],
         "best": {"label": winner.label, "params": winner.params, "apply": apply_line(method, winner.params)},
     }, indent=1, default=list) + "\n", encoding="utf-8")
     plot(table, title, out / f"tune_{method}.png")
