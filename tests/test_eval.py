@@ -115,9 +115,26 @@ def test_the_pipeline_end_to_end_on_a_tiny_model(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert {(c["task"], c["method"], c["length"]) for c in summary["cells"]} == {(k[2], k[1], k[3]) for k in grid.keys}
     assert all(c["n"] == 2 and c["low"] <= c["score"] <= c["high"] for c in summary["cells"] if c["task"] != "ppl")
+    assert {(p["task"], p["length"], p["n"]) for p in summary["paired"]} == {(t, n, 2) for t in grid.tasks if t != "ppl" for n in (700, 1000)}
+    assert "Minus rope on the same cases" in markdown
     # the report is a function of the JSONL alone
     (tmp_path / "summary.md").unlink()
     assert report.build(tmp_path) == markdown
+
+
+def test_paired_differences_against_rope_pair_the_same_cases(tmp_path):
+    """string minus rope per length, over the (depth, seed)s both ran; a case only one method ran is left out."""
+    base = {"model": "m", "task": "passkey", "metric": "exact", "window": 1024, "seconds": 1.0}
+    scores = {("rope", 0): 0.0, ("rope", 1): 100.0, ("rope", 2): 0.0, ("string", 0): 100.0, ("string", 1): 100.0,
+              ("string", 2): 100.0, ("string", 3): 0.0}
+    lines = [json.dumps({**base, "method": method, "resolved": method, "length": 700, "depth": 0.5, "seed": seed, "score": score})
+             for (method, seed), score in scores.items()]
+    (tmp_path / runner.RESULTS).write_text("\n".join(lines) + "\n")
+    markdown = report.build(tmp_path)
+    paired = json.loads((tmp_path / "summary.json").read_text())["paired"]
+    assert len(paired) == 1 and paired[0]["method"] == "string" and paired[0]["minus"] == "rope" and paired[0]["n"] == 3
+    assert paired[0]["difference"] == pytest.approx(200 / 3) and 0 <= paired[0]["low"] < paired[0]["difference"] <= paired[0]["high"] == 100
+    assert "| string | +66.7 [+0, +100] (n=3) |" in markdown
 
 
 def greedy_raising_on_call(monkeypatch, call: int, error: BaseException):

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 import longreach
 from longreach import cli
-from longreach.eval import calibrate, runner, tune
+from longreach.eval import calibrate, report, runner, tune
 from longreach.integrations.transformers import pair_importance
 
 
@@ -51,7 +51,7 @@ def test_paired_differences_use_only_the_cases_both_settings_ran():
     assert tune.Row("u", {}, {(0.5, 7): 1.0}).minus(rope)[2] == 0
     text = tune.markdown("t", [setting, rope], setting, "string", baseline=rope)
     assert "| n | minus rope, same cases |" in text and "| `s` **best** | 56.2 | " in text and "| +25.0 [+25, +25] (n=3) |" in text
-    assert tune.difference(float("nan"), (float("nan"),) * 2, 0) == "no common cases"
+    assert report.difference(float("nan"), (float("nan"),) * 2, 0) == "no common cases"
 
 
 def tiny(window=1024):

@@ -178,7 +178,7 @@ def _markdown(result: dict, final: list) -> str:
     lines += ["", "The combination on the same cases:", "", "| method | score [95% interval] | n |", "|---|---|---|"]
     lines += [f"| `{row.label}` | {_cell(row.score, row.interval, row.n)} | {row.n} |" for row in final]
     combination, rope = final
-    lines += ["", f"Paired on the same cases, the calibrated dpe minus rope: {tune.difference(*combination.minus(rope))}."]
+    lines += ["", f"Paired on the same cases, the calibrated dpe minus rope: {report.difference(*combination.minus(rope))}."]
     lines += ["", f"Apply: `{result['apply']}`", ""]
     return "\n".join(lines)
 

@@ -25,6 +25,7 @@ RULER_THRESHOLD = stats.RULER_THRESHOLD
 RULER_TASKS = [f"ruler:{name}" for name in ruler.TASKS]
 RULER_WITHOUT_QA = [name for name in RULER_TASKS if not name.startswith("ruler:qa")]
 effective_length = stats.effective_length
+BASELINE = "rope"  # every other method's paired difference is taken against it
 
 
 @dataclass
@@ -50,6 +51,11 @@ class Cell:
         return stats.interval(self.scores)
 
     @property
+    def by_case(self) -> dict[tuple, float]:
+        """Scores keyed by (depth, seed): the same key is the same prompt under another method."""
+        return {(r["depth"], r["seed"]): r["score"] for r in self.rows}
+
+    @property
     def empty(self) -> int:
         return sum(bool(r.get("empty")) for r in self.rows)
 
@@ -61,6 +67,14 @@ def bounds(interval: tuple[float, float]) -> str:
     """``[low, high]``, or ``[?]`` where one case per group leaves no interval."""
     low, high = interval
     return "[?]" if math.isnan(low) else f"[{low:.0f}, {high:.0f}]"
+
+
+def difference(value: float, interval: tuple[float, float], n: int) -> str:
+    """``+12.5 [+0, +25] (n=4)``: a paired difference with its interval and number of pairs."""
+    if not n:
+        return "no common cases"
+    low, high = ("?", "?") if math.isnan(interval[0]) else (f"{interval[0]:+.0f}", f"{interval[1]:+.0f}")
+    return f"{value:+.1f} [{low}, {high}] (n={n})"
 
 
 def _number(value: float) -> float | None:
@@ -89,8 +103,8 @@ def build(out: Path, threshold: float = RULER_THRESHOLD) -> str:
     by_task = defaultdict(list)
     for r in records:
         by_task[r["model"], r["task"]].append(r)
-    summary = {"threshold": threshold, "confidence": stats.CONFIDENCE, "cells": [], "effective_length": [], "ruler": [],
-               "failed": len(failed)}
+    summary = {"threshold": threshold, "confidence": stats.CONFIDENCE, "cells": [], "paired": [], "effective_length": [],
+               "ruler": [], "failed": len(failed)}
     sections = [f"# longreach results\n\nModel: {', '.join(models)}; {len(records)} cases; every score is the mean "
                 f"with its 95% interval [low, high] and n (Wilson for pass/fail, bootstrap for means); effective length "
                 f"threshold {threshold:g}.\n"]
@@ -160,6 +174,20 @@ def _task_section(out: Path, task: str, rows: list[dict], threshold: float, summ
             row = " | ".join(mine[n].text() if n in mine else "—" for n in lengths)
             lines.append(f"| {method} | {row} | {_fmt_effective(effective)} |")
         series[method] = (list(mine), [c.score for c in mine.values()], [c.interval for c in mine.values()])
+    if not perplexity and BASELINE in methods and len(methods) > 1:
+        lines += ["", f"Minus {BASELINE} on the same cases (mean paired difference, bootstrap interval over the pairs, pairs):", "",
+                  header, "|---" * (len(lengths) + 1) + "|"]
+        for method in methods:
+            if method == BASELINE:
+                continue
+            texts = []
+            for n in lengths:
+                value, (low, high), pairs = stats.paired_difference(
+                    *(cells[m, n].by_case if (m, n) in cells else {} for m in (method, BASELINE)))
+                summary["paired"].append({"model": rows[0]["model"], "task": name, "method": method, "minus": BASELINE, "length": n,
+                                          "difference": _number(value), "low": _number(low), "high": _number(high), "n": pairs})
+                texts.append(difference(value, (low, high), pairs) if pairs else "—")
+            lines.append(f"| {method} | " + " | ".join(texts) + " |")
     if any("fraction" in r for r in rows):
         lines += ["", "Fraction of the needles found (mean, bootstrap interval):", "", header, "|---" * (len(lengths) + 1) + "|"]
         for method in methods:

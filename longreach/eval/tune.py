@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
@@ -106,7 +105,7 @@ def markdown(title: str, table: list[Row], winner: Row, method: str, baseline: R
         mark = " **best**" if row is winner else ""
         cells = [f"`{row.label}`{mark}", f"{row.score:.1f}", report.bounds(row.interval), str(row.n)]
         if baseline:
-            cells.append("" if row is baseline else difference(*row.minus(baseline)))
+            cells.append("" if row is baseline else report.difference(*row.minus(baseline)))
         lines.append("| " + " | ".join(cells) + " |")
     low = winner.interval[0]
     close = [row.label for row in table if row is not winner and row.n and not (row.interval[1] < low)]
@@ -114,14 +113,6 @@ def markdown(title: str, table: list[Row], winner: Row, method: str, baseline: R
     if close:
         lines.append(f"Not separable from it at this n (intervals overlap): {', '.join(f'`{c}`' for c in close)}.")
     return "\n".join(lines) + "\n"
-
-
-def difference(value: float, interval: tuple[float, float], n: int) -> str:
-    """``+12.5 [+0, +25] (n=4)``: a paired difference with its interval and number of pairs."""
-    if not n:
-        return "no common cases"
-    low, high = ("?", "?") if math.isnan(interval[0]) else (f"{interval[0]:+.0f}", f"{interval[1]:+.0f}")
-    return f"{value:+.1f} [{low}, {high}] (n={n})"
 
 
 def plot(table: list[Row], title: str, path: Path) -> Path:
