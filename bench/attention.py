@@ -1,10 +1,11 @@
 """Attention speed and peak memory of every method against causal SDPA, on the same q, k, v.
 
     python bench/attention.py [--lengths 4096,8192,16384] [--heads 8] [--kv-heads 8] [--dim 64] [--rounds 3]
-                              [--methods rope,string,...] [--decode] [--memory] [--write]
+                              [--methods rope,string,...] [--decode] [--memory] [--device cuda] [--dtype bfloat16] [--write]
 
 Time (default): in one process, SDPA and each method alternate ``--rounds`` times after a warm-up
-round; the table gives the median of the per-round ratios, so a shared machine's drift cancels.
+round; the table gives the median of the per-round ratios, so a shared machine's drift cancels
+(on a GPU each call is timed from an idle device until its work is done).
 ``--decode``: one query against ``n`` cached keys (a decoding step) instead of the causal prefill.
 ``--memory``: each method in a fresh process (peak RSS is its own, warm-up included), peak growth
 over the inputs against SDPA's. ``--write`` puts the table in its own section of bench/RESULTS.md.
@@ -15,13 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
-import time
 
-from results import write_section
+from results import machine, timed, write_section
 
 METHODS = {"rope": {}, "string": {}, "rerope": {}, "self_extend": {}, "dca": {}}  # defaults for L = n
 LLAMA_3_SCALES = (4, 4, 2, 16, 32, 32, 16, 128)  # DPE's published Llama-3-8B-Instruct setting (w = 1024)
@@ -30,7 +29,8 @@ DPES = {"dpe": {"top_k": None},  # every pair: one shift per frequency group
 DROPS = {"drop": {"rate": 0.3}, "dynamic_drop": {}}  # DA at 0.3 on every row; DDA with L = n/2 (half the rows beyond it)
 
 
-def case(method: str, n: int, heads: int, dim: int, decode: bool, device: str = "cpu", kv_heads: int | None = None):
+def case(method: str, n: int, heads: int, dim: int, decode: bool, device: str = "cpu", kv_heads: int | None = None,
+         dtype: str = "float32"):
     """``(run, input_bytes)``: one call of ``method`` (or causal SDPA for ``"sdpa"``) on fixed random inputs."""
     import torch
 
@@ -38,8 +38,8 @@ def case(method: str, n: int, heads: int, dim: int, decode: bool, device: str = 
     from longreach.methods import create, drop
 
     generator = torch.Generator().manual_seed(0)
-    q = torch.randn(1, heads, 1 if decode else n, dim, generator=generator).to(device)
-    k, v = (torch.randn(1, kv_heads or heads, n, dim, generator=generator).to(device) for _ in range(2))
+    q = torch.randn(1, heads, 1 if decode else n, dim, generator=generator).to(device, getattr(torch, dtype))
+    k, v = (torch.randn(1, kv_heads or heads, n, dim, generator=generator).to(device, getattr(torch, dtype)) for _ in range(2))
     inputs = sum(t.numel() * t.element_size() for t in (q, k, v))
     if method == "sdpa":
         gqa = k.shape[1] != heads
@@ -59,23 +59,18 @@ def case(method: str, n: int, heads: int, dim: int, decode: bool, device: str = 
     return (lambda: kernel.attention(q, k, v, parts, inv_freq)), inputs
 
 
-def timed(run) -> float:
-    start = time.perf_counter()
-    run()
-    return time.perf_counter() - start
-
-
-def time_ratios(lengths: list[int], methods: list[str], heads: int, dim: int, rounds: int, decode: bool, kv_heads: int) -> list[str]:
+def time_ratios(lengths: list[int], methods: list[str], heads: int, dim: int, rounds: int, decode: bool, kv_heads: int,
+                device: str, dtype: str) -> list[str]:
     """Medians of per-round time ratios against SDPA, SDPA and the method alternating in one process."""
     rows = ["| method | n | SDPA (s) | median time / SDPA | min / max ratio |", "|---|---|---|---|---|"]
     for n in lengths:
-        sdpa, _ = case("sdpa", n, heads, dim, decode, kv_heads=kv_heads)
+        sdpa, _ = case("sdpa", n, heads, dim, decode, device, kv_heads, dtype)
         for method in methods:
-            ours, _ = case(method, n, heads, dim, decode, kv_heads=kv_heads)
+            ours, _ = case(method, n, heads, dim, decode, device, kv_heads, dtype)
             base, ratios = [], []
-            for _ in range(rounds + 1):  # the first round warms up
-                base.append(timed(sdpa))
-                ratios.append(timed(ours) / base[-1])
+            for _ in range(rounds + 1):  # the first round warms up (and compiles)
+                base.append(timed(sdpa, device))
+                ratios.append(timed(ours, device) / base[-1])
             ratios = ratios[1:]
             rows.append(f"| {method} | {n} | {statistics.median(base[1:]):.4f} | {statistics.median(ratios):.2f}x | "
                         f"{min(ratios):.2f} / {max(ratios):.2f} |")
@@ -126,6 +121,7 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds after the warm-up (medians)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of: " + ", ".join([*METHODS, *DPES, *DROPS]))
     parser.add_argument("--decode", action="store_true", help="one query against n cached keys instead of the causal prefill")
     parser.add_argument("--memory", action="store_true", help="peak memory, each method in its own process, instead of time")
@@ -142,22 +138,25 @@ def main() -> None:
         parser.error(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join([*METHODS, *DPES, *DROPS])}")
     if args.memory and args.kv_heads:
         parser.error("--kv-heads: timing only (--memory measures every method with --heads key/value heads)")
-    if args.device != "cpu" and not args.memory:
-        parser.error("--device: timing runs on cpu only here; use --memory for other devices")
+    if args.memory and args.dtype != "float32":
+        parser.error("--dtype: timing only (--memory measures float32)")
     what = "decoding step (1 query against n cached keys)" if args.decode else "causal prefill"
     heads = f"{args.heads} heads" + (f" ({args.kv_heads} KV)" if args.kv_heads and args.kv_heads != args.heads else "")
-    header = (f"{'Peak memory' if args.memory else 'Time'}, {what}: fp32, batch 1, {heads}, head dim {args.dim}, "
-              f"{args.device} ({platform.processor() or platform.machine()}, {os.cpu_count()} cores). "
+    header = (f"{'Peak memory' if args.memory else 'Time'}, {what}: {args.dtype}, batch 1, {heads}, head dim {args.dim}, "
+              f"{machine(args.device)}. "
               "drop: DA at rate 0.3 on every row; dynamic_drop: DDA (0.15, +0.05 per 1000 tokens, max 0.3) with L = n/2. "
               "dpe: Llama-3-8B's published scales, w = 1024, every pair; dpe_top_k: 3/4 of the pairs per head.")
     print(header, flush=True)
     if args.memory:
         rows = memory_table(lengths, methods, args.heads, args.dim, args.decode, args.device)
     else:
-        rows = time_ratios(lengths, methods, args.heads, args.dim, args.rounds, args.decode, args.kv_heads or args.heads)
+        rows = time_ratios(lengths, methods, args.heads, args.dim, args.rounds, args.decode, args.kv_heads or args.heads,
+                           args.device, args.dtype)
     if args.write:
         command = " ".join(["python bench/attention.py", *(a for a in sys.argv[1:] if a != "--write")])
         title = f"Attention, {what}, {'peak memory' if args.memory else 'time'}, n = {args.lengths}, {heads}"
+        if args.device != "cpu":
+            title += f", {args.device} {args.dtype}"
         if args.methods != parser.get_default("methods"):
             title += f", {args.methods}"
         write_section(title, f"`{command}`\n\n{header}\n\n" + "\n".join(rows))

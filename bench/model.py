@@ -1,21 +1,18 @@
 """End-to-end speed of every position method against stock attention, on the default model.
 
-    python bench/model.py [--length 8192] [--steps 15] [--rounds 1] [--new-tokens 64] [--write]
+    python bench/model.py [--length 8192] [--steps 15] [--rounds 1] [--new-tokens 64] [--device cuda] [--dtype bfloat16] [--write]
 
 One process, one model. Decoding: a cache of ``--length`` tokens is filled once; each round runs one
 step with stock ``sdpa`` and one with each method against it (the cache is cropped back after each
 step: a step's time depends on the shapes, not on what the cache holds); medians of ``--steps``
 rounds. Prefill and ``generate(--new-tokens)``: methods and stock alternate, ``--rounds`` times,
-medians. Ratios are against stock measured in the same run.
+medians (on a GPU each method first prefills once untimed, which compiles its FlexAttention kernels). Ratios are against stock measured in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
-import time
 
 import torch
 from transformers import DynamicCache
@@ -23,7 +20,7 @@ from transformers import DynamicCache
 import longreach
 from longreach import models
 from longreach.eval.runner import MethodSpec
-from results import write_section
+from results import machine, timed, write_section
 
 METHODS = ["rope", "string", "rerope", "self_extend", "dca"]
 STOCK = "sdpa (stock)"
@@ -37,14 +34,8 @@ def switch(model, method: str) -> None:
         MethodSpec.parse(method).apply(model, longreach.training_window(model.config))
 
 
-def timed(run) -> float:
-    start = time.perf_counter()
-    run()
-    return time.perf_counter() - start
-
-
 @torch.no_grad()
-def decoding(model, ids, methods, steps) -> dict[str, list[float]]:
+def decoding(model, ids, methods, steps, device) -> dict[str, list[float]]:
     cache = DynamicCache(config=model.config)
     model(ids, past_key_values=cache, use_cache=True)
     token, n = ids[:, -1:], ids.shape[1]
@@ -52,21 +43,23 @@ def decoding(model, ids, methods, steps) -> dict[str, list[float]]:
     for _ in range(steps + 1):  # the first round warms up
         for method in methods:
             switch(model, method)
-            times[method].append(timed(lambda: model(token, past_key_values=cache, use_cache=True)))
+            times[method].append(timed(lambda: model(token, past_key_values=cache, use_cache=True), device))
             cache.crop(n - cache.get_seq_length())  # transformers 5: a negative count of tokens to drop
     return {m: t[1:] for m, t in times.items()}
 
 
 @torch.no_grad()
-def prefill_and_generate(model, ids, methods, rounds, new_tokens) -> tuple[dict, dict]:
+def prefill_and_generate(model, ids, methods, rounds, new_tokens, device) -> tuple[dict, dict]:
     prefill, generate = {m: [] for m in methods}, {m: [] for m in methods}
     settings = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, attention_mask=torch.ones_like(ids))
-    for _ in range(rounds):
+    for round in range(rounds):
         for method in methods:
             switch(model, method)
-            prefill[method].append(timed(lambda: model(ids, use_cache=True)))
+            if round == 0 and torch.device(device).type == "cuda":
+                model(ids, use_cache=True)  # untimed: compiles this method's FlexAttention variants
+            prefill[method].append(timed(lambda: model(ids, use_cache=True), device))
             if new_tokens:
-                generate[method].append(timed(lambda: model.generate(ids, **settings)))
+                generate[method].append(timed(lambda: model.generate(ids, **settings), device))
     return prefill, generate
 
 
@@ -89,28 +82,32 @@ def main() -> None:
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--method", action="append", default=[], help="one more method with parameters, repeatable, "
                         "e.g. dpe:group_scales=2;2;2;2;2;2;2;2,top_k=24,dimensions=runs/calibrate_dpe_8k/dimensions.safetensors")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--write", action="store_true", help="also write the tables into their section of bench/RESULTS.md")
     args = parser.parse_args()
-    model, _ = models.load("default")
-    ids = torch.randint(100, 20000, (1, args.length), generator=torch.Generator().manual_seed(0))
+    model, _ = models.load("default", dtype=getattr(torch, args.dtype), device=args.device)
+    ids = torch.randint(100, 20000, (1, args.length), generator=torch.Generator().manual_seed(0)).to(args.device)
     methods = [STOCK, *filter(None, args.methods.split(",")), *args.method]
-    header = (f"SmolLM2-135M-Instruct (30 layers, 9 query / 3 KV heads), fp32, batch 1, {args.length} tokens, "
-              f"{platform.processor() or platform.machine()} with {os.cpu_count()} cores, torch {torch.__version__}; "
+    header = (f"SmolLM2-135M-Instruct (30 layers, 9 query / 3 KV heads), {args.dtype}, batch 1, {args.length} tokens, "
+              f"{machine(args.device)}; "
               f"L = {longreach.integrations.transformers.training_window(model.config)} (each method's defaults).")
     print(header, flush=True)
-    steps = decoding(model, ids, methods, args.steps)
+    steps = decoding(model, ids, methods, args.steps, args.device)
     lines = table(f"decoding step against {args.length} cached tokens ({args.steps} rounds)", steps, 1e-3, "ms")
     print("\n".join(lines), flush=True)
-    prefill, generate = prefill_and_generate(model, ids, methods, args.rounds, args.new_tokens)
+    prefill, generate = prefill_and_generate(model, ids, methods, args.rounds, args.new_tokens, args.device)
     lines += [""] + table(f"prefill of {args.length} tokens ({args.rounds} rounds)", prefill, 1, "s")
     if args.new_tokens:
         lines += [""] + table(f"generate {args.new_tokens} tokens after {args.length} ({args.rounds} rounds)", generate, 1, "s")
     print("\n".join(lines[-2 * len(methods) - 5:]), flush=True)
     if args.write:
         extra = "".join(f" --methods {args.methods}" if args.methods != ",".join(METHODS) else "") + "".join(f" --method '{m}'" for m in args.method)
+        extra += f" --device {args.device} --dtype {args.dtype}" if args.device != "cpu" else ""
         command = f"`python bench/model.py --length {args.length} --steps {args.steps} --rounds {args.rounds} --new-tokens {args.new_tokens}{extra}`"
         names = dict.fromkeys(m.split(":")[0] for m in methods[1:])
-        title = f"End to end, the default model at {args.length} tokens" + (", " + ", ".join(names) if extra else "")
+        title = f"End to end, the default model at {args.length} tokens" + (", " + ", ".join(names) if args.method or args.methods != ",".join(METHODS) else "")
+        title += f", {args.device} {args.dtype}" if args.device != "cpu" else ""
         write_section(title, f"{command}\n\n{header}\n\n" + "\n".join(lines))
 
 

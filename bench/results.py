@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import platform
 import re
+import time
 from datetime import date
 from pathlib import Path
 
@@ -16,3 +19,24 @@ def write_section(title: str, body: str) -> None:
     pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.DOTALL | re.MULTILINE)
     text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + section
     RESULTS.write_text(text.rstrip("\n") + "\n")
+
+
+def timed(run, device: str = "cpu") -> float:
+    """Seconds one call of ``run`` takes; on a GPU the queued work is waited for before and after."""
+    import torch
+
+    wait = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    wait()
+    start = time.perf_counter()
+    run()
+    wait()
+    return time.perf_counter() - start
+
+
+def machine(device: str) -> str:
+    """What ran the benchmark, for the tables' headers."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
+    return f"{device} ({platform.processor() or platform.machine()}, {os.cpu_count()} cores), torch {torch.__version__}"

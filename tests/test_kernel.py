@@ -149,6 +149,14 @@ def test_flex_has_no_backward_on_cpu_and_says_so():
         kernel.attention(q_rot, k_rot.float(), v.float(), method.parts(), inv_freq.float(), backend="flex")
 
 
+def test_additive_masks_have_rows_aligned_for_cuda_efficient_attention():
+    """CUDA's memory-efficient kernel refuses a bias whose row stride is not a multiple of 8 (seen on an H100)."""
+    allowed = torch.rand(2, 1, 3, 75, generator=torch.Generator().manual_seed(0)) > 0.5
+    mask = kernel._additive(allowed, torch.bfloat16)
+    assert mask.shape == allowed.shape and mask.stride(-2) % 16 == 0
+    assert torch.equal(mask == 0, allowed) and torch.isneginf(mask[~allowed]).all()
+
+
 def test_rows_with_an_empty_part_or_no_key_give_no_nan():
     """Padding query rows see no key at all; early rows see no far key. Neither may give NaN."""
     method = create("string", training_window=30, shift=10, local_window=3)

@@ -16,6 +16,7 @@ checked against the dense reference in CI at small sizes; ``auto`` never picks i
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
 from dataclasses import dataclass
@@ -54,9 +55,9 @@ class Region:
     pairs whose key position lies in ``[first[b, t], stop[b, t])`` (``first``, ``stop``: ``[B, Lq]``).
     """
 
-    lo: int
-    hi: int | None
-    offset: int
+    lo: int | torch.Tensor  # int bounds; 0-d tensors inside the compiled mask (see _block_mask)
+    hi: int | torch.Tensor | None
+    offset: int | torch.Tensor
     padding: torch.Tensor | None = None
     span: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
@@ -105,9 +106,12 @@ def _block_mask(region: Region, batch: int, q_len: int, kv_len: int, device):
         partial.append(any_pair & ~all_pairs)
         full.append(all_pairs)
     partial, full = torch.cat(partial, 1)[:, None], torch.cat(full, 1)[:, None]  # [B, 1, q tiles, kv tiles]
+    # the compiled kernel sees the bounds as tensors: new values (a decoding step's offset) reuse it, not recompile it
+    as_tensor = lambda x: None if x is None else torch.tensor(x, device=device)
+    traced = dataclasses.replace(region, lo=as_tensor(region.lo), hi=as_tensor(region.hi), offset=as_tensor(region.offset))
 
     def mask_mod(b, h, q_idx, kv_idx):
-        return region.allowed(b, q_idx, kv_idx)
+        return traced.allowed(b, q_idx, kv_idx)
 
     return _flex_module.BlockMask.from_kv_blocks(
         *_tile_lists(partial), *_tile_lists(full), BLOCK_SIZE=TILE, mask_mod=mask_mod, seq_lengths=(q_len, kv_len)
@@ -133,11 +137,22 @@ def part_attention(q, k, v, mask, causal, scaling):
     return out.to(compute_dtype(q.dtype)), lse.to(compute_dtype(q.dtype))
 
 
+RECOMPILE_LIMIT = 64
+"""Compiled variants of ``flex_attention`` allowed per process (PyTorch's default, 8, is spent by a few methods at
+a few lengths; past it PyTorch falls back to the eager version, which holds the whole scores matrix)."""
+
+
 @functools.lru_cache(maxsize=None)
 def _function(device_type: str):
     """Compiled ``flex_attention`` on CUDA; the eager one elsewhere (its warning about that, once, silenced)."""
     if device_type == "cuda":
-        return torch.compile(_flex_module.flex_attention)
+        compiled = torch.compile(_flex_module.flex_attention)
+
+        def with_more_variants(*args, **kwargs):
+            with torch._dynamo.config.patch(recompile_limit=max(RECOMPILE_LIMIT, torch._dynamo.config.recompile_limit)):
+                return compiled(*args, **kwargs)
+
+        return with_more_variants
 
     def eager(*args, **kwargs):
         with warnings.catch_warnings():

@@ -644,7 +644,11 @@ def _with_empty_rows(out, lse, mask):
 
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, NEG_INF)
+    """``allowed`` as an additive mask (0 or -inf), its rows stored 16 elements apart at least: CUDA's
+    memory-efficient attention refuses a bias whose row stride is not a multiple of 8 (16 bytes)."""
+    width = allowed.shape[-1]
+    stored = torch.zeros((*allowed.shape[:-1], -(-width // 16) * 16), dtype=dtype, device=allowed.device)
+    return stored[..., :width].masked_fill_(~allowed, NEG_INF)
 
 
 # --- backends: one block of attention with its log-sum-exp ------------------------------------
@@ -734,10 +738,12 @@ BACKWARDS: dict[Callable, Callable] = {_cpu_flash: _cpu_flash_backward, _math: _
 
 
 def _pick_block(query: torch.Tensor, backend: str) -> Callable:
-    """``auto``: CPU flash attention on CPU; compiled FlexAttention on CUDA (memory-efficient attention
-    without Triton); the math backend in float64 and on other devices."""
+    """``auto``: CPU flash attention on CPU; on CUDA compiled FlexAttention (memory-efficient attention
+    without Triton), and for a decoding step (at most ``SMALL_QUERY`` queries) the math backend, whose
+    one masked tile costs less than building a block mask and launching the compiled kernel; the math
+    backend in float64 and on other devices."""
     if backend == "auto":
-        if query.dtype == torch.float64:
+        if query.dtype == torch.float64 or (query.device.type == "cuda" and query.shape[2] <= SMALL_QUERY):
             backend = "math"
         elif query.device.type == "cuda":
             backend = "flex" if flex.available(query.device) else "cuda_efficient"

@@ -24,6 +24,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from . import haystack, report, runner, tune
+from .distributed import World
 from .runner import MethodSpec
 
 PROBE = "ruler:niah_multivalue"  # 4 values for one key, fraction found: the needles of DPE's own generator
@@ -108,7 +109,7 @@ def calibrate(model_name: str, target: int, out: Path, samples: int, local_windo
     from longreach import models
     from longreach.attention.rotary import find_rotary, rotary_pairs
 
-    model, tokenizer = loaded or models.load(model_name)
+    model, tokenizer = loaded or models.load(model_name, device=World.from_environment().device())  # a GPU when there is one
     window = training_window or longreach.training_window(model.config)
     runner.check_lengths([target], window)
     pairs = rotary_pairs(find_rotary(model))

@@ -1,0 +1,180 @@
+"""The GPU path: every method on CUDA against the float64 dense reference (computed on the CPU).
+
+Every CUDA backend (compiled FlexAttention, memory-efficient SDPA, math) in prefill, one-token decoding
+and a chunk against the cache, GQA 4:2, left padding, several of FlexAttention's 128-token tiles;
+bfloat16; gradients; Drop Attention; models of several families generating with the dynamic and the
+static cache; memory at 32K. Skipped where there is no CUDA device (CI has none): run them on a GPU
+machine with ``pytest -m cuda``.
+"""
+
+import pytest
+import torch
+from conftest import tiny_model
+from test_caches_and_calls import CACHE_FAMILIES, left_padded
+from test_caches_and_calls import METHODS as MODEL_METHODS
+from test_gradients import METHODS as GRADIENT_METHODS
+from test_gradients import gradients
+from test_kernel import BASELINES, case, expected
+
+import longreach
+from longreach.attention import kernel, reference
+from longreach.methods import create
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+KERNEL_METHODS = [("rope", {}), ("string", {"shift": 40, "local_window": 5}), ("string", {"shift": 40, "local_window": 5, "mscale": True}),
+                  *BASELINES]
+CUDA_BACKENDS = ["auto", "flex", "cuda_efficient", "math"]
+
+
+@pytest.fixture(autouse=True)
+def exact_float32_matmuls():
+    """TensorFloat-32 would round float32 products to 10 mantissa bits: the comparisons need IEEE float32."""
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def on_cuda(*tensors, dtype=torch.float32):
+    return [t.to("cuda", dtype) for t in tensors]
+
+
+@pytest.mark.parametrize("name, params", KERNEL_METHODS)
+@pytest.mark.parametrize("backend", CUDA_BACKENDS)
+@pytest.mark.parametrize("pads", [(0, 0), (0, 7)])
+def test_every_method_on_every_cuda_backend_matches_the_reference(name, params, backend, pads):
+    method = create(name, training_window=60, **params)
+    n = 300  # three of FlexAttention's tiles
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(n, pads=pads)
+    for q_len in (n, 1, 20):  # prefill, one-token decode, a chunk against the cache
+        want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
+        got = kernel.attention(
+            *on_cuda(q_rot[:, :, -q_len:], k_rot, v), method.layer_parts(0), inv_freq.float().cuda(), scaling=0.3,
+            key_padding=padding.cuda() if pads[1] else None, positions=positions.cuda(), backend=backend, tile=64,
+            logit_scale=method.logit_scale,
+        )
+        assert got.device.type == "cuda" and not got.isnan().any()
+        assert (got.cpu().double() - want)[rows].abs().max() <= 1e-5, q_len
+
+
+@pytest.mark.parametrize("name, params", [("string", {"shift": 40, "local_window": 5}), BASELINES[-1]])
+@pytest.mark.parametrize("backend", ["auto", "cuda_efficient"])
+def test_bfloat16_on_cuda(name, params, backend):
+    method = create(name, training_window=60, **params)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(300, pads=(0, 7))
+    want, rows = expected(method, q, k, v, positions, padding, inv_freq, 300, scaling=0.3)
+    got = kernel.attention(*on_cuda(q_rot, k_rot, v, dtype=torch.bfloat16), method.layer_parts(0), inv_freq.float().cuda(), scaling=0.3,
+                           key_padding=padding.cuda(), positions=positions.cuda(), backend=backend)
+    assert got.dtype == torch.bfloat16
+    assert (got.cpu().double() - want)[rows].abs().max() <= 0.05
+
+
+def test_drop_attention_on_cuda_matches_the_reference():
+    method = create("string", training_window=60, shift=40, local_window=5)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(200, pads=(0, 7))
+    for q_len in (200, 1):
+        rates = torch.rand(2, q_len, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 0.6
+        P = method.relative_positions(positions[:, -q_len:, None], positions[:, None, :])
+        want = reference.dense_attention(q[:, :, -q_len:], k, v, P, inv_freq, 0.3, key_padding=padding, drop_rates=rates)
+        got = kernel.attention(*on_cuda(q_rot[:, :, -q_len:], k_rot, v), method.parts(), inv_freq.float().cuda(), scaling=0.3,
+                               key_padding=padding.cuda(), positions=positions.cuda(), drop=rates.cuda(), tile=64)
+        assert (got.cpu().double() - want)[padding[:, -q_len:]].abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("name, params", GRADIENT_METHODS)
+@pytest.mark.parametrize("backend", ["auto", "cuda_efficient", "math"])
+def test_gradients_on_cuda_equal_the_reference(name, params, backend, monkeypatch):
+    """Backward through the kernel's merge of the parts with each CUDA backend (FlexAttention's own backward
+    under ``auto``), float32 on the GPU against autograd through the float64 reference."""
+    method = create(name, training_window=40, **params)
+    real = kernel.attention
+
+    def to_cuda(q, k, v, parts, inv_freq, **kwargs):
+        moved = {key: value.cuda() if torch.is_tensor(value) else value for key, value in kwargs.items()}
+        return real(*on_cuda(q, k, v), parts, inv_freq.float().cuda(), **moved).cpu()
+
+    monkeypatch.setattr(kernel, "attention", to_cuda)
+    for n, q_len, tile in ((140, 140, 64), (140, 1, 64), (140, 13, 32)):
+        got, want = gradients(method, backend, n, q_len, (0, 6), torch.float64, tile)
+        for g, w, what in zip(got, want, "qkv"):
+            assert (g - w).abs().max() <= 1e-4 * max(1.0, w.abs().max()), (what, q_len)
+
+
+@pytest.mark.parametrize("family", sorted(CACHE_FAMILIES))
+@pytest.mark.parametrize("name", sorted(MODEL_METHODS))
+@torch.no_grad()
+def test_models_on_cuda_equal_the_reference_and_generate_alike_with_either_cache(family, name):
+    """A tiny model on the GPU (full, sliding and hybrid caches), left padding: prefill logits against the
+    float64 reference model on the CPU; greedy generation with the dynamic and the static cache agrees."""
+    params, config = MODEL_METHODS[name], CACHE_FAMILIES[family]
+    reference_model = tiny_model(family, dtype=torch.float64, **config)
+    longreach.apply(reference_model, name, backend="reference", **params)
+    x, mask = left_padded(n=150)
+    want = reference_model(x, attention_mask=mask).logits
+    model = tiny_model(family, **config).cuda()
+    longreach.apply(model, name, **params)
+    got = model(x.cuda(), attention_mask=mask.cuda()).logits.cpu().double()
+    assert (got - want)[mask.bool()].abs().max() <= 1e-4
+    settings = dict(attention_mask=mask.cuda(), max_new_tokens=12, min_new_tokens=12, do_sample=False)
+    dynamic = model.generate(x.cuda(), **settings)
+    assert torch.equal(model.generate(x.cuda(), cache_implementation="static", **settings), dynamic)
+
+
+@torch.no_grad()
+def test_dpe_dimensions_from_the_cpu_work_on_a_cuda_model():
+    """A ``dimensions`` tensor (or file) is made on the CPU; the applied model lives on the GPU."""
+    model = tiny_model("llama").cuda()
+    dimensions = torch.rand(2, 4, 8, generator=torch.Generator().manual_seed(1))
+    longreach.apply(model, "dpe", group_scales=(2, 3, 1, 4), local_window=12, top_k=3, dimensions=dimensions)
+    x, mask = left_padded(n=60)
+    assert not model(x.cuda(), attention_mask=mask.cuda()).logits.isnan().any()
+
+
+def test_the_cuda_efficient_backend_is_accepted_on_a_cuda_model():
+    model = tiny_model("llama").cuda()
+    longreach.apply(model, "string", backend="cuda_efficient", shift=20, local_window=4)
+    x, mask = left_padded(n=60)
+    with torch.no_grad():
+        assert not model(x.cuda(), attention_mask=mask.cuda()).logits.isnan().any()
+
+
+@pytest.mark.parametrize("name", ["string", "self_extend", "dca", "dpe"])
+def test_prefill_memory_at_32k_is_far_below_one_dense_matrix(name):
+    """One 32,768^2 float32 score matrix per head is 4 GiB; the kernel's growth over its inputs stays under 1/8 of one."""
+    n, heads = 32768, 8
+    q, k, v = (torch.randn(1, heads, n, 64, device="cuda") for _ in range(3))
+    inv_freq = (1.0 / (10000 ** (torch.arange(0, 64, 2).float() / 64))).cuda()
+    params = {"group_scales": (4, 4, 2, 16, 32, 32, 16, 128), "top_k": None} if name == "dpe" else {}
+    parts = create(name, training_window=n // 2, **params).layer_parts(0)
+    kernel.attention(q[:, :, :256], k[:, :, :256], v[:, :, :256], parts, inv_freq)  # compile and warm up
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = kernel.attention(q, k, v, parts, inv_freq)
+    torch.cuda.synchronize()
+    assert not out.isnan().any()
+    grown = torch.cuda.max_memory_allocated() - before
+    assert grown < (4 << 30) // 8, f"{name}: peak memory grew by {grown / 2**20:.0f} MiB"
+
+
+def test_auto_takes_flex_for_prefill_and_math_for_decoding_steps():
+    many, few = (torch.empty(1, 4, n, 16, device="cuda") for n in (kernel.SMALL_QUERY + 1, kernel.SMALL_QUERY))
+    assert kernel._pick_block(many, "auto") is kernel.flex.part_attention
+    assert kernel._pick_block(few, "auto") is kernel._math
+
+
+def test_decoding_steps_reuse_the_compiled_flex_kernel():
+    """Each step has one more key and a new offset: after the first shapes, no new compiled variant."""
+    from torch._dynamo.utils import counters
+
+    parts = create("string", training_window=120, shift=80, local_window=8).parts()
+    inv_freq = (1.0 / (10000 ** (torch.arange(0, 16, 2).float() / 16))).cuda()
+    q, k, v = (torch.randn(1, 4, 300, 16, device="cuda") for _ in range(3))
+    for n in (200, 201, 202):  # the first shapes: a static compile, then a dynamic one
+        kernel.attention(q[:, :, n - 1 : n], k[:, :, :n], v[:, :, :n], parts, inv_freq, backend="flex")
+    compiled = counters["stats"]["unique_graphs"]
+    for n in range(203, 240):
+        kernel.attention(q[:, :, n - 1 : n], k[:, :, :n], v[:, :, :n], parts, inv_freq, backend="flex")
+    assert counters["stats"]["unique_graphs"] == compiled
+
