@@ -158,6 +158,14 @@ def test_prefill_memory_at_32k_is_far_below_one_dense_matrix(name):
     assert grown < (4 << 30) // 8, f"{name}: peak memory grew by {grown / 2**20:.0f} MiB"
 
 
+def test_additive_masks_have_rows_aligned_for_cuda_efficient_attention():
+    """PyTorch's memory-efficient kernel refuses a bias whose row stride is not a multiple of 8 (seen on an H100)."""
+    allowed = torch.rand(2, 1, 3, 75, generator=torch.Generator().manual_seed(0)) > 0.5
+    mask = kernel._additive(allowed.cuda(), torch.bfloat16)
+    assert mask.shape == allowed.shape and mask.stride(-2) % 16 == 0
+    assert torch.equal((mask == 0).cpu(), allowed)
+
+
 def test_auto_takes_flex_for_prefill_and_math_for_decoding_steps():
     many, few = (torch.empty(1, 4, n, 16, device="cuda") for n in (kernel.SMALL_QUERY + 1, kernel.SMALL_QUERY))
     assert kernel._pick_block(many, "auto") is kernel.flex.part_attention

@@ -644,10 +644,11 @@ def _with_empty_rows(out, lse, mask):
 
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``allowed`` as an additive mask (0 or -inf), its rows stored 16 elements apart at least: CUDA's
-    memory-efficient attention refuses a bias whose row stride is not a multiple of 8 (16 bytes)."""
+    """``allowed`` as an additive mask (0 or -inf); on CUDA its rows are stored a multiple of 16 elements
+    apart: CUDA's memory-efficient attention refuses a bias whose row stride is not a multiple of 8."""
     width = allowed.shape[-1]
-    stored = torch.zeros((*allowed.shape[:-1], -(-width // 16) * 16), dtype=dtype, device=allowed.device)
+    stored_width = -(-width // 16) * 16 if allowed.device.type == "cuda" else width
+    stored = torch.zeros((*allowed.shape[:-1], stored_width), dtype=dtype, device=allowed.device)
     return stored[..., :width].masked_fill_(~allowed, NEG_INF)
 
 
