@@ -147,9 +147,11 @@ def _function(device_type: str):
     """Compiled ``flex_attention`` on CUDA; the eager one elsewhere (its warning about that, once, silenced)."""
     if device_type == "cuda":
         compiled = torch.compile(_flex_module.flex_attention)
+        config = torch._dynamo.config
+        name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # renamed in PyTorch 2.6
 
         def with_more_variants(*args, **kwargs):
-            with torch._dynamo.config.patch(recompile_limit=max(RECOMPILE_LIMIT, torch._dynamo.config.recompile_limit)):
+            with config.patch({name: max(RECOMPILE_LIMIT, getattr(config, name))}):
                 return compiled(*args, **kwargs)
 
         return with_more_variants
