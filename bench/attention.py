@@ -37,9 +37,9 @@ def case(method: str, n: int, heads: int, dim: int, decode: bool, device: str = 
     from longreach.attention import kernel
     from longreach.methods import create, drop
 
-    generator = torch.Generator().manual_seed(0)
-    q = torch.randn(1, heads, 1 if decode else n, dim, generator=generator).to(device, getattr(torch, dtype))
-    k, v = (torch.randn(1, kv_heads or heads, n, dim, generator=generator).to(device, getattr(torch, dtype)) for _ in range(2))
+    generator, dtype = torch.Generator().manual_seed(0), getattr(torch, dtype)
+    q = torch.randn(1, heads, 1 if decode else n, dim, generator=generator).to(device, dtype)
+    k, v = (torch.randn(1, kv_heads or heads, n, dim, generator=generator).to(device, dtype) for _ in range(2))
     inputs = sum(t.numel() * t.element_size() for t in (q, k, v))
     if method == "sdpa":
         gqa = k.shape[1] != heads

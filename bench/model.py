@@ -6,7 +6,8 @@ One process, one model. Decoding: a cache of ``--length`` tokens is filled once;
 step with stock ``sdpa`` and one with each method against it (the cache is cropped back after each
 step: a step's time depends on the shapes, not on what the cache holds); medians of ``--steps``
 rounds. Prefill and ``generate(--new-tokens)``: methods and stock alternate, ``--rounds`` times,
-medians (on a GPU each method first prefills once untimed, which compiles its FlexAttention kernels). Ratios are against stock measured in the same run.
+medians (on a GPU each method first prefills once untimed, which compiles its FlexAttention
+kernels). Ratios are against stock measured in the same run.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def switch(model, method: str) -> None:
 
 
 @torch.no_grad()
-def decoding(model, ids, methods, steps, device) -> dict[str, list[float]]:
+def decoding(model, ids, methods, steps) -> dict[str, list[float]]:
     cache = DynamicCache(config=model.config)
     model(ids, past_key_values=cache, use_cache=True)
     token, n = ids[:, -1:], ids.shape[1]
@@ -43,23 +44,23 @@ def decoding(model, ids, methods, steps, device) -> dict[str, list[float]]:
     for _ in range(steps + 1):  # the first round warms up
         for method in methods:
             switch(model, method)
-            times[method].append(timed(lambda: model(token, past_key_values=cache, use_cache=True), device))
+            times[method].append(timed(lambda: model(token, past_key_values=cache, use_cache=True), ids.device))
             cache.crop(n - cache.get_seq_length())  # transformers 5: a negative count of tokens to drop
     return {m: t[1:] for m, t in times.items()}
 
 
 @torch.no_grad()
-def prefill_and_generate(model, ids, methods, rounds, new_tokens, device) -> tuple[dict, dict]:
+def prefill_and_generate(model, ids, methods, rounds, new_tokens) -> tuple[dict, dict]:
     prefill, generate = {m: [] for m in methods}, {m: [] for m in methods}
     settings = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, attention_mask=torch.ones_like(ids))
-    for round in range(rounds):
+    for i in range(rounds):
         for method in methods:
             switch(model, method)
-            if round == 0 and torch.device(device).type == "cuda":
+            if i == 0 and ids.device.type == "cuda":
                 model(ids, use_cache=True)  # untimed: compiles this method's FlexAttention variants
-            prefill[method].append(timed(lambda: model(ids, use_cache=True), device))
+            prefill[method].append(timed(lambda: model(ids, use_cache=True), ids.device))
             if new_tokens:
-                generate[method].append(timed(lambda: model.generate(ids, **settings), device))
+                generate[method].append(timed(lambda: model.generate(ids, **settings), ids.device))
     return prefill, generate
 
 
@@ -93,20 +94,21 @@ def main() -> None:
               f"{machine(args.device)}; "
               f"L = {longreach.integrations.transformers.training_window(model.config)} (each method's defaults).")
     print(header, flush=True)
-    steps = decoding(model, ids, methods, args.steps, args.device)
+    steps = decoding(model, ids, methods, args.steps)
     lines = table(f"decoding step against {args.length} cached tokens ({args.steps} rounds)", steps, 1e-3, "ms")
     print("\n".join(lines), flush=True)
-    prefill, generate = prefill_and_generate(model, ids, methods, args.rounds, args.new_tokens, args.device)
+    prefill, generate = prefill_and_generate(model, ids, methods, args.rounds, args.new_tokens)
     lines += [""] + table(f"prefill of {args.length} tokens ({args.rounds} rounds)", prefill, 1, "s")
     if args.new_tokens:
         lines += [""] + table(f"generate {args.new_tokens} tokens after {args.length} ({args.rounds} rounds)", generate, 1, "s")
     print("\n".join(lines[-2 * len(methods) - 5:]), flush=True)
     if args.write:
-        extra = "".join(f" --methods {args.methods}" if args.methods != ",".join(METHODS) else "") + "".join(f" --method '{m}'" for m in args.method)
+        chosen = args.methods != ",".join(METHODS)
+        extra = (f" --methods {args.methods}" if chosen else "") + "".join(f" --method '{m}'" for m in args.method)
         extra += f" --device {args.device} --dtype {args.dtype}" if args.device != "cpu" else ""
         command = f"`python bench/model.py --length {args.length} --steps {args.steps} --rounds {args.rounds} --new-tokens {args.new_tokens}{extra}`"
         names = dict.fromkeys(m.split(":")[0] for m in methods[1:])
-        title = f"End to end, the default model at {args.length} tokens" + (", " + ", ".join(names) if args.method or args.methods != ",".join(METHODS) else "")
+        title = f"End to end, the default model at {args.length} tokens" + (", " + ", ".join(names) if chosen or args.method else "")
         title += f", {args.device} {args.dtype}" if args.device != "cpu" else ""
         write_section(title, f"{command}\n\n{header}\n\n" + "\n".join(lines))
 

@@ -21,7 +21,7 @@ def write_section(title: str, body: str) -> None:
     RESULTS.write_text(text.rstrip("\n") + "\n")
 
 
-def timed(run, device: str = "cpu") -> float:
+def timed(run, device: "str | torch.device" = "cpu") -> float:
     """Seconds one call of ``run`` takes; on a GPU the queued work is waited for before and after."""
     import torch
 
