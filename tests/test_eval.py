@@ -105,7 +105,7 @@ def test_the_pipeline_end_to_end_on_a_tiny_model(tmp_path):
     assert {r["depth"] for r in records if r["task"] == "niah"} == {0.0, 1.0}  # the grid task cycles through the depths
     assert all(r["n_tokens"] + r["max_new_tokens"] <= r["length"] for r in records if r["task"] != "ppl")
     assert {r["resolved"] for r in records} == {"rope [L=1024]", "string(shift=300, local_window=8, mscale=False) [L=1024]"}
-    assert all(r["prompt_hash"] and r["seconds"] >= 0 for r in records)
+    assert all(r["prompt_hash"] and r["seconds"] >= 0 and r["machine"] == "cpu" and r["batch"] >= 1 for r in records)
     markdown = report.build(tmp_path)
     for name in ["summary.md", "summary.json", "compare_niah4.png", "compare_ppl.png", "heatmap_niah_rope.png",
                  "heatmap_niah4_string_local_window_8_shift_300.png"]:

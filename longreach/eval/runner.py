@@ -280,6 +280,7 @@ def _run_cases(grid, pending, model, tokenizer, specs, resolved, window, batch_s
             specs[label].apply(model, window)
             state["applied"] = label
 
+    machine = _machine(model)
     desc = f"cases (process {world.rank})" if world.shares_cases else "cases"
     with (path.open("a", encoding="utf-8") if world.writes else contextlib.nullcontext()) as sink, \
             tqdm(total=len(pending), desc=desc, unit="case", position=world.rank if world.shares_cases else 0, disable=not world.writes) as bar:
@@ -305,12 +306,20 @@ def _run_cases(grid, pending, model, tokenizer, specs, resolved, window, batch_s
                             bar.write(f"case {task_name} {length} {label} seed {seed} failed: {record['error']}")
                         record = {"model": grid.model, "method": label, "resolved": resolved[label], "window": window,
                                   "task": task_name, "length": length, "depth": depth, "seed": seed, **record,
-                                  "seconds": round(seconds + build_seconds, 3)}
+                                  "seconds": round(seconds + build_seconds, 3), "batch": len(batch), "machine": machine}
                         if sink:
                             sink.write(json.dumps(record) + "\n")
                             sink.flush()
                             os.fsync(sink.fileno())
                         bar.update()
+
+
+def _machine(model) -> str:
+    """What ran the cases, for the time per case: 'cpu' or the GPU's name, e.g. 'cuda: NVIDIA H100 80GB HBM3'."""
+    import torch
+
+    device = next(model.parameters()).device
+    return f"cuda: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else device.type
 
 
 def _build(task, tokenizer, length: int, depth, seed: int):
