@@ -61,7 +61,7 @@ def _grid(args: argparse.Namespace):
         print(reason)
     methods = [runner.MethodSpec.parse(m) for m in (args.method or ["rope", "string"])]
     return runner.Grid(args.model, names, methods, runner.parse_lengths(args.lengths),
-                       runner.depth_grid(args.depths), args.samples, args.training_window)
+                       runner.depth_grid(args.depths), args.samples, args.training_window, getattr(args, "dtype", "auto"))
 
 
 def _eval(args: argparse.Namespace) -> None:
@@ -264,6 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--lengths", default="2k,4k,8k", help="context lengths, k = 1024 (default 2k,4k,8k)")
     evaluate.add_argument("--depths", type=positive, default=5, help="grid depths from 0 to 1 for the niah heatmap task; its "
                           "cases cycle through them (default 5)")
+    evaluate.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+                          help="weights and activations: auto is the checkpoint's own (float32 for the default model; "
+                          "bfloat16 for most published ones, as upstream runs them)")
     common(evaluate, "runs/eval", EVAL_SAMPLES)
     evaluate.set_defaults(run=_eval)
 

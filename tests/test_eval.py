@@ -105,7 +105,7 @@ def test_the_pipeline_end_to_end_on_a_tiny_model(tmp_path):
     assert {r["depth"] for r in records if r["task"] == "niah"} == {0.0, 1.0}  # the grid task cycles through the depths
     assert all(r["n_tokens"] + r["max_new_tokens"] <= r["length"] for r in records if r["task"] != "ppl")
     assert {r["resolved"] for r in records} == {"rope [L=1024]", "string(shift=300, local_window=8, mscale=False) [L=1024]"}
-    assert all(r["prompt_hash"] and r["seconds"] >= 0 and r["machine"] == "cpu" and r["batch"] >= 1 for r in records)
+    assert all(r["prompt_hash"] and r["seconds"] >= 0 and r["machine"] == "cpu" and r["batch"] >= 1 and r["dtype"] == "float32" for r in records)
     markdown = report.build(tmp_path)
     for name in ["summary.md", "summary.json", "compare_niah4.png", "compare_ppl.png", "heatmap_niah_rope.png",
                  "heatmap_niah4_string_local_window_8_shift_300.png"]:
@@ -168,6 +168,20 @@ def test_a_crash_mid_run_loses_nothing_and_a_rerun_duplicates_nothing(tmp_path, 
     records = runner.read_results(tmp_path / runner.RESULTS)
     keys = [runner.case_key(r) for r in records]
     assert len(keys) == len(set(keys)) == len(grid.keys)
+
+
+def test_the_dtype_reaches_the_loader_and_a_folder_keeps_one_precision(tmp_path, monkeypatch):
+    from longreach import models
+
+    grid, (model, tokenizer) = tiny_grid(tmp_path)
+    grid = runner.Grid("tiny", ["passkey"], grid.methods[:1], [700], [0.5], 2, dtype="bfloat16")
+    asked = []
+    monkeypatch.setattr(models, "load", lambda name, dtype, **_: asked.append(dtype) or (model.to(dtype), tokenizer))
+    runner.run(grid, tmp_path)
+    assert asked == [torch.bfloat16]
+    assert {r["dtype"] for r in runner.read_results(tmp_path / runner.RESULTS)} == {"bfloat16"}
+    with pytest.raises(ValueError, match=r"--dtype resolves to float32, but .* holds results in bfloat16"):
+        runner.run(grid, tmp_path, loaded=(model.to(torch.float32), tokenizer))
 
 
 def test_method_specs_expand_the_paper_protocol_and_compose():

@@ -198,6 +198,7 @@ class Grid:
     depths: list[float]
     samples: int
     training_window: int | None = None  # None: the model's own L
+    dtype: str = "auto"  # the checkpoint's own, or float32 / bfloat16 / float16
     keys: list[tuple] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -221,6 +222,8 @@ def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, batch_size
     shared out over the processes, or with ``tp`` the model is (see :mod:`.distributed`); ``limit``
     then caps each process's new cases.
     """
+    import torch
+
     import longreach
     from longreach import models
 
@@ -230,14 +233,18 @@ def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, batch_size
     out.mkdir(parents=True, exist_ok=True)
     path = out / RESULTS
     specs = {m.label: m for m in grid.methods}
-    model, tokenizer = loaded or models.load(grid.model, device=world.device(), tp=tp)
+    model, tokenizer = loaded or models.load(grid.model, dtype=grid.dtype if grid.dtype == "auto" else getattr(torch, grid.dtype),
+                                             device=world.device(), tp=tp)
+    dtype = str(model.dtype).removeprefix("torch.")
     window = grid.training_window or longreach.training_window(model.config)
     check_lengths(grid.lengths, window)
     resolved = {}
     for spec in grid.methods:  # validate every method before spending time; a case is keyed by the method as resolved
         spec.apply(model, window)
         resolved[spec.label] = longreach.describe(model)
-    done = {case_key(r) for file in [path, *shares(out, RESULTS)] for r in read_results(file) if not r.get("error")}  # failed cases are tried again
+    earlier = [r for file in [path, *shares(out, RESULTS)] for r in read_results(file)]
+    check_dtype(earlier, dtype, out)
+    done = {case_key(r) for r in earlier if not r.get("error")}  # failed cases are tried again
     world.barrier()  # everyone has read what is done before anyone writes: tensor-parallel processes run the same cases
     mine = world.share(grid.keys, lambda key: key[2:])
     missing = [key for key in mine if (key[0], resolved[key[1]], *key[2:]) not in done]
@@ -246,7 +253,7 @@ def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, batch_size
         where = f"process {world.rank} of {world.size}: " if world.shares_cases else ""
         print(f"{where}{len(mine)} cases in the grid, {len(mine) - len(missing)} already in {out}, running {len(pending)}")
     if pending:
-        _run_cases(grid, pending, model, tokenizer, specs, resolved, window, batch_size, world, world.results_file(out, RESULTS))
+        _run_cases(grid, pending, model, tokenizer, specs, resolved, window, batch_size, world, world.results_file(out, RESULTS), dtype)
     longreach.remove(model)
     world.barrier()
     if world.rank == 0 and world.shares_cases:
@@ -271,7 +278,15 @@ def merge(out: Path) -> None:
         share.unlink()
 
 
-def _run_cases(grid, pending, model, tokenizer, specs, resolved, window, batch_size, world, path) -> None:
+def check_dtype(records: list[dict], dtype: str, out: Path) -> None:
+    """A results folder holds one precision: resuming it in another would mix two measurements."""
+    held = {r.get("dtype", "float32") for r in records}  # records from before the field was kept ran in float32
+    if held - {dtype}:
+        raise ValueError(f"--dtype resolves to {dtype}, but {out} holds results in {', '.join(sorted(held))}: "
+                         f"resume it with that --dtype, or give another --out")
+
+
+def _run_cases(grid, pending, model, tokenizer, specs, resolved, window, batch_size, world, path, dtype) -> None:
     """Run ``pending`` cases, one JSON line each in ``path`` (only where ``world`` writes)."""
     state = {"applied": None}
 
@@ -306,7 +321,7 @@ def _run_cases(grid, pending, model, tokenizer, specs, resolved, window, batch_s
                             bar.write(f"case {task_name} {length} {label} seed {seed} failed: {record['error']}")
                         record = {"model": grid.model, "method": label, "resolved": resolved[label], "window": window,
                                   "task": task_name, "length": length, "depth": depth, "seed": seed, **record,
-                                  "seconds": round(seconds + build_seconds, 3), "batch": len(batch), "machine": machine}
+                                  "seconds": round(seconds + build_seconds, 3), "batch": len(batch), "machine": machine, "dtype": dtype}
                         if sink:
                             sink.write(json.dumps(record) + "\n")
                             sink.flush()
