@@ -238,6 +238,7 @@ TRAINING_WINDOW_HELP = "the training window L every default derives from (defaul
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .eval import runner
     from .eval.report import RULER_THRESHOLD
 
     parser = argparse.ArgumentParser(prog="longreach", description="Measure and extend the context RoPE models really use.")
@@ -264,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--lengths", default="2k,4k,8k", help="context lengths, k = 1024 (default 2k,4k,8k)")
     evaluate.add_argument("--depths", type=positive, default=5, help="grid depths from 0 to 1 for the niah heatmap task; its "
                           "cases cycle through them (default 5)")
-    evaluate.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+    evaluate.add_argument("--dtype", choices=runner.DTYPES, default="auto",
                           help="weights and activations: auto is the checkpoint's own (float32 for the default model; "
                           "bfloat16 for most published ones, as upstream runs them)")
     common(evaluate, "runs/eval", EVAL_SAMPLES)

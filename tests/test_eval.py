@@ -207,6 +207,8 @@ def test_the_dtype_reaches_the_loader_and_a_folder_keeps_one_precision(tmp_path,
     runner.run(grid, tmp_path)
     assert asked == [torch.bfloat16]
     assert {r["dtype"] for r in runner.read_results(tmp_path / runner.RESULTS)} == {"bfloat16"}
+    with pytest.raises(ValueError, match="--dtype=fp32 is not one of: auto, float32"):
+        runner.Grid("tiny", ["passkey"], grid.methods, [700], [0.5], 2, dtype="fp32")
     with pytest.raises(ValueError, match=r"--dtype resolves to float32, but .* holds results in bfloat16"):
         runner.run(grid, tmp_path, loaded=(model.to(torch.float32), tokenizer))
 

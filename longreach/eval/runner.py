@@ -183,6 +183,9 @@ def case_key(record: dict) -> tuple:
     return (record["model"], record["resolved"], record["task"], record["length"], record["depth"], record["seed"])
 
 
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: the checkpoint's own
+
+
 @dataclass
 class Grid:
     """Every case of an evaluation: ``samples`` cases per (task, length, method).
@@ -198,12 +201,14 @@ class Grid:
     depths: list[float]
     samples: int
     training_window: int | None = None  # None: the model's own L
-    dtype: str = "auto"  # the checkpoint's own, or float32 / bfloat16 / float16
+    dtype: str = "auto"  # one of DTYPES
     keys: list[tuple] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.samples < 1:
             raise ValueError(f"--samples={self.samples} is out of range: at least 1")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"--dtype={self.dtype} is not one of: {', '.join(DTYPES)}")
         if self.training_window is not None and self.training_window < 2:
             raise ValueError(f"--training-window={self.training_window} is out of range: an integer >= 2 (tokens)")
         self.methods = list({m.label: m for m in self.methods}.values())  # --method rope --method rope: once
