@@ -111,7 +111,7 @@ def test_the_pipeline_end_to_end_on_a_tiny_model(tmp_path):
                  "heatmap_niah4_string_local_window_8_shift_300.png"]:
         assert (tmp_path / name).stat().st_size > 0, name
     assert "## niah4" in markdown and "effective length" in markdown and "Fraction of the needles" in markdown
-    assert "## RULER" in markdown and "incomplete" in markdown and "## Time per case" in markdown and "| cpu, float32, batch 1 | niah4 | rope |" in markdown
+    assert "## RULER" in markdown and "incomplete" in markdown and "## Time per case" in markdown and "| cpu, float32 | niah4 | rope | 1 |" in markdown
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert {(c["task"], c["method"], c["length"]) for c in summary["cells"]} == {(k[2], k[1], k[3]) for k in grid.keys}
     assert all(c["n"] == 2 and c["low"] <= c["score"] <= c["high"] for c in summary["cells"] if c["task"] != "ppl")
