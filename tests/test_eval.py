@@ -156,6 +156,7 @@ def test_the_study_picks_the_best_complete_methods_and_publishes_every_folder(tm
     with pytest.raises(ValueError, match="run step 1"):
         study.best(tmp_path / "study_window", ["rope", "string", "a", "b"], 2)
     index = study.publish([tmp_path / "study_window", tmp_path / "study_beyond"], tmp_path / "docs")
+    assert (tmp_path / "docs" / "window" / runner.RESULTS).read_text() == (tmp_path / "study_window" / runner.RESULTS).read_text()
     assert (tmp_path / "docs" / "window" / "summary.md").exists() and (tmp_path / "docs" / "window" / "compare_niah4.png").exists()
     text = index.read_text()
     assert "study_beyond" not in text and "| passkey | partial | 4 | — |" in text

@@ -4,7 +4,7 @@ publishing the results folders' reports into ``docs/study/``.
 ``python -m longreach.eval.study best FOLDER --exclude rope string --count 2`` prints the labels of the
 methods with the highest mean score over the folder's (task, length) cells, one per line;
 ``python -m longreach.eval.study publish FOLDER... --to docs/study`` rebuilds each folder's report
-(:func:`.report.build`), copies its summary.md, summary.json and plots to ``docs/study/<part>/`` and writes
+(:func:`.report.build`), copies its results (every case), summary.md, summary.json and plots to ``docs/study/<part>/`` and writes
 ``docs/study/index.md``: per part the cells with their n, and the paired differences against rope.
 """
 
@@ -39,7 +39,8 @@ def best(folder: Path, exclude: list[str], count: int) -> list[str]:
 
 
 def publish(folders: list[Path], to: Path) -> Path:
-    """Rebuild the reports of ``folders`` that hold results, copy them to ``to/<part>/``; write ``to/index.md``."""
+    """Rebuild the reports of ``folders`` that hold results, copy them with the results to ``to/<part>/``
+(``longreach report`` rebuilds the report there); write ``to/index.md``."""
     parts = []
     for folder in folders:
         if not read_results(folder / RESULTS):
@@ -49,7 +50,7 @@ def publish(folders: list[Path], to: Path) -> Path:
         if part.exists():
             shutil.rmtree(part)
         part.mkdir(parents=True)
-        for name in ["summary.md", "summary.json", *sorted(p.name for p in folder.glob("*.png"))]:
+        for name in [RESULTS, "summary.md", "summary.json", *sorted(p.name for p in folder.glob("*.png"))]:
             shutil.copy2(folder / name, part / name)
         parts.append((folder, part, json.loads((folder / "summary.json").read_text(encoding="utf-8"))))
     if not parts:
@@ -62,7 +63,8 @@ def publish(folders: list[Path], to: Path) -> Path:
 def _index(parts: list[tuple[Path, Path, dict]], to: Path) -> str:
     lines = ["# The study: results as they stand\n",
              "Written by `docs/study/run.sh` (`make study`) from the results folders named below; each part's "
-             "summary.md has every table, interval and plot. Cells: cases per (task, method, length).\n"]
+             "summary.md has every table, interval and plot, and its results.jsonl every case. Cells: cases per "
+             "(task, method, length).\n"]
     for folder, part, summary in parts:
         lines += [f"## {part.name} ({folder})\n", f"[summary.md]({part.relative_to(to)}/summary.md)\n"]
         counts = defaultdict(dict)
