@@ -4,8 +4,9 @@ publishing the results folders' reports into ``docs/study/``.
 ``python -m longreach.eval.study best FOLDER --exclude rope string --count 2`` prints the labels of the
 methods with the highest mean score over the folder's (task, length) cells, one per line;
 ``python -m longreach.eval.study publish FOLDER... --to docs/study`` rebuilds each folder's report
-(:func:`.report.build`), copies its results (every case), summary.md, summary.json and plots to ``docs/study/<part>/`` and writes
-``docs/study/index.md``: per part the cells with their n, and the paired differences against rope.
+(:func:`.report.build`), copies its results (every case), summary.md, summary.json and plots to
+``docs/study/<part>/`` and writes ``docs/study/index.md``: per part the cells with their n, and the
+paired differences against rope.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ def best(folder: Path, exclude: list[str], count: int) -> list[str]:
 
 
 def publish(folders: list[Path], to: Path) -> Path:
-    """Rebuild the reports of ``folders`` that hold results, copy them with the results to ``to/<part>/``
-(``longreach report`` rebuilds the report there); write ``to/index.md``."""
+    """Rebuild the reports of ``folders`` that hold results, copy them with the results to
+    ``to/<part>/`` (``longreach report`` rebuilds the report there); write ``to/index.md``."""
     parts = []
     for folder in folders:
         if not read_results(folder / RESULTS):
