@@ -338,8 +338,7 @@ def _machine(model) -> str:
     """What ran the cases, for the time per case: 'cpu' or the GPU's name, e.g. 'cuda: NVIDIA H100 80GB HBM3'."""
     import torch
 
-    device = next(model.parameters()).device
-    return f"cuda: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else device.type
+    return f"cuda: {torch.cuda.get_device_name(model.device)}" if model.device.type == "cuda" else model.device.type
 
 
 def _build(task, tokenizer, length: int, depth, seed: int):
