@@ -16,6 +16,14 @@ RUN="--model default --dtype bfloat16 --batch-size ${BATCH:-8}"
 DPE_8K="dpe:dimensions=docs/study/dpe_dimensions_8k.safetensors,group_scales=2;2;2;2;2;2;2;2,local_window=1024,top_k=24"
 DPE_16K="dpe:dimensions=docs/study/dpe_dimensions_16k.safetensors,group_scales=4;4;4;4;4;4;4;4,local_window=1024,top_k=24"
 
+# A fresh clone resumes from the published results: a results folder that is absent starts from the copy
+# that the last publish left in docs/study/<part>/ (cases run after that publish are run again).
+for part in window ruler beyond; do
+    if [ ! -e "runs/study_$part/results.jsonl" ] && [ -e "docs/study/$part/results.jsonl" ]; then
+        mkdir -p "runs/study_$part" && cp "docs/study/$part/results.jsonl" "runs/study_$part/results.jsonl"
+    fi
+done
+
 # 1. Inside the window (the paper's Table 1 in miniature): 50 cases per cell for rope and string ...
 $LONGREACH eval niah4 passkey $RUN --lengths 2k,4k,6k,8k --samples 50 --out runs/study_window \
     --method rope --method string
