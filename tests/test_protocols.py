@@ -186,9 +186,29 @@ def test_the_ruler_score_is_the_mean_of_task_means_with_averages_and_effective_l
     assert ruler_length["point"] == 8192 and ruler_length["sure"] == 4096  # at 8K the lower bound (about 84) misses 85.6
     assert ruler_length["avg"] == pytest.approx(88.0) and ruler_length["wavg_inc"] == pytest.approx((90 + 2 * 86) / 3)
     assert "vt 2" in markdown and "## RULER" in markdown and (tmp_path / "compare_ruler.png").stat().st_size > 0
+    assert "Minus rope" not in markdown  # one method: nothing to pair
     without_qa = [r for r in records if not r["task"].startswith("ruler:qa")]
     (tmp_path / runner.RESULTS).write_text("".join(json.dumps(r) + "\n" for r in without_qa))
     assert "(11 tasks, n=22)" in report.build(tmp_path)
+
+
+def test_the_ruler_difference_against_rope_pairs_cases_within_each_task(tmp_path):
+    # string gains 20 on the first task only (its two cases 0 -> 20 and 10 -> 30): the mean over 13 tasks is 20 / 13;
+    # each task's pairs are resampled on their own, so the interval is exact; the third case of string has no pair
+    rope = [_record(task, 4096, seed, 10.0 * seed) for task in report.RULER_TASKS for seed in range(2)]
+    first = report.RULER_TASKS[0]
+    string = [{**r, "method": "string", "resolved": "string [L=8192]", "score": r["score"] + 20 * (r["task"] == first)} for r in rope]
+    unpaired = {**string[0], "seed": 2}
+    (tmp_path / runner.RESULTS).write_text("".join(json.dumps(r) + "\n" for r in rope + string + [unpaired]))
+    markdown = report.build(tmp_path)
+    (paired,) = json.loads((tmp_path / "summary.json").read_text())["ruler_paired"]
+    assert paired["method"] == "string" and paired["n"] == 26
+    assert paired["difference"] == pytest.approx(20 / 13) and paired["low"] == paired["high"] == pytest.approx(20 / 13)
+    assert "| string | +1.5 [+2, +2] (n=26) |" in markdown
+    (tmp_path / runner.RESULTS).write_text("".join(json.dumps(r) + "\n" for r in rope + string[2:]))  # string lacks a task
+    report.build(tmp_path)
+    (paired,) = json.loads((tmp_path / "summary.json").read_text())["ruler_paired"]
+    assert paired["n"] == 0 and paired["difference"] is None
 
 
 def test_effective_length_is_reported_by_point_and_by_lower_bound(tmp_path):

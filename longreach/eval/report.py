@@ -104,7 +104,7 @@ def build(out: Path, threshold: float = RULER_THRESHOLD) -> str:
     for r in records:
         by_task[r["model"], r["task"]].append(r)
     summary = {"threshold": threshold, "confidence": stats.CONFIDENCE, "cells": [], "paired": [], "effective_length": [],
-               "ruler": [], "failed": len(failed)}
+               "ruler": [], "ruler_paired": [], "failed": len(failed)}
     sections = [f"# longreach results\n\nModel: {', '.join(models)}; {len(records)} cases; every score is the mean "
                 f"with its 95% interval [low, high] and n (Wilson for pass/fail, bootstrap for means); effective length "
                 f"threshold {threshold:g}.\n"]
@@ -221,8 +221,10 @@ def _ruler_section(out: Path, model: str, rows: list[dict], threshold: float, su
     methods = list(dict.fromkeys(r["method"] for r in rows))
     lengths = sorted({r["length"] for r in rows})
     by_cell = defaultdict(lambda: defaultdict(list))
+    by_case = defaultdict(lambda: defaultdict(dict))  # the same scores keyed by case, for the paired differences
     for r in rows:
         by_cell[r["method"], r["length"]][r["task"]].append(r["score"])
+        by_case[r["method"], r["length"]][r["task"]][r["depth"], r["seed"]] = r["score"]
     lines = [f"## RULER{' — ' + model if model else ''}\n",
              f"Reproduces {ruler.REVISION}. The RULER score of a length is the mean of its task means (13 tasks; "
              "'11' marks a run without QA data, not comparable with 13-task tables; fewer tasks: incomplete, left "
@@ -255,6 +257,20 @@ def _ruler_section(out: Path, model: str, rows: list[dict], threshold: float, su
         series[method] = complete
         tail = " | ".join(f"{averages[k]:.1f}" for k in ("avg", "wavg_inc", "wavg_dec")) if averages else "— | — | —"
         lines.append(f"| {method} | " + " | ".join(texts) + f" | {tail} | {_fmt_effective(effective)} |")
+    if BASELINE in methods and len(methods) > 1:
+        lines += ["", f"Minus {BASELINE} on the same cases (the mean over tasks of each task's mean paired difference; "
+                  "bootstrap interval resampling each task's pairs; pairs):", "",
+                  "| method | " + " | ".join(_fmt_length(n) for n in lengths) + " |", "|---" * (len(lengths) + 1) + "|"]
+        for method in methods:
+            if method == BASELINE:
+                continue
+            texts = []
+            for n in lengths:
+                value, (low, high), pairs = stats.paired_average(by_case[method, n], by_case[BASELINE, n])
+                summary["ruler_paired"].append({"model": rows[0]["model"], "method": method, "minus": BASELINE, "length": n,
+                                                "difference": _number(value), "low": _number(low), "high": _number(high), "n": pairs})
+                texts.append(difference(value, (low, high), pairs) if pairs else "—")
+            lines.append(f"| {method} | " + " | ".join(texts) + " |")
     if any(series.values()):
         picture = plots.lines({m: (list(c), [s for s, _ in c.values()]) for m, c in series.items() if c},
                               f"RULER score vs length{' — ' + model if model else ''}", out / f"compare_ruler{'_' + _slug(model) if model else ''}.png",

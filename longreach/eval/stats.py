@@ -54,6 +54,18 @@ def paired_difference(a: dict, b: dict) -> tuple[float, tuple[float, float], int
     return (mean(differences), bootstrap([differences]), len(differences))
 
 
+def paired_average(a: dict[str, dict], b: dict[str, dict]) -> tuple[float, tuple[float, float], int]:
+    """RULER's average of ``a - b`` (groups: tasks, each a dict of case key to score): per task the mean
+    difference over the cases both ran, then the mean over tasks; the bootstrap resamples each task's pairs
+    on its own, as RULER's score resamples each task's cases. NaN unless both ran the same tasks."""
+    if not a or set(a) != set(b):
+        return (math.nan, (math.nan, math.nan), 0)
+    groups = [[a[task][key] - b[task][key] for key in a[task] if key in b[task]] for task in a]
+    if not all(groups):
+        return (math.nan, (math.nan, math.nan), 0)
+    return (mean(mean(g) for g in groups), bootstrap(groups), sum(len(g) for g in groups))
+
+
 def weighted_averages(by_length: dict[int, float]) -> dict[str, float]:
     """RULER's Avg. and its weighted averages over lengths: weights 1..k rising with length (inc) or falling (dec)."""
     lengths = sorted(by_length)

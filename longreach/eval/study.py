@@ -6,7 +6,7 @@ methods with the highest mean score over the folder's (task, length) cells, one 
 ``python -m longreach.eval.study publish FOLDER... --to docs/study`` rebuilds each folder's report
 (:func:`.report.build`), copies its results (every case), summary.md, summary.json and plots to
 ``docs/study/<part>/`` and writes ``docs/study/index.md``: per part the cells with their n, and the
-paired differences against rope.
+paired differences against rope (RULER's: of its average over tasks).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def _index(parts: list[tuple[Path, Path, dict]], to: Path) -> str:
         lines += [f"| {task} | {method} | " + " | ".join(str(row.get(n, "—")) for n in lengths) + " |"
                   for (task, method), row in sorted(counts.items()) if not task.startswith("ruler:")]
         paired = defaultdict(dict)
-        for p in summary["paired"]:
+        for p in summary["paired"] + [{**p, "task": "ruler"} for p in summary["ruler_paired"]]:
             if p["n"] and not p["task"].startswith("ruler:"):
                 paired[p["task"], p["method"]][p["length"]] = report.difference(p["difference"], (_nan(p["low"]), _nan(p["high"])), p["n"])
         if paired:
