@@ -205,6 +205,8 @@ def test_the_ruler_difference_against_rope_pairs_cases_within_each_task(tmp_path
     assert paired["method"] == "string" and paired["n"] == 26
     assert paired["difference"] == pytest.approx(20 / 13) and paired["low"] == paired["high"] == pytest.approx(20 / 13)
     assert "| string | +1.5 [+2, +2] (n=26) |" in markdown
+    (tmp_path / runner.RESULTS).write_text("".join(json.dumps(r) + "\n" for r in rope[:-2] + string[:-2]))  # 12 tasks both
+    assert "| string | +1.7 [+2, +2] (n=24) (12 tasks) |" in report.build(tmp_path)  # 20 / 12: a partial average, marked
     (tmp_path / runner.RESULTS).write_text("".join(json.dumps(r) + "\n" for r in rope + string[2:]))  # string lacks a task
     report.build(tmp_path)
     (paired,) = json.loads((tmp_path / "summary.json").read_text())["ruler_paired"]

@@ -269,7 +269,9 @@ def _ruler_section(out: Path, model: str, rows: list[dict], threshold: float, su
                 value, (low, high), pairs = stats.paired_average(by_case[method, n], by_case[BASELINE, n])
                 summary["ruler_paired"].append({"model": rows[0]["model"], "method": method, "minus": BASELINE, "length": n,
                                                 "difference": _number(value), "low": _number(low), "high": _number(high), "n": pairs})
-                texts.append(difference(value, (low, high), pairs) if pairs else "—")
+                tasks = len(by_case[method, n])  # fewer than 13: a partial average, marked as in the scores' table
+                texts.append((difference(value, (low, high), pairs) + ("" if tasks == len(RULER_TASKS) else f" ({tasks} tasks)"))
+                             if pairs else "—")
             lines.append(f"| {method} | " + " | ".join(texts) + " |")
     if any(series.values()):
         picture = plots.lines({m: (list(c), [s for s, _ in c.values()]) for m, c in series.items() if c},
