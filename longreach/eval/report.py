@@ -220,10 +220,8 @@ def _ruler_section(out: Path, model: str, rows: list[dict], threshold: float, su
     its stratified bootstrap interval, Avg. / wAvg (inc) / wAvg (dec) and the effective length on it."""
     methods = list(dict.fromkeys(r["method"] for r in rows))
     lengths = sorted({r["length"] for r in rows})
-    by_cell = defaultdict(lambda: defaultdict(list))
-    by_case = defaultdict(lambda: defaultdict(dict))  # the same scores keyed by case, for the paired differences
+    by_case = defaultdict(lambda: defaultdict(dict))  # (method, length) -> task -> (depth, seed) -> score
     for r in rows:
-        by_cell[r["method"], r["length"]][r["task"]].append(r["score"])
         by_case[r["method"], r["length"]][r["task"]][r["depth"], r["seed"]] = r["score"]
     lines = [f"## RULER{' — ' + model if model else ''}\n",
              f"Reproduces {ruler.REVISION}. The RULER score of a length is the mean of its task means (13 tasks; "
@@ -235,7 +233,7 @@ def _ruler_section(out: Path, model: str, rows: list[dict], threshold: float, su
     for method in methods:
         complete, texts = {}, []
         for n in lengths:
-            groups = by_cell[method, n]
+            groups = {task: list(scores.values()) for task, scores in by_case[method, n].items()}
             if not groups:
                 texts.append("—")
                 continue

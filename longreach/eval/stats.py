@@ -48,16 +48,14 @@ def paired_difference(a: dict, b: dict) -> tuple[float, tuple[float, float], int
     """``a - b`` on the cases both ran (same key: the same prompt under two methods): the mean difference,
     its 95% bootstrap interval over cases, and the number of pairs. Pairing removes the cases' own
     difficulty from the comparison, so it separates methods at an n where their own intervals overlap."""
-    differences = [a[key] - b[key] for key in a if key in b]
-    if not differences:
-        return (math.nan, (math.nan, math.nan), 0)
-    return (mean(differences), bootstrap([differences]), len(differences))
+    return paired_average({"all": a}, {"all": b})
 
 
 def paired_average(a: dict[str, dict], b: dict[str, dict]) -> tuple[float, tuple[float, float], int]:
     """RULER's average of ``a - b`` (groups: tasks, each a dict of case key to score): per task the mean
     difference over the cases both ran, then the mean over tasks; the bootstrap resamples each task's pairs
-    on its own, as RULER's score resamples each task's cases. NaN unless both ran the same tasks."""
+    on its own, as RULER's score resamples each task's cases. NaN unless both ran the same tasks and every
+    task has a pair. One group is :func:`paired_difference`."""
     if not a or set(a) != set(b):
         return (math.nan, (math.nan, math.nan), 0)
     groups = [[a[task][key] - b[task][key] for key in a[task] if key in b[task]] for task in a]
