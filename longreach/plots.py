@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -31,14 +32,21 @@ def heatmap(grid: np.ndarray, rows: list[str], columns: list[str], title: str, p
     return path
 
 
+def legend_label(label: str, width: int = 56) -> str:
+    """A method string broken after its commas into lines of at most ``width`` characters, so a long
+    one (a calibrated DPE's, 120 characters) stays readable in a legend."""
+    return textwrap.fill(label.replace(",", ", "), width)
+
+
 def lines(series: dict[str, tuple[list[float], list[float]]], title: str, path: Path, ylabel: str = "score",
           xlabel: str = "context length (tokens)", threshold: float | None = None, marks: dict[str, float] | None = None,
           log_y: bool = False, markers: bool = True, bands: dict[str, list[tuple[float, float]]] | None = None) -> Path:
     """One line per label; optional shaded intervals per point (``bands[label]``: (low, high)), a threshold
-    line and vertical marks (e.g. the training window)."""
+    line and vertical marks (e.g. the training window). The legend sits right of the axes, never over
+    the lines, with long labels wrapped (``legend_label``)."""
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for label, (x, y) in series.items():
-        line, = ax.plot(x, y, marker="o" if markers else None, label=label)
+        line, = ax.plot(x, y, marker="o" if markers else None, label=legend_label(label))
         if bands and bands.get(label):
             low, high = zip(*bands[label])
             ax.fill_between(x, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
@@ -53,9 +61,8 @@ def lines(series: dict[str, tuple[list[float], list[float]]], title: str, path: 
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1), borderaxespad=0)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
 

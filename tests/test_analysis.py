@@ -5,7 +5,7 @@ import pytest
 import transformers
 from conftest import tiny_model
 
-from longreach import cli
+from longreach import cli, plots
 from longreach.analysis import cost, frequency, matrix
 
 
@@ -95,3 +95,18 @@ def test_cli_commands_write_their_pictures(tmp_path, capsys):
     assert all((tmp_path / name).stat().st_size > 0 for name in ("cost.png", "freq.png", "m.png"))
     with pytest.raises(SystemExit, match="give exactly one of"):
         cli.main(["freq", "--out", str(tmp_path / "x.png")])
+
+
+def test_line_plot_legend_wraps_long_methods_and_stays_off_the_lines(tmp_path, monkeypatch):
+    dpe = "dpe:dimensions=docs/study/dpe_dimensions_8k.safetensors,group_scales=2;2;2;2;2;2;2;2,local_window=1024,top_k=24"
+    wrapped = plots.legend_label(dpe)
+    assert max(len(line) for line in wrapped.splitlines()) <= 56 and wrapped.count("\n") >= 2
+    assert wrapped.replace("\n", " ").replace(", ", ",") == dpe and plots.legend_label("rope") == "rope"
+    figures = []
+    monkeypatch.setattr(plots.plt, "close", figures.append)  # keep the figure to measure it
+    path = plots.lines({"rope": ([4096, 8192], [33.2, 25.6]), dpe: ([4096, 8192], [37.1, 34.3])}, "RULER",
+                       tmp_path / "lines.png", threshold=85.6, bands={"rope": [(28, 38), (21, 31)]})
+    ax = figures[0].axes[0]
+    renderer = figures[0].canvas.get_renderer()
+    assert ax.get_legend().get_window_extent(renderer).x0 > ax.get_window_extent(renderer).x1
+    assert [t.get_text() for t in ax.get_legend().get_texts()][:2] == ["rope", wrapped] and path.stat().st_size > 0
