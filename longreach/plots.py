@@ -69,14 +69,15 @@ def lines(series: dict[str, tuple[list[float], list[float]]], title: str, path: 
 
 def panels(series: dict, title: str, path: Path, xlabel: str, marks: dict[str, float] | None = None,
            columns: int = 6) -> Path:
-    """Small multiples: ``series[panel][label] = (x, y)``; one panel per key, shared legend."""
+    """Small multiples: ``series[panel][label] = (x, y)``; one panel per key, a shared legend right of them
+    with long labels wrapped (``legend_label``)."""
     names = list(series)
     columns = min(columns, len(names))
     rows = (len(names) + columns - 1) // columns
     fig, axes = plt.subplots(rows, columns, figsize=(2.6 * columns, 2.0 * rows + 0.8), squeeze=False, sharex=True)
     for ax, name in zip(axes.flat, names):
         for label, (x, y) in series[name].items():
-            ax.plot(x, y, label=label, linewidth=1.2)
+            ax.plot(x, y, label=legend_label(label), linewidth=1.2)
         for _, at in (marks or {}).items():
             ax.axvline(at, color="black", linestyle=":", linewidth=0.8)
         ax.set_title(f"layer {name}", fontsize=8)
@@ -84,11 +85,11 @@ def panels(series: dict, title: str, path: Path, xlabel: str, marks: dict[str, f
     for ax in list(axes.flat)[len(names):]:
         ax.axis("off")
     handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper right", fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.supxlabel(xlabel, fontsize=9)
-    fig.tight_layout(rect=(0, 0, 0.92, 0.97))
-    fig.savefig(path, dpi=110)
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1, 0.97), fontsize=8)  # beside the panels, as in lines
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 

@@ -110,3 +110,9 @@ def test_line_plot_legend_wraps_long_methods_and_stays_off_the_lines(tmp_path, m
     renderer = figures[0].canvas.get_renderer()
     assert ax.get_legend().get_window_extent(renderer).x0 > ax.get_window_extent(renderer).x1
     assert [t.get_text() for t in ax.get_legend().get_texts()][:2] == ["rope", wrapped] and path.stat().st_size > 0
+    path = plots.panels({0: {"rope": ([1, 2], [0.5, 0.4]), dpe: ([1, 2], [0.6, 0.5])}, 1: {"rope": ([1, 2], [0.3, 0.2]),
+                         dpe: ([1, 2], [0.4, 0.3])}}, "dispersion", tmp_path / "panels.png", xlabel="query position")
+    legend = figures[1].legends[0]  # the dispersion panels' shared legend: beside the last panel, wrapped
+    renderer = figures[1].canvas.get_renderer()
+    assert legend.get_window_extent(renderer).x0 >= max(a.get_window_extent(renderer).x1 for a in figures[1].axes)
+    assert [t.get_text() for t in legend.get_texts()] == ["rope", wrapped] and path.stat().st_size > 0
