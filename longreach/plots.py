@@ -14,14 +14,15 @@ import numpy as np  # noqa: E402
 
 def heatmap(grid: np.ndarray, rows: list[str], columns: list[str], title: str, path: Path,
             xlabel: str = "context length (tokens)", ylabel: str = "needle depth", vmax: float = 100.0) -> Path:
-    """A score grid (rows x columns, NaN = not tested), red (0) to green (vmax), values in the cells."""
+    """A score grid (rows x columns, NaN = not tested), red (0) to green (vmax), values in the cells; a long
+    title (a calibrated DPE's method string) wrapped by ``legend_label`` to stay inside the figure."""
     fig, ax = plt.subplots(figsize=(1.2 * len(columns) + 2.5, 0.5 * len(rows) + 1.8))
     image = ax.imshow(np.ma.masked_invalid(grid), cmap="RdYlGn", vmin=0, vmax=vmax, aspect="auto")
     ax.set_xticks(range(len(columns)), columns)
     ax.set_yticks(range(len(rows)), rows)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set_title(legend_label(title), fontsize=9)
     for (r, c), value in np.ndenumerate(grid):
         if not np.isnan(value):
             ax.text(c, r, f"{value:.0f}", ha="center", va="center", fontsize=8)

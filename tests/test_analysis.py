@@ -116,3 +116,9 @@ def test_line_plot_legend_wraps_long_methods_and_stays_off_the_lines(tmp_path, m
     renderer = figures[1].canvas.get_renderer()
     assert legend.get_window_extent(renderer).x0 >= max(a.get_window_extent(renderer).x1 for a in figures[1].axes)
     assert [t.get_text() for t in legend.get_texts()] == ["rope", wrapped] and path.stat().st_size > 0
+    path = plots.heatmap(np.array([[10.0, np.nan], [56.0, np.nan]]), ["0-50%", "50-100%"], ["12K", "16K"],
+                         f"niah4 — {dpe}", tmp_path / "heat.png")
+    title = figures[2].axes[0].title  # a calibrated DPE's title wrapped, inside the figure
+    renderer = figures[2].canvas.get_renderer()
+    box, page = title.get_window_extent(renderer), figures[2].bbox
+    assert title.get_text().count("\n") >= 2 and page.x0 <= box.x0 and box.x1 <= page.x1 and path.stat().st_size > 0
