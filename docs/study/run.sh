@@ -19,7 +19,8 @@ DPE_16K="dpe:dimensions=docs/study/dpe_dimensions_16k.safetensors,group_scales=4
 
 # A fresh clone resumes from the published results: a results folder that is absent starts from the copy
 # that the last publish left in docs/study/<part>/ (cases run after that publish are run again).
-for part in window ruler beyond beyond_float32 beyond_bfloat16_partial; do
+PARTS=(window ruler beyond beyond_float32 beyond_bfloat16_partial)  # runs/study_<part>, published to docs/study/<part>
+for part in "${PARTS[@]}"; do
     if [ ! -e "runs/study_$part/results.jsonl" ] && [ -e "docs/study/$part/results.jsonl" ]; then
         mkdir -p "runs/study_$part" && cp "docs/study/$part/results.jsonl" "runs/study_$part/results.jsonl"
     fi
@@ -50,5 +51,4 @@ $LONGREACH eval passkey $RUN --lengths 12k --samples 20 --out runs/study_beyond 
 # profiled; likely the padding mask, which costs the causal attention its skipped blocks), same answers.
 $LONGREACH eval passkey $RUN --dtype float32 --batch-size 1 --lengths 16k --samples 20 --out runs/study_beyond_float32 "${BEYOND[@]}"
 
-.venv/bin/python -m longreach.eval.study publish runs/study_window runs/study_ruler runs/study_beyond \
-    runs/study_beyond_float32 runs/study_beyond_bfloat16_partial --to docs/study
+.venv/bin/python -m longreach.eval.study publish "${PARTS[@]/#/runs/study_}" --to docs/study
