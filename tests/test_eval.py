@@ -96,6 +96,16 @@ def tiny_grid(tmp_path):
     return grid, (model, byte_tokenizer())
 
 
+def test_time_per_case_keeps_batch_sizes_apart():
+    """Cases decoded 8 at a time and one at a time get a row each: one median over both describes neither."""
+    case = {"machine": "cpu", "dtype": "float32", "task": "passkey", "method": "rope", "length": 16384}
+    records = [{**case, "batch": 8, "seconds": 220.0}] * 8 + [{**case, "batch": 1, "seconds": s} for s in (100.0, 110.0, 120.0)]
+    markdown = report._time_section(records)
+    assert "| cpu, float32 | passkey | rope | 1 | 3 | 110.0 |" in markdown
+    assert "| cpu, float32 | passkey | rope | 8 | 8 | 220.0 |" in markdown
+    assert markdown.index("| rope | 1 |") < markdown.index("| rope | 8 |")
+
+
 def test_the_pipeline_end_to_end_on_a_tiny_model(tmp_path):
     grid, loaded = tiny_grid(tmp_path)
     path = runner.run(grid, tmp_path, loaded=loaded)

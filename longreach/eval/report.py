@@ -285,20 +285,22 @@ def _ruler_section(out: Path, model: str, rows: list[dict], threshold: float, su
 
 
 def _time_section(records: list[dict]) -> str:
-    """Seconds per case (decoding and building), per machine, task, method and length, so a reader can
-    plan a larger run: a batch's time is shared among its cases; a row names its largest batch."""
+    """Seconds per case (decoding and building), per machine, task, method, batch size and length, so a
+    reader can plan a larger run: a batch's time is shared among its cases, and cases decoded in batches of
+    different sizes get a row each (a median over both would describe neither), with the row's case count."""
     lengths = sorted({r["length"] for r in records})
-    seconds, batch = defaultdict(list), defaultdict(int)
+    seconds = defaultdict(list)
     for r in records:
-        row = (f"{r.get('machine', 'not recorded')}, {r.get('dtype', 'float32')}", r["task"], r["method"])
-        seconds[(*row, r["length"])].append(r.get("seconds", 0.0))
-        batch[row] = max(batch[row], r.get("batch", 0))
+        row = (f"{r.get('machine', 'not recorded')}, {r.get('dtype', 'float32')}", r["task"], r["method"], str(r.get("batch") or "?"))
+        seconds[row, r["length"]].append(r.get("seconds", 0.0))
     lines = ["## Time per case\n", "Seconds per case (median: robust to a batch slowed by other work), on the machine and "
-             "precision that ran it, with the largest number of cases decoded together.\n",
-             "| machine | task | method | batch | " + " | ".join(_fmt_length(n) for n in lengths) + " |", "|---" * (len(lengths) + 4) + "|"]
-    for row in sorted(batch):
-        lines.append(f"| {' | '.join(row)} | {batch[row] or '?'} | " + " | ".join(
-            f"{median(seconds[(*row, n)]):.1f}" if seconds[(*row, n)] else "—" for n in lengths) + " |")
+             "precision that ran it, per number of cases decoded together (a cell's last batch can be smaller).\n",
+             "| machine | task | method | batch | cases | " + " | ".join(_fmt_length(n) for n in lengths) + " |",
+             "|---" * (len(lengths) + 5) + "|"]
+    for row in sorted({row for row, _ in seconds}, key=lambda row: (*row[:3], int(row[3]) if row[3].isdigit() else 0)):
+        cases = sum(len(seconds[row, n]) for n in lengths)
+        lines.append(f"| {' | '.join(row)} | {cases} | " + " | ".join(
+            f"{median(seconds[row, n]):.1f}" if seconds[row, n] else "—" for n in lengths) + " |")
     return "\n".join(lines) + "\n"
 
 
