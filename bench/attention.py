@@ -1,12 +1,16 @@
 """Attention speed and peak memory of every method against causal SDPA, on the same q, k, v.
 
     python bench/attention.py [--lengths 4096,8192,16384] [--heads 8] [--kv-heads 8] [--dim 64] [--rounds 3]
-                              [--methods rope,string,...] [--decode] [--memory] [--device cuda] [--dtype bfloat16] [--write]
+                              [--methods rope,string,...] [--decode] [--memory] [--device cuda] [--dtype bfloat16]
+                              [--batch 4 --left-pad 64] [--write]
 
 Time (default): in one process, SDPA and each method alternate ``--rounds`` times after a warm-up
 round; the table gives the median of the per-round ratios, so a shared machine's drift cancels
 (on a GPU each call is timed from an idle device until its work is done).
 ``--decode``: one query against ``n`` cached keys (a decoding step) instead of the causal prefill.
+``--batch B --left-pad P``: B sequences, left-padded 0 to P keys (evenly spread), as an evaluation
+batches prompts of one nominal length; SDPA runs the same batch causal and unpadded, so the ratio
+includes what the padding costs.
 ``--memory``: each method in a fresh process (peak RSS is its own, warm-up included), peak growth
 over the inputs against SDPA's. ``--write`` puts the table in its own section of bench/RESULTS.md.
 """
@@ -30,16 +34,19 @@ DROPS = {"drop": {"rate": 0.3}, "dynamic_drop": {}}  # DA at 0.3 on every row; D
 
 
 def case(method: str, n: int, heads: int, dim: int, decode: bool, device: str = "cpu", kv_heads: int | None = None,
-         dtype: str = "float32"):
-    """``(run, input_bytes)``: one call of ``method`` (or causal SDPA for ``"sdpa"``) on fixed random inputs."""
+         dtype: str = "float32", batch: int = 1, left_pad: int = 0):
+    """``(run, input_bytes)``: one call of ``method`` (or causal SDPA for ``"sdpa"``, unpadded) on fixed random
+    inputs; ``batch`` sequences whose keys are left-padded 0 to ``left_pad`` (evenly spread)."""
     import torch
 
     from longreach.attention import kernel
     from longreach.methods import create, drop
 
     generator, dtype = torch.Generator().manual_seed(0), getattr(torch, dtype)
-    q = torch.randn(1, heads, 1 if decode else n, dim, generator=generator).to(device, dtype)
-    k, v = (torch.randn(1, kv_heads or heads, n, dim, generator=generator).to(device, dtype) for _ in range(2))
+    q = torch.randn(batch, heads, 1 if decode else n, dim, generator=generator).to(device, dtype)
+    k, v = (torch.randn(batch, kv_heads or heads, n, dim, generator=generator).to(device, dtype) for _ in range(2))
+    pads = [left_pad * b // max(1, batch - 1) for b in range(batch)]
+    padding = torch.stack([torch.arange(n, device=device) >= pad for pad in pads]) if left_pad else None
     inputs = sum(t.numel() * t.element_size() for t in (q, k, v))
     if method == "sdpa":
         gqa = k.shape[1] != heads
@@ -49,24 +56,24 @@ def case(method: str, n: int, heads: int, dim: int, decode: bool, device: str = 
         positions = torch.arange(n - q.shape[2], n, device=device)[None]
         rates = drop.create(method, **DROPS[method]).rates(positions, n // 2, generated=decode)
         parts = create("rope", training_window=n).parts()
-        return (lambda: kernel.attention(q, k, v, parts, inv_freq, drop=rates)), inputs
+        return (lambda: kernel.attention(q, k, v, parts, inv_freq, drop=rates, key_padding=padding)), inputs
     if method in DPES:
         pairs, top_k = dim // 2, DPES[method]["top_k"]
         chosen = {"top_k": None} if top_k is None else {"top_k": 3 * pairs // 4, "dimensions": torch.rand(1, heads, pairs, generator=generator)}
         parts = create("dpe", training_window=n, group_scales=LLAMA_3_SCALES, **chosen).layer_parts(0)
-        return (lambda: kernel.attention(q, k, v, parts, inv_freq)), inputs
+        return (lambda: kernel.attention(q, k, v, parts, inv_freq, key_padding=padding)), inputs
     parts = create(method, training_window=n, **METHODS[method]).parts()
-    return (lambda: kernel.attention(q, k, v, parts, inv_freq)), inputs
+    return (lambda: kernel.attention(q, k, v, parts, inv_freq, key_padding=padding)), inputs
 
 
 def time_ratios(lengths: list[int], methods: list[str], heads: int, dim: int, rounds: int, decode: bool, kv_heads: int,
-                device: str, dtype: str) -> list[str]:
+                device: str, dtype: str, batch: int = 1, left_pad: int = 0) -> list[str]:
     """Medians of per-round time ratios against SDPA, SDPA and the method alternating in one process."""
     rows = ["| method | n | SDPA (s) | median time / SDPA | min / max ratio |", "|---|---|---|---|---|"]
     for n in lengths:
-        sdpa, _ = case("sdpa", n, heads, dim, decode, device, kv_heads, dtype)
+        sdpa, _ = case("sdpa", n, heads, dim, decode, device, kv_heads, dtype, batch)
         for method in methods:
-            ours, _ = case(method, n, heads, dim, decode, device, kv_heads, dtype)
+            ours, _ = case(method, n, heads, dim, decode, device, kv_heads, dtype, batch, left_pad)
             base, ratios = [], []
             for _ in range(rounds + 1):  # the first round warms up (and compiles)
                 base.append(timed(sdpa, device))
@@ -124,6 +131,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of: " + ", ".join([*METHODS, *DPES, *DROPS]))
     parser.add_argument("--decode", action="store_true", help="one query against n cached keys instead of the causal prefill")
+    parser.add_argument("--batch", type=int, default=1, help="sequences per call (timing only)")
+    parser.add_argument("--left-pad", type=int, default=0, help="left padding of the last sequence, 0 .. this spread over the batch")
     parser.add_argument("--memory", action="store_true", help="peak memory, each method in its own process, instead of time")
     parser.add_argument("--write", action="store_true", help="also write the table into its section of bench/RESULTS.md")
     parser.add_argument("--child", nargs=2, metavar=("METHOD", "N"), help=argparse.SUPPRESS)
@@ -138,11 +147,16 @@ def main() -> None:
         parser.error(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join([*METHODS, *DPES, *DROPS])}")
     if args.memory and args.kv_heads:
         parser.error("--kv-heads: timing only (--memory measures every method with --heads key/value heads)")
+    if args.memory and (args.batch != 1 or args.left_pad):
+        parser.error("--batch/--left-pad: timing only (--memory measures one sequence)")
+    if args.left_pad and args.batch < 2:
+        parser.error(f"--left-pad {args.left_pad}: needs --batch 2 or more (one sequence padded 0, the last {args.left_pad})")
     if args.memory and args.dtype != "float32":
         parser.error("--dtype: timing only (--memory measures float32)")
     what = "decoding step (1 query against n cached keys)" if args.decode else "causal prefill"
     heads = f"{args.heads} heads" + (f" ({args.kv_heads} KV)" if args.kv_heads and args.kv_heads != args.heads else "")
-    header = (f"{'Peak memory' if args.memory else 'Time'}, {what}: {args.dtype}, batch 1, {heads}, head dim {args.dim}, "
+    batch = f"batch {args.batch}" + (f" left-padded 0-{args.left_pad} keys (SDPA: the batch unpadded)" if args.left_pad else "")
+    header = (f"{'Peak memory' if args.memory else 'Time'}, {what}: {args.dtype}, {batch}, {heads}, head dim {args.dim}, "
               f"{machine(args.device)}. "
               "drop: DA at rate 0.3 on every row; dynamic_drop: DDA (0.15, +0.05 per 1000 tokens, max 0.3) with L = n/2. "
               "dpe: Llama-3-8B's published scales, w = 1024, every pair; dpe_top_k: 3/4 of the pairs per head.")
@@ -151,10 +165,12 @@ def main() -> None:
         rows = memory_table(lengths, methods, args.heads, args.dim, args.decode, args.device)
     else:
         rows = time_ratios(lengths, methods, args.heads, args.dim, args.rounds, args.decode, args.kv_heads or args.heads,
-                           args.device, args.dtype)
+                           args.device, args.dtype, args.batch, args.left_pad)
     if args.write:
         command = " ".join(["python bench/attention.py", *(a for a in sys.argv[1:] if a != "--write")])
         title = f"Attention, {what}, {'peak memory' if args.memory else 'time'}, n = {args.lengths}, {heads}"
+        if args.batch != 1:
+            title += f", {batch}"
         if args.device != "cpu":
             title += f", {args.device} {args.dtype}"
         if args.methods != parser.get_default("methods"):

@@ -141,6 +141,35 @@ def test_dca_tiles_reach_only_their_chunks_and_need_no_mask():
         assert allowed.dim() == 0 and bool(allowed)
 
 
+def test_left_padding_masks_only_the_padded_first_keys():
+    """Prefill of a left-padded batch (pads 0, 5, 13): a query tile meets keys 0-12 with a mask and the
+    rest as an unpadded tile would (a rectangle and a causal square, no mask), so no mask grows with n."""
+    n, tile, pads = 96, 16, (0, 5, 13)
+    padding = torch.stack([torch.arange(n) >= pad for pad in pads])
+    blocks = list(kernel._masked_tiles(n, n, 0, None, 0, padding, None, tile, torch.float32, "cpu"))
+    for start in range(tile, n, tile):  # the first tile holds the padding itself
+        got = [b for b in blocks if b.rows.start == start]
+        assert [(b.keys.start, b.keys.stop, b.mask.shape) for b in got if b.mask is not None] == [(0, 13, (3, 1, tile, 13))]
+        assert [(b.keys.start, b.keys.stop, b.causal) for b in got if b.mask is None] == [(13, start, False), (start, start + tile, True)]
+    decode = list(kernel._masked_tiles(1, n, 0, None, n - 1, padding, None, tile, torch.float32, "cpu"))
+    assert [(b.keys.start, b.keys.stop, b.mask is not None) for b in decode] == [(0, n, True)]  # one small masked call
+
+
+@pytest.mark.parametrize("name, params", [("rope", {}), ("string", {"shift": 20, "local_window": 4}),
+                                          ("self_extend", {"group_size": 3, "neighbor_window": 10}),
+                                          ("dca", {"chunk_size": 24, "local_window": 6})])
+def test_left_padded_batches_match_the_reference_across_the_padding_edge(name, params):
+    """Three sequences padded 0, 5 and 13 keys, tiles of 8 that end inside and past the padding, GQA 4:2."""
+    method = create(name, training_window=40, **params)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(61, batch=3, pads=(0, 5, 13))
+    for q_len in (61, 30, 1):
+        want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
+        got = kernel.attention(q_rot[:, :, -q_len:].float(), k_rot.float(), v.float(), method.layer_parts(0), inv_freq.float(),
+                               scaling=0.3, key_padding=padding, positions=positions, tile=8)
+        assert not got.isnan().any()
+        assert (got - want)[rows].abs().max() <= 1e-5
+
+
 def test_flex_has_no_backward_on_cpu_and_says_so():
     method = create("string", training_window=60, shift=20, local_window=4)
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(30)

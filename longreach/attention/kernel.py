@@ -494,23 +494,43 @@ def _masked_tiles(q_len, kv_len, lo, hi, offset, key_padding, span, tile, dtype,
     The general path (key padding, decoding, narrow bands, chunked regions): each query tile meets
     only the keys it can reach, with a ``[B, 1, T, K]`` mask of that size. A tile whose pairs are
     all in needs no mask; one whose region is a rectangle ending in a causal square (DCA's same
-    chunk) is two unmasked blocks.
+    chunk) is two unmasked blocks. Left padding touches only the first keys: in prefill a tile meets
+    the keys up to the last padded one with a mask, and the rest as if no sequence were padded.
     """
+    padded = _padded_prefix(key_padding) if q_len > SMALL_QUERY else (kv_len if key_padding is not None else 0)
     for start in range(0, q_len, tile):
         stop = min(q_len, start + tile)
         rows = torch.arange(start + offset, stop + offset, device=device)
-        keys, allowed = _region(rows, lo, hi, kv_len, key_padding, span)
-        if keys is None:
-            continue
-        if bool(allowed.all()):
-            yield Block(slice(start, stop), keys)
-        elif _rectangle_then_causal(allowed):
-            square = keys.stop - (stop - start)
-            if square > keys.start:
-                yield Block(slice(start, stop), slice(keys.start, square))
-            yield Block(slice(start, stop), slice(square, keys.stop), causal=True)
-        else:
-            yield Block(slice(start, stop), keys, _additive(allowed, dtype))
+        regions = [_region(rows, lo, hi, padded, key_padding, span)] if padded else []
+        if padded < kv_len:
+            regions.append(_region(rows, lo, hi, kv_len, None, span, first_key=padded))
+        for keys, allowed in regions:
+            if keys is not None:
+                yield from _tile_blocks(slice(start, stop), keys, allowed, dtype)
+
+
+def _padded_prefix(key_padding: torch.Tensor | None) -> int:
+    """How many first keys hold padding in some sequence: 0 without padding, the longest left padding
+    with it (``Lkv`` when a sequence is padded on the right)."""
+    if key_padding is None:
+        return 0
+    padded = (~key_padding).any(0).nonzero()
+    return int(padded[-1]) + 1 if padded.numel() else 0
+
+
+def _tile_blocks(rows: slice, keys: slice, allowed: torch.Tensor, dtype: torch.dtype):
+    """The calls for query ``rows`` against ``keys`` with the pairs ``allowed`` (see :func:`_region`):
+    none masked when all are in, a rectangle and a causal square when that is their shape, else one
+    masked call."""
+    if bool(allowed.all()):
+        yield Block(rows, keys)
+    elif _rectangle_then_causal(allowed):
+        square = keys.stop - (rows.stop - rows.start)
+        if square > keys.start:
+            yield Block(rows, slice(keys.start, square))
+        yield Block(rows, slice(square, keys.stop), causal=True)
+    else:
+        yield Block(rows, keys, _additive(allowed, dtype))
 
 
 def _rectangle_then_causal(allowed: torch.Tensor) -> bool:
@@ -523,14 +543,15 @@ def _rectangle_then_causal(allowed: torch.Tensor) -> bool:
     return bool(allowed[..., : keys - rows].all()) and bool((allowed[..., keys - rows :] == square).all())
 
 
-def _region(rows, lo, hi, kv_len, key_padding, span):
-    """The keys query ``rows`` (absolute indices) can reach in a part, and which pairs are in it.
+def _region(rows, lo, hi, kv_len, key_padding, span, first_key=0):
+    """The keys in ``[first_key, kv_len)`` that query ``rows`` (absolute indices) can reach in a part,
+    and which pairs are in it.
 
     Returns ``(keys, allowed)``: a slice of keys and a boolean ``[T, K]`` or ``[B, 1, T, K]`` mask
     (a 0-d True when every pair of the rectangle is in), or ``(None, None)`` when the rows reach no key.
     """
     first_row, last_row = int(rows.min()), int(rows.max())
-    k_start = 0 if hi is None else max(0, first_row - hi + 1)
+    k_start = first_key if hi is None else max(first_key, first_row - hi + 1)
     k_stop = min(kv_len, last_row - lo + 1)
     uniform_span = True
     if span is not None:
