@@ -47,8 +47,8 @@ $LONGREACH eval passkey $RUN --lengths 12k --samples 20 --out runs/study_beyond 
 # Passkey at 16K runs in float32: the study moved to a CPU without bfloat16 arithmetic (AVX2 only, where torch's
 # bfloat16 matrix product is some 40 times slower than float32's) after 80 of its 120 cases had run in bfloat16;
 # those 80 stay as they ran, in runs/study_beyond_bfloat16_partial (published, not rerun: the precision check).
-# One case at a time: there a left-padded batch of 8 took 220 s per case against 106 s for a lone case (not
-# profiled; padding sends every query tile through the kernel's dense-mask path), same answers.
+# One case at a time: there a left-padded batch of 8 took 220 s per case against 106 s for a lone case, same
+# answers (the model's MLP over 8 x 16K activations outgrows the CPU's cache; README, "Precision").
 $LONGREACH eval passkey $RUN --dtype float32 --batch-size 1 --lengths 16k --samples 20 --out runs/study_beyond_float32 "${BEYOND[@]}"
 
 .venv/bin/python -m longreach.eval.study publish "${PARTS[@]/#/runs/study_}" --to docs/study
