@@ -497,7 +497,12 @@ def _masked_tiles(q_len, kv_len, lo, hi, offset, key_padding, span, tile, dtype,
     chunk) is two unmasked blocks. Left padding touches only the first keys: in prefill a tile meets
     the keys up to the last padded one with a mask, and the rest as if no sequence were padded.
     """
-    padded = _padded_prefix(key_padding) if q_len > SMALL_QUERY else (kv_len if key_padding is not None else 0)
+    if key_padding is None:
+        padded = 0
+    elif q_len <= SMALL_QUERY:  # decoding: one small masked call over every key
+        padded = kv_len
+    else:
+        padded = _padded_prefix(key_padding)
     for start in range(0, q_len, tile):
         stop = min(q_len, start + tile)
         rows = torch.arange(start + offset, stop + offset, device=device)
@@ -509,11 +514,9 @@ def _masked_tiles(q_len, kv_len, lo, hi, offset, key_padding, span, tile, dtype,
                 yield from _tile_blocks(slice(start, stop), keys, allowed, dtype)
 
 
-def _padded_prefix(key_padding: torch.Tensor | None) -> int:
-    """How many first keys hold padding in some sequence: 0 without padding, the longest left padding
-    with it (``Lkv`` when a sequence is padded on the right)."""
-    if key_padding is None:
-        return 0
+def _padded_prefix(key_padding: torch.Tensor) -> int:
+    """How many first keys hold padding in some sequence: the longest left padding (0 when no key is
+    padding, ``Lkv`` when a sequence is padded on the right)."""
     padded = (~key_padding).any(0).nonzero()
     return int(padded[-1]) + 1 if padded.numel() else 0
 

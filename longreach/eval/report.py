@@ -291,16 +291,17 @@ def _time_section(records: list[dict]) -> str:
     lengths = sorted({r["length"] for r in records})
     seconds = defaultdict(list)
     for r in records:
-        row = (f"{r.get('machine', 'not recorded')}, {r.get('dtype', 'float32')}", r["task"], r["method"], str(r.get("batch") or "?"))
+        row = (f"{r.get('machine', 'not recorded')}, {r.get('dtype', 'float32')}", r["task"], r["method"], r.get("batch") or 0)
         seconds[row, r["length"]].append(r.get("seconds", 0.0))
     lines = ["## Time per case\n", "Seconds per case (the median over the cases, so one slow batch among several moves it "
              "little), on the machine and precision that ran it, per number of cases decoded together (a cell's last "
              "batch can be smaller).\n",
              "| machine | task | method | batch | cases | " + " | ".join(_fmt_length(n) for n in lengths) + " |",
              "|---" * (len(lengths) + 5) + "|"]
-    for row in sorted({row for row, _ in seconds}, key=lambda row: (*row[:3], int(row[3]) if row[3].isdigit() else 0)):
+    for row in sorted({row for row, _ in seconds}):
+        *names, batch = row
         cases = sum(len(seconds[row, n]) for n in lengths)
-        lines.append(f"| {' | '.join(row)} | {cases} | " + " | ".join(
+        lines.append(f"| {' | '.join(names)} | {batch or '?'} | {cases} | " + " | ".join(
             f"{median(seconds[row, n]):.1f}" if seconds[row, n] else "—" for n in lengths) + " |")
     return "\n".join(lines) + "\n"
 
