@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
 DEMO_LENGTHS = "2k,4k,6k,8k"
@@ -30,9 +31,8 @@ def writable_folder(path: str, flag: str = "--out") -> Path:
         raise ValueError(f"{flag}={path} is a file, not a folder: give a folder for the results")
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / ".longreach-write-test"
-        probe.write_text("")
-        probe.unlink()
+        with tempfile.TemporaryFile(dir=folder):  # a name of its own: several processes may probe one folder at once
+            pass
     except OSError as error:
         raise ValueError(f"{flag}={path} is not a writable folder ({error.strerror or error})") from None
     return folder

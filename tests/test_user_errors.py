@@ -171,3 +171,16 @@ def test_random_malformed_command_lines_end_in_a_clear_error(command, pairs, cap
         else:
             assert stop.code == 2 and "Traceback" not in capsys.readouterr().err
     # else: a combination that happened to be valid (e.g. freq with a synthetic source) ran to the end
+
+
+def test_processes_probing_one_out_folder_at_once_do_not_trip_each_other(tmp_path):
+    """Under torchrun every rank checks --out at the same moment: a shared probe file name let one rank delete
+    the other's probe between its write and its unlink ("No such file or directory")."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from longreach.cli import writable_folder
+
+    with ThreadPoolExecutor(8) as pool:
+        folders = list(pool.map(lambda _: writable_folder(str(tmp_path / "out")), range(2000)))
+    assert set(folders) == {tmp_path / "out"}
+    assert list((tmp_path / "out").iterdir()) == []
