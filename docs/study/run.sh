@@ -14,6 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 LONGREACH=${LONGREACH:-.venv/bin/longreach}
 RUN="--model default --dtype bfloat16 --batch-size ${BATCH:-8}"
+RUN_FLOAT32="--model default --dtype float32 --batch-size 1"
 DPE_8K="dpe:dimensions=docs/study/dpe_dimensions_8k.safetensors,group_scales=2;2;2;2;2;2;2;2,local_window=1024,top_k=24"
 DPE_16K="dpe:dimensions=docs/study/dpe_dimensions_16k.safetensors,group_scales=4;4;4;4;4;4;4;4,local_window=1024,top_k=24"
 
@@ -49,6 +50,6 @@ $LONGREACH eval passkey $RUN --lengths 12k --samples 20 --out runs/study_beyond 
 # those 80 stay as they ran, in runs/study_beyond_bfloat16_partial (published, not rerun: the precision check).
 # One case at a time: there a left-padded batch of 8 took 220 s per case against 106 s for a lone case, same
 # answers (the model's MLP over 8 x 16K activations outgrows the CPU's cache; README, "Precision").
-$LONGREACH eval passkey $RUN --dtype float32 --batch-size 1 --lengths 16k --samples 20 --out runs/study_beyond_float32 "${BEYOND[@]}"
+$LONGREACH eval passkey $RUN_FLOAT32 --lengths 16k --samples 20 --out runs/study_beyond_float32 "${BEYOND[@]}"
 
 .venv/bin/python -m longreach.eval.study publish "${PARTS[@]/#/runs/study_}" --to docs/study
