@@ -104,6 +104,7 @@ def test_time_per_case_keeps_batch_sizes_apart():
     assert "| cpu, float32 | passkey | rope | 1 | 3 | 110.0 |" in markdown
     assert "| cpu, float32 | passkey | rope | 8 | 8 | 220.0 |" in markdown
     assert markdown.index("| rope | 1 |") < markdown.index("| rope | 8 |")
+    assert report._seconds_by_batch(records) == {"1": 110.0, "8": 220.0}  # summary.json's cells split them alike
 
 
 def test_the_pipeline_end_to_end_on_a_tiny_model(tmp_path):
@@ -125,6 +126,7 @@ def test_the_pipeline_end_to_end_on_a_tiny_model(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert {(c["task"], c["method"], c["length"]) for c in summary["cells"]} == {(k[2], k[1], k[3]) for k in grid.keys}
     assert all(c["n"] == 2 and c["low"] <= c["score"] <= c["high"] for c in summary["cells"] if c["task"] != "ppl")
+    assert all(set(c["seconds_per_case"]) == {"1"} for c in summary["cells"])
     assert {(p["task"], p["length"], p["n"]) for p in summary["paired"]} == {(t, n, 2) for t in grid.tasks if t != "ppl" for n in (700, 1000)}
     assert "Minus rope on the same cases" in markdown
     # the report is a function of the JSONL alone

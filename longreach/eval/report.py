@@ -163,7 +163,7 @@ def _task_section(out: Path, task: str, rows: list[dict], threshold: float, summ
             low, high = cell.interval
             summary["cells"].append({"model": rows[0]["model"], "task": name, "method": method, "length": n, "n": cell.n,
                                      "score": cell.score, "low": _number(low), "high": _number(high), "empty": cell.empty,
-                                     "seconds_per_case": median(r.get("seconds", 0.0) for r in cell.rows),
+                                     "seconds_per_case": _seconds_by_batch(cell.rows),
                                      "machines": sorted({r.get("machine", "not recorded") for r in cell.rows})})
         if perplexity:
             logs = {n: mean(r["log_ppl"] for r in c.rows) for n, c in mine.items()}
@@ -282,6 +282,14 @@ def _ruler_section(out: Path, model: str, rows: list[dict], threshold: float, su
         empty[r["task"]] += bool(r.get("empty"))
     lines.append("\nEmpty answers per task (RULER's 'Nulls'): " + ", ".join(f"{t.split(':')[1]} {empty[t]}" for t in sorted(empty)) + ".")
     return "\n".join(lines) + "\n"
+
+
+def _seconds_by_batch(rows: list[dict]) -> dict[str, float]:
+    """Median seconds per case for each number of cases decoded together ("0": not recorded), as the time table."""
+    seconds = defaultdict(list)
+    for r in rows:
+        seconds[r.get("batch") or 0].append(r.get("seconds", 0.0))
+    return {str(batch): median(values) for batch, values in sorted(seconds.items())}
 
 
 def _time_section(records: list[dict]) -> str:

@@ -20,7 +20,9 @@ def wilson(passed: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, 
     p = passed / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (100 * max(0.0, centre - half), 100 * min(1.0, centre + half))
+    low = 0.0 if passed == 0 else max(0.0, centre - half)  # exact at the ends, where rounding leaves 1e-15
+    high = 1.0 if passed == n else min(1.0, centre + half)
+    return (100 * low, 100 * high)
 
 
 def bootstrap(groups: Sequence[Sequence[float]], statistic=None, confidence: float = CONFIDENCE,
