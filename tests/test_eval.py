@@ -107,6 +107,13 @@ def test_time_per_case_keeps_batch_sizes_apart():
     assert report._seconds_by_batch(records) == {"1": 110.0, "8": 220.0}  # summary.json's cells split them alike
 
 
+def test_file_names_of_long_method_labels_stay_short_and_apart():
+    dpe = "dpe:dimensions=docs/study/dpe_dimensions_16k.safetensors,group_scales=4;4;4;4;4;4;4;4,local_window=1024,top_k=24"
+    names = {report._slug(dpe), report._slug(dpe.replace("top_k=24", "top_k=32")), report._slug(dpe + ",layers=" + ";".join(map(str, range(80))))}
+    assert len(names) == 3 and all(len(name) <= 60 and name.startswith("dpe_dimensions_docs_study") for name in names)
+    assert report._slug("string:shift=300,local_window=8") == "string_shift_300_local_window_8"  # short ones unchanged
+
+
 def test_the_pipeline_end_to_end_on_a_tiny_model(tmp_path):
     grid, loaded = tiny_grid(tmp_path)
     path = runner.run(grid, tmp_path, loaded=loaded)
@@ -167,7 +174,10 @@ def test_the_study_picks_the_best_complete_methods_and_publishes_every_folder(tm
     assert study.best(tmp_path / "study_window", ["rope", "string"], 2) == ["b", "a"]  # "partial" lacks its 1000 cells
     with pytest.raises(ValueError, match="run step 1"):
         study.best(tmp_path / "study_window", ["rope", "string", "a", "b"], 2)
+    (tmp_path / "study_window" / "heatmap_of_an_earlier_report.png").write_bytes(b"stale")
     index = study.publish([tmp_path / "study_window", tmp_path / "study_beyond"], tmp_path / "docs")
+    published = {p.name for p in (tmp_path / "docs" / "window").iterdir()}
+    assert "heatmap_of_an_earlier_report.png" not in published and {"compare_niah4.png", "compare_passkey.png"} <= published
     assert (tmp_path / "docs" / "window" / runner.RESULTS).read_text() == (tmp_path / "study_window" / runner.RESULTS).read_text()
     assert (tmp_path / "docs" / "window" / "summary.md").exists() and (tmp_path / "docs" / "window" / "compare_niah4.png").exists()
     text = index.read_text()

@@ -7,6 +7,7 @@ an effective length computed on it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -86,8 +87,13 @@ def _fmt_length(n: int) -> str:
     return f"{n // 1024}K" if n % 1024 == 0 else str(n)
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")
+def _slug(text: str, limit: int = 60) -> str:
+    """``text`` as part of a file name; past ``limit`` characters cut, with 8 hex digits of its hash to stay
+    unique (a method's label with paths and per-layer lists runs past 100 characters)."""
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")
+    if len(slug) <= limit:
+        return slug
+    return slug[: limit - 9].rstrip("_.-") + "_" + hashlib.sha1(text.encode()).hexdigest()[:8]
 
 
 def build(out: Path, threshold: float = RULER_THRESHOLD) -> str:

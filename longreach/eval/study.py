@@ -4,7 +4,7 @@ publishing the results folders' reports into ``docs/study/``.
 ``python -m longreach.eval.study best FOLDER --exclude rope string --count 2`` prints the labels of the
 methods with the highest mean score over the folder's (task, length) cells, one per line;
 ``python -m longreach.eval.study publish FOLDER... --to docs/study`` rebuilds each folder's report
-(:func:`.report.build`), copies its results (every case), summary.md, summary.json and plots to
+(:func:`.report.build`), copies its results (every case), summary.md, summary.json and the plots it links to
 ``docs/study/<part>/`` and writes ``docs/study/index.md``: per part the cells with their n, and the
 paired differences against rope (RULER's: of its average over tasks).
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 from collections import defaultdict
 from pathlib import Path
@@ -51,7 +52,7 @@ def publish(folders: list[Path], to: Path) -> Path:
         if part.exists():
             shutil.rmtree(part)
         part.mkdir(parents=True)
-        for name in [RESULTS, "summary.md", "summary.json", *sorted(p.name for p in folder.glob("*.png"))]:
+        for name in [RESULTS, "summary.md", "summary.json", *_pictures(folder / "summary.md")]:
             shutil.copy2(folder / name, part / name)
         parts.append((folder, part, json.loads((folder / "summary.json").read_text(encoding="utf-8"))))
     if not parts:
@@ -59,6 +60,11 @@ def publish(folders: list[Path], to: Path) -> Path:
     index = to / "index.md"
     index.write_text(_index(parts, to), encoding="utf-8")
     return index
+
+
+def _pictures(summary: Path) -> list[str]:
+    """The pictures ``summary`` links (a results folder may also hold pictures of earlier reports)."""
+    return sorted(set(re.findall(r"\]\(([^()/]+\.png)\)", summary.read_text(encoding="utf-8"))))
 
 
 def _index(parts: list[tuple[Path, Path, dict]], to: Path) -> str:
