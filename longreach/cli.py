@@ -24,6 +24,15 @@ def positive(text: str) -> int:
     return value
 
 
+def prefill_tokens(text: str) -> int | None:
+    """argparse type of --prefill-tokens: an integer >= 0, or 'auto' (``None``)."""
+    if text == "auto":
+        return None
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is out of range: an integer >= 0 or 'auto'")
+    return int(text)
+
+
 def writable_folder(path: str, flag: str = "--out") -> Path:
     """``path`` as a folder we can write in (made if missing), or a one-line error naming ``flag``."""
     folder = Path(path)
@@ -70,7 +79,7 @@ def _eval(args: argparse.Namespace) -> None:
 
     grid = _grid(args)  # every argument checked before anything is written
     out = writable_folder(args.out)
-    runner.run(grid, out, limit=args.limit, batch_size=args.batch_size, tp=args.tp)
+    runner.run(grid, out, limit=args.limit, batch_size=args.batch_size, tp=args.tp, prefill_tokens=args.prefill_tokens)
     if World.from_environment(args.tp).rank:  # under torchrun, process 0 reports
         return
     print(report.build(out, args.threshold))
@@ -249,6 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--samples", "--seeds", type=positive, default=samples,
                        help=f"cases per (task, length, method) (default {samples}; RULER uses 500)")
         p.add_argument("--batch-size", type=positive, default=1, help="cases decoded together, left-padded (default 1)")
+        p.add_argument("--prefill-tokens", type=prefill_tokens, default=None, metavar="N|auto",
+                       help="read the prompts in chunks of at most N tokens over the batch (0: in one forward; default "
+                            "auto: 4096 for a batch, one forward for one case)")
         p.add_argument("--out", default=out, help=f"results folder; a rerun resumes it (default {out})")
         p.add_argument("--limit", type=positive, help="run at most this many new cases (per process under torchrun)")
         p.add_argument("--tp", action="store_true", help="under torchrun: shard the model over the processes (tensor "

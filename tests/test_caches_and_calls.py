@@ -74,6 +74,24 @@ def test_cached_decoding_equals_the_reference_in_models(family, name, backend):
     assert (torch.cat(pieces, 1) - want)[mask.bool()].abs().max() <= 1e-8
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.parametrize("name", ["rope", *sorted(METHODS)])
+@torch.no_grad()
+def test_generate_with_a_chunked_prefill_equals_one_forward(family, name):
+    """transformers' ``prefill_chunk_size`` (the runner's --prefill-tokens): a left-padded batch read in
+    chunks of 11 tokens (the padding inside the first; Gemma 3's sliding cache dropping keys between
+    chunks) scores every step as one forward does."""
+    model = tiny_model(family, dtype=torch.float64, **CACHE_FAMILIES[family])
+    if name != "rope":
+        longreach.apply(model, name, **METHODS[name])
+    x, mask = left_padded(n=40, pad=7)
+    settings = dict(attention_mask=mask, max_new_tokens=6, min_new_tokens=6, do_sample=False, output_logits=True,
+                    return_dict_in_generate=True)
+    whole, chunked = model.generate(x, **settings), model.generate(x, prefill_chunk_size=11, **settings)
+    assert torch.equal(chunked.sequences, whole.sequences)
+    assert (torch.stack(chunked.logits) - torch.stack(whole.logits)).abs().max() <= 1e-8
+
+
 @torch.no_grad()
 def test_compiled_forward_with_a_static_cache_equals_eager():
     model = tiny_model("llama")

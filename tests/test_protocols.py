@@ -10,7 +10,7 @@ from conftest import TINY_VOCAB, byte_tokenizer, tiny_model
 from transformers import AutoTokenizer
 
 from longreach import models
-from longreach.eval import report, ruler, runner, stats, tasks
+from longreach.eval import generate, report, ruler, runner, stats, tasks
 
 ALL = list(tasks.TASKS)
 
@@ -222,13 +222,26 @@ def test_effective_length_is_reported_by_point_and_by_lower_bound(tmp_path):
     assert effective["point"] == 4096 and effective["sure"] == 0  # 9/10: 90 >= 85.6, its lower bound 59.6 is not
 
 
-def test_a_batch_gives_the_answers_of_one_case_at_a_time(tmp_path):
+def test_a_batch_gives_the_answers_of_one_case_at_a_time_also_read_in_chunks(tmp_path):
     model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024)
     grid = lambda: runner.Grid("tiny", ["passkey", "ruler:niah_single_1"], [runner.MethodSpec.parse("rope"),
                                runner.MethodSpec.parse("string:shift=200,local_window=8")], [700, 900], [0.5], 3)
     one = runner.read_results(runner.run(grid(), tmp_path / "one", loaded=(model, byte_tokenizer())))
     three = runner.read_results(runner.run(grid(), tmp_path / "three", loaded=(model, byte_tokenizer()), batch_size=3))
-    assert len(one) == len(three) == 24
-    key = lambda r: runner.case_key(r)
-    assert {key(r): (r["answer"], r["prompt_hash"], r["n_tokens"]) for r in one} == {
-        key(r): (r["answer"], r["prompt_hash"], r["n_tokens"]) for r in three}
+    chunked = runner.read_results(runner.run(grid(), tmp_path / "chunked", loaded=(model, byte_tokenizer()), batch_size=3,
+                                             prefill_tokens=256))  # three prompts of 700-900 tokens in chunks of 85
+    assert len(one) == len(three) == len(chunked) == 24
+    answers = lambda records: {runner.case_key(r): (r["answer"], r["prompt_hash"], r["n_tokens"]) for r in records}
+    assert answers(one) == answers(three) == answers(chunked)
+    assert {r["prefill_tokens"] for r in one} == {0} and {r["prefill_tokens"] for r in three} == {generate.BATCH_PREFILL_TOKENS}
+    assert {r["prefill_tokens"] for r in chunked} == {256}
+
+
+def test_a_prefill_forward_stays_within_its_token_budget_over_the_batch():
+    assert generate.prefill_budget(1, None) == 0 and generate.prefill_budget(4, None) == generate.BATCH_PREFILL_TOKENS == 4096
+    assert generate.prefill_budget(1, 8192) == 8192 and generate.prefill_budget(8, 0) == 0  # as given
+    assert generate.prefill_chunk(4096, 4, 8192) == 2048
+    assert generate.prefill_chunk(8000, 1, 8192) is None  # fits: one forward, as transformers does by default
+    assert generate.prefill_chunk(16384, 1, 8192) == 8192
+    assert generate.prefill_chunk(16384, 8, 0) is None  # 0: no budget
+    assert generate.prefill_chunk(100, 3, 2) == 1

@@ -42,6 +42,8 @@ def cli_error(argv, capsys) -> str:
     (["eval", "niah", "--limit", "-1"], "argument --limit: -1 is out of range"),
     (["eval", "niah", "--samples", "0"], "argument --samples/--seeds: 0 is out of range"),
     (["eval", "niah", "--batch-size", "0"], "argument --batch-size: 0 is out of range"),
+    (["eval", "niah", "--prefill-tokens", "-1"], "argument --prefill-tokens: '-1' is out of range: an integer >= 0 or 'auto'"),
+    (["eval", "niah", "--prefill-tokens", "half"], "argument --prefill-tokens: 'half' is out of range: an integer >= 0 or 'auto'"),
     (["eval", "niah", "--method", "string:shift=2048,shift=1024"], "'shift' is given twice"),
     (["eval", "niah", "--method", ":shift=3"], "names no method"),
     (["eval", "niah", "--training-window", "x"], "argument --training-window: 'x' is not an integer"),

@@ -219,11 +219,14 @@ class Grid:
                 self.keys.append((self.model, method.label, task, length, depth, seed))
 
 
-def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, batch_size: int = 1, tp: bool = False) -> Path:
+def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, batch_size: int = 1, tp: bool = False,
+        prefill_tokens: int | None = None) -> Path:
     """Run the grid's missing cases, appending to ``out/results.jsonl``; returns that path.
 
     Cases of one (task, length) are built once for every method; ``batch_size`` of them decode as one
-    left-padded batch per method (the answers equal batch size 1's). Under ``torchrun`` the cases are
+    left-padded batch per method (the answers equal batch size 1's), its prompts read in chunks of at most
+    ``prefill_tokens`` tokens over the batch (0: in one forward; ``None``: :func:`.generate.prefill_budget`'s
+    default). Under ``torchrun`` the cases are
     shared out over the processes, or with ``tp`` the model is (see :mod:`.distributed`); ``limit``
     then caps each process's new cases.
     """
@@ -234,6 +237,8 @@ def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, batch_size
 
     if batch_size < 1:
         raise ValueError(f"--batch-size={batch_size} is out of range: at least 1")
+    if prefill_tokens is not None and prefill_tokens < 0:
+        raise ValueError(f"--prefill-tokens={prefill_tokens} is out of range: at least 0 (0: a prompt in one forward)")
     world = World.from_environment(tp)
     out.mkdir(parents=True, exist_ok=True)
     path = out / RESULTS
@@ -258,7 +263,8 @@ def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, batch_size
         where = f"process {world.rank} of {world.size}: " if world.shares_cases else ""
         print(f"{where}{len(mine)} cases in the grid, {len(mine) - len(missing)} already in {out}, running {len(pending)}")
     if pending:
-        _run_cases(grid, pending, model, tokenizer, specs, resolved, window, batch_size, world, world.results_file(out, RESULTS), dtype)
+        _run_cases(grid, pending, model, tokenizer, specs, resolved, window, batch_size, world, world.results_file(out, RESULTS), dtype,
+                   prefill_tokens)
     longreach.remove(model)
     world.barrier()
     if world.rank == 0 and world.shares_cases:
@@ -291,7 +297,7 @@ def check_dtype(records: list[dict], dtype: str, out: Path) -> None:
                          f"resume it with that --dtype, or give another --out")
 
 
-def _run_cases(grid, pending, model, tokenizer, specs, resolved, window, batch_size, world, path, dtype) -> None:
+def _run_cases(grid, pending, model, tokenizer, specs, resolved, window, batch_size, world, path, dtype, prefill_tokens) -> None:
     """Run ``pending`` cases, one JSON line each in ``path`` (only where ``world`` writes)."""
     state = {"applied": None}
 
@@ -319,7 +325,8 @@ def _run_cases(grid, pending, model, tokenizer, specs, resolved, window, batch_s
                     if not batch:
                         continue
                     bar.set_postfix_str(f"{task_name} {length} {label}")
-                    results = _run_batch(task, model, tokenizer, [built[key[4], key[5]] for key in batch], lambda: apply(label))
+                    results = _run_batch(task, model, tokenizer, [built[key[4], key[5]] for key in batch], lambda: apply(label),
+                                         prefill_tokens)
                     for key, (record, seconds) in zip(batch, results):
                         _, _, _, _, depth, seed = key
                         if record.get("error"):
@@ -353,7 +360,7 @@ def _error(error: BaseException) -> dict:
     return {"score": None, "error": f"{error.__class__.__name__}: {error}"}
 
 
-def _run_batch(task, model, tokenizer, cases: list, apply) -> list[tuple[dict, float]]:
+def _run_batch(task, model, tokenizer, cases: list, apply, prefill_tokens: int | None) -> list[tuple[dict, float]]:
     """``(record fields, seconds)`` per case: decoded together; a case that could not be built, or a
     batch that raises, becomes error rows (one failing case must not stop the grid; a rerun retries)."""
     from . import generate
@@ -365,8 +372,9 @@ def _run_batch(task, model, tokenizer, cases: list, apply) -> list[tuple[dict, f
         if hasattr(task, "evaluate"):
             outcomes = [task.evaluate(model, tokenizer, case) for case in ready]
         else:
-            answers = generate.greedy(model, tokenizer, [c.prompt for c in ready], max_new_tokens=task.max_new_tokens) if ready else []
-            outcomes = [{"answer": answer, "empty": not ruler.postprocess(answer), **task.score(answer, case)}
+            budget = generate.prefill_budget(len(ready), prefill_tokens)
+            answers = generate.greedy(model, tokenizer, [c.prompt for c in ready], task.max_new_tokens, budget) if ready else []
+            outcomes = [{"answer": answer, "empty": not ruler.postprocess(answer), "prefill_tokens": budget, **task.score(answer, case)}
                         for answer, case in zip(answers, ready)]
     except Exception as error:
         outcomes = [_error(error)] * len(ready)
