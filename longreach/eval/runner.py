@@ -226,9 +226,8 @@ def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, batch_size
     Cases of one (task, length) are built once for every method; ``batch_size`` of them decode as one
     left-padded batch per method (the answers equal batch size 1's), its prompts read in chunks of at most
     ``prefill_tokens`` tokens over the batch (0: in one forward; ``None``: :func:`.generate.prefill_budget`'s
-    default). Under ``torchrun`` the cases are
-    shared out over the processes, or with ``tp`` the model is (see :mod:`.distributed`); ``limit``
-    then caps each process's new cases.
+    default). Under ``torchrun`` the cases are shared out over the processes, or with ``tp`` the model is
+    (see :mod:`.distributed`); ``limit`` then caps each process's new cases.
     """
     import torch
 
