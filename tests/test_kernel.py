@@ -132,8 +132,8 @@ def test_dca_tiles_reach_only_their_chunks_and_need_no_mask():
         want = {same: [(chunk, start, False), (start, start + tile, True)], previous: [(chunk - c, chunk, False)],
                 earlier: [(0, chunk - c, False)]}
         for part, blocks in want.items():
-            got = list(kernel._masked_tiles(tile, n, part.min_distance, part.max_distance, start, None,
-                                       (part.key_span, positions), tile, torch.float32, "cpu"))
+            got = list(kernel._masked_tiles(tile, n, part.min_distance, part.max_distance, start, None, 0,
+                                            (part.key_span, positions), tile, torch.float32, "cpu"))
             assert [(b.keys.start, b.keys.stop, b.causal) for b in got if b.mask is None] == [b for b in blocks if b[1] > max(0, b[0])]
             assert all(b.mask is None for b in got)
     for part in (same, previous, earlier):
@@ -142,17 +142,59 @@ def test_dca_tiles_reach_only_their_chunks_and_need_no_mask():
 
 
 def test_left_padding_masks_only_the_padded_first_keys():
-    """Prefill of a left-padded batch (pads 0, 5, 13): a query tile meets keys 0-12 with a mask and the
-    rest as an unpadded tile would (a rectangle and a causal square, no mask), so no mask grows with n."""
+    """Prefill of a left-padded batch (pads 0, 5, 13): masked tiles (narrow bands, DCA) meet keys 0-12
+    with a mask and the rest as an unpadded tile would (a rectangle and a causal square, no mask); an
+    unbounded part (rope) is the padded keys' masked tiles and then one causal call over all later rows,
+    as without padding. No mask grows with n; decoding is one small masked call."""
     n, tile, pads = 96, 16, (0, 5, 13)
     padding = torch.stack([torch.arange(n) >= pad for pad in pads])
-    blocks = list(kernel._masked_tiles(n, n, 0, None, 0, padding, None, tile, torch.float32, "cpu"))
+    padded = kernel._padded_keys(padding, n, n)
+    assert padded == 13 and kernel._padded_keys(padding, 1, n) == n and kernel._padded_keys(None, n, n) == 0
+    blocks = list(kernel._masked_tiles(n, n, 0, None, 0, padding, padded, None, tile, torch.float32, "cpu"))
     for start in range(tile, n, tile):  # the first tile holds the padding itself
         got = [b for b in blocks if b.rows.start == start]
         assert [(b.keys.start, b.keys.stop, b.mask.shape) for b in got if b.mask is not None] == [(0, 13, (3, 1, tile, 13))]
         assert [(b.keys.start, b.keys.stop, b.causal) for b in got if b.mask is None] == [(13, start, False), (start, start + tile, True)]
-    decode = list(kernel._masked_tiles(1, n, 0, None, n - 1, padding, None, tile, torch.float32, "cpu"))
+    rope = list(kernel._blocks(n, n, 0, None, 0, padding, padded, None, tile, True, torch.float32, "cpu"))
+    assert all(b.keys.stop <= 13 and b.mask is not None for b in rope[:-1])
+    assert rope[-1] == kernel.Block(slice(13, n), slice(13, n), causal=True)
+    decode = list(kernel._masked_tiles(1, n, 0, None, n - 1, padding, n, None, tile, torch.float32, "cpu"))
     assert [(b.keys.start, b.keys.stop, b.mask is not None) for b in decode] == [(0, n, True)]  # one small masked call
+
+
+def covered(blocks, batch: int, q_len: int, kv_len: int) -> torch.Tensor:
+    """How many of ``blocks`` cover each (sequence, query row, key) pair, from their slices and masks."""
+    count = torch.zeros(batch, q_len, kv_len, dtype=torch.long)
+    for b in blocks:
+        rows, keys = b.rows.stop - b.rows.start, b.keys.stop - b.keys.start
+        inside = torch.ones(batch, rows, keys, dtype=torch.bool)
+        if b.causal:
+            inside &= torch.ones(rows, keys, dtype=torch.bool).tril()
+        if b.mask is not None:
+            mask = b.mask if b.mask.dim() == 2 else b.mask[:, 0]
+            inside &= (mask == 0).expand(batch, rows, keys)
+        count[:, b.rows, b.keys] += inside
+    return count
+
+
+@pytest.mark.parametrize("lo, hi", [(0, None), (7, None), (0, 40), (5, 45), (0, 9)])
+@pytest.mark.parametrize("pads", [(0, 0), (0, 5, 13), (3, 40), (0, 70)])
+@pytest.mark.parametrize("q_len", [70, 33, 17, 1])
+def test_every_plan_covers_each_allowed_pair_exactly_once(lo, hi, pads, q_len):
+    """Unbounded parts, wide and narrow bands; no padding, padding shorter and longer than a tile, and
+    past the first queries; prefill, chunks against a cache, decoding: each pair ``lo <= i - j < hi``
+    with a real key is in exactly one call, every other pair in none (tiles of 8)."""
+    kv_len, tile = 70, 8
+    padding = torch.stack([torch.arange(kv_len) >= pad for pad in pads])
+    offset = kv_len - q_len
+    i, j = torch.arange(offset, kv_len)[:, None], torch.arange(kv_len)[None, :]
+    allowed = (j <= i - lo) & (j > i - hi if hi is not None else True) & padding[:, None, :]
+    for key_padding in (padding, None) if not any(pads) else (padding,):
+        padded = kernel._padded_keys(key_padding, q_len, kv_len)
+        for structured in (True, False):
+            blocks = kernel._blocks(q_len, kv_len, lo, hi, offset, key_padding, padded, None, tile, structured and q_len > 16,
+                                    torch.float32, "cpu")
+            assert torch.equal(covered(blocks, len(pads), q_len, kv_len), allowed.long()), (key_padding is None, structured)
 
 
 @pytest.mark.parametrize("name, params", [("rope", {}), ("string", {"shift": 20, "local_window": 4}),

@@ -7,10 +7,11 @@ re-rotated by the part's shifts; the parts' results are merged by their log-sum-
 
     O = (exp(lse_a) O_a + exp(lse_b) O_b) / (exp(lse_a) + exp(lse_b))
 
-Memory is O(n): a region is never materialised as an n x n mask. Without padding, an unbounded
-region (``hi = None``) is one causal call on a shifted square plus an unmasked rectangle and a band
-is three blocks per query tile (:func:`_band`); key padding, decoding, narrow bands and chunked
-regions (DCA) use query tiles against only the keys a tile can reach, with a tile-sized mask.
+Memory is O(n): a region is never materialised as an n x n mask. An unbounded region (``hi =
+None``) is one causal call on a shifted square plus an unmasked rectangle and a band is three blocks
+per query tile (:func:`_band`); left padding adds masked tiles over the padded first keys only
+(:func:`_blocks`). Decoding, narrow bands and chunked regions (DCA) use query tiles against only the
+keys a tile can reach, with a tile-sized mask.
 Drop Attention needs whole rows: :func:`row_probabilities` computes them ``DROP_TILE`` queries at a
 time. A part may move some rotary pairs only, per query head (DPE): where query heads sharing a
 key/value head move different pairs, prefill repeats keys and values per query head and decoding
@@ -23,6 +24,7 @@ left padding this index distance equals the position distance of every real toke
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import OrderedDict
 from typing import Callable, NamedTuple, Sequence
@@ -92,6 +94,7 @@ def attention(
     whole_blocks = block is not _math and not (needs_grad and block not in BACKWARDS)
 
     q_positions = positions[:, offset:]
+    padded = _padded_keys(key_padding, q_len, kv_len)
     if q_len <= SMALL_QUERY:
         parts = _fold_block_key_shifts(parts, positions)
     plans, shifted, shifted_keys = [], [], {}
@@ -105,21 +108,15 @@ def attention(
             q = _shifted(query, part.query_shift, q_positions, inv_freq, part.pairs)
             if (k := shifted_keys.get((id(part.key_shift), id(part.pairs)))) is None:  # parts sharing a key shift (DCA's three) rotate once
                 k = shifted_keys[id(part.key_shift), id(part.pairs)] = _shifted_keys(key, part.key_shift, positions, inv_freq, part.pairs)
-        structured = whole_blocks and key_padding is None and part.key_span is None and q_len > SMALL_QUERY
         if block is flex.part_attention:
             span = None if part.key_span is None else (*part.key_span(q_positions), positions)
             region = flex.Region(lo, hi, offset, key_padding, span)
             plans.append(lambda region=region: [Block(slice(0, q_len), slice(0, kv_len), region.block_mask(batch, q_len, kv_len, query.device))])
-        elif structured and hi is None:
-            plans.append(lambda lo=lo: _unbounded(q_len, lo, offset))
-        elif structured and hi - lo - 1 >= MIN_BAND_TILE:
-            # bands use tiles twice as tall: fewer, larger unmasked calls beat the wasted diagonal halves (measured)
-            band_tile = min(2 * tile, hi - lo - 1)
-            plans.append(lambda lo=lo, hi=hi, t=band_tile: _band(q_len, lo, hi, offset, t, query.dtype, query.device))
         else:
+            structured = whole_blocks and part.key_span is None and q_len > SMALL_QUERY
             span = None if part.key_span is None else (part.key_span, positions)
-            plans.append(lambda lo=lo, hi=hi, span=span: _masked_tiles(q_len, kv_len, lo, hi, offset, key_padding, span, tile,
-                                                                       query.dtype, query.device))
+            plans.append(lambda lo=lo, hi=hi, span=span, structured=structured: _blocks(
+                q_len, kv_len, lo, hi, offset, key_padding, padded, span, tile, structured, query.dtype, query.device))
         shifted += [q, k]
     if not shifted:  # the model's sliding window excludes every part
         return torch.zeros(batch, q_len, q_heads, value.shape[-1], dtype=query.dtype, device=query.device)
@@ -445,25 +442,42 @@ def merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: 
     return out_a * weight_a + out_b.to(out_a.dtype) * weight_b, torch.logaddexp(lse_a, lse_b)
 
 
-def _unbounded(q_len, lo, offset):
-    """Pairs with ``i - j >= lo``, no padding: one unmasked rectangle and one causal square.
+def _blocks(q_len, kv_len, lo, hi, offset, key_padding, padded, span, tile, structured, dtype, device):
+    """The calls that cover a part's pairs ``lo <= i - j < hi``. ``structured`` (a whole-blocks backend,
+    no key span, more than a few queries): the padded first ``padded`` keys (:func:`_padded_keys`) with
+    masked tiles, the rest with the unmasked plan of an unbounded region or a wide band, as if no
+    sequence were padded. Otherwise masked tiles (:func:`_masked_tiles`)."""
+    if not structured or (hi is not None and hi - lo - 1 < MIN_BAND_TILE):
+        return _masked_tiles(q_len, kv_len, lo, hi, offset, key_padding, padded, span, tile, dtype, device)
+    prefix = _masked_tiles(q_len, padded, lo, hi, offset, key_padding, padded, None, tile, dtype, device) if padded else ()
+    if hi is None:
+        return itertools.chain(prefix, _unbounded(q_len, lo, offset, padded))
+    # bands use tiles twice as tall: fewer, larger unmasked calls beat the wasted diagonal halves (measured)
+    band_tile = min(2 * tile, hi - lo - 1)
+    return itertools.chain(prefix, _band(q_len, lo, hi, offset, band_tile, dtype, device, padded))
 
-    Query row ``t`` (``i = t + offset``) sees keys ``j <= i - lo``. Rows from ``first`` on see
-    something; keys below ``first + offset - lo`` are seen by all of them (rectangle), the rest form
+
+def _unbounded(q_len, lo, offset, first_key=0):
+    """Pairs with ``i - j >= lo`` and keys from ``first_key`` on, unpadded: one unmasked rectangle and
+    one causal square.
+
+    Query row ``t`` (``i = t + offset``) sees keys ``first_key <= j <= i - lo``. Rows from ``first`` on
+    see something; keys below ``first + offset - lo`` are seen by all of them (rectangle), the rest form
     a square whose top-left-aligned causal mask is exactly the region.
     """
-    first = max(0, lo - offset)
+    first = max(0, first_key + lo - offset)
     if first >= q_len:
         return
     shared = first + offset - lo
     rows = slice(first, q_len)
-    if shared > 0:
-        yield Block(rows, slice(0, shared))
+    if shared > first_key:
+        yield Block(rows, slice(first_key, shared))
     yield Block(rows, slice(shared, shared + (q_len - first)), causal=True)
 
 
-def _band(q_len, lo, hi, offset, tile, dtype, device):
-    """Pairs with ``lo <= i - j < hi``, no padding, ``tile <= hi - lo - 1``: three blocks per query tile.
+def _band(q_len, lo, hi, offset, tile, dtype, device, first_key=0):
+    """Pairs with ``lo <= i - j < hi`` and keys from ``first_key`` on, unpadded, ``tile <= hi - lo - 1``:
+    three blocks per query tile.
 
     For the tile of rows ``i in [a, a + T)`` the reachable keys ``(a - hi, a + T - lo)`` split into
     an upper block ``[a - hi + 1, +T)`` where the region is ``u >= t`` (one constant T x T mask), a
@@ -476,33 +490,27 @@ def _band(q_len, lo, hi, offset, tile, dtype, device):
         stop = min(q_len, start + tile)
         a, rows = start + offset, slice(start, stop)
         top = a - hi + 1
-        if top + tile > 0:  # upper block, clipped at key 0
-            first_key = max(0, top)
-            yield Block(rows, slice(first_key, top + tile), upper[: stop - start, first_key - top :])
-        middle = slice(max(0, top + tile), max(0, a - lo))
+        if top + tile > first_key:  # upper block, clipped at the first key
+            first = max(first_key, top)
+            yield Block(rows, slice(first, top + tile), upper[: stop - start, first - top :])
+        middle = slice(max(first_key, top + tile), max(first_key, a - lo))
         if middle.stop > middle.start:
             yield Block(rows, middle)
-        skip = max(0, lo - a)  # rows with i < lo see nothing in the lower block
+        skip = max(0, first_key + lo - a)  # rows with i - lo < first_key see nothing in the lower block
         if skip < stop - start:
             yield Block(slice(start + skip, stop), slice(a + skip - lo, a - lo + (stop - start)), causal=True)
 
 
-def _masked_tiles(q_len, kv_len, lo, hi, offset, key_padding, span, tile, dtype, device):
+def _masked_tiles(q_len, kv_len, lo, hi, offset, key_padding, padded, span, tile, dtype, device):
     """Pairs with ``lo <= i - j < hi`` (``hi=None``: unbounded), unpadded keys and, when ``span =
     (key_span, positions)`` is given, key positions in ``key_span(query positions)``; a mask per tile.
 
     The general path (key padding, decoding, narrow bands, chunked regions): each query tile meets
     only the keys it can reach, with a ``[B, 1, T, K]`` mask of that size. A tile whose pairs are
     all in needs no mask; one whose region is a rectangle ending in a causal square (DCA's same
-    chunk) is two unmasked blocks. Left padding touches only the first keys: in prefill a tile meets
-    the keys up to the last padded one with a mask, and the rest as if no sequence were padded.
+    chunk) is two unmasked blocks. Left padding touches only the first ``padded`` keys
+    (:func:`_padded_keys`): a tile meets them with a mask, and the rest as if no sequence were padded.
     """
-    if key_padding is None:
-        padded = 0
-    elif q_len <= SMALL_QUERY:  # decoding: one small masked call over every key
-        padded = kv_len
-    else:
-        padded = _padded_prefix(key_padding)
     for start in range(0, q_len, tile):
         stop = min(q_len, start + tile)
         rows = torch.arange(start + offset, stop + offset, device=device)
@@ -514,9 +522,14 @@ def _masked_tiles(q_len, kv_len, lo, hi, offset, key_padding, span, tile, dtype,
                 yield from _tile_blocks(slice(start, stop), keys, allowed, dtype)
 
 
-def _padded_prefix(key_padding: torch.Tensor) -> int:
-    """How many first keys hold padding in some sequence: the longest left padding (0 when no key is
-    padding, ``Lkv`` when a sequence is padded on the right)."""
+def _padded_keys(key_padding: torch.Tensor | None, q_len: int, kv_len: int) -> int:
+    """How many first keys a call meets with a padding mask: none without padding, all of them in
+    decoding (one small masked call is cheapest), else those up to the last padded key in some
+    sequence: the longest left padding (``Lkv`` when a sequence is padded on the right)."""
+    if key_padding is None:
+        return 0
+    if q_len <= SMALL_QUERY:
+        return kv_len
     padded = (~key_padding).any(0).nonzero()
     return int(padded[-1]) + 1 if padded.numel() else 0
 
