@@ -94,7 +94,7 @@ def attention(
     whole_blocks = block is not _math and not (needs_grad and block not in BACKWARDS)
 
     q_positions = positions[:, offset:]
-    padded = _padded_keys(key_padding, q_len, kv_len)
+    padded = 0 if block is flex.part_attention else _padded_keys(key_padding, q_len, kv_len)  # flex masks padding itself
     if q_len <= SMALL_QUERY:
         parts = _fold_block_key_shifts(parts, positions)
     plans, shifted, shifted_keys = [], [], {}
