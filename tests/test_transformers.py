@@ -1,6 +1,7 @@
 """longreach.apply on tiny models of several families, against stock SDPA and the dense reference."""
 
 import copy
+import re
 
 import numpy as np
 import pytest
@@ -256,3 +257,83 @@ def test_reapplying_keeps_the_models_own_window_after_a_rescale():
     longreach.apply(model, "string", shift=20, local_window=4)
     assert longreach.applied(model).training_window == 96
     assert model.config.rope_parameters["rope_type"] == "default"
+
+
+LLAMA31 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+           "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
+QWEN_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, "rope_theta": 1e6}
+OWN_SCALINGS = {"llama3.1": ("llama", LLAMA31), "qwen+yarn": ("qwen2", QWEN_YARN)}
+
+
+@pytest.mark.parametrize("own", sorted(OWN_SCALINGS))
+@torch.no_grad()
+def test_a_frequency_method_composes_over_the_models_own_scaling(own, tmp_path):
+    """Llama 3.1 (llama3) and Qwen (yarn) keep their scaling: a frequency method maps their frequencies further."""
+    family, parameters = OWN_SCALINGS[own]
+    model, x = tiny_model(family, max_position_embeddings=131072, rope_parameters=parameters), ids(80)
+    stock, own_freq = model(x).logits, model.model.rotary_emb.inv_freq.clone()
+    own_scaling = model.model.rotary_emb.attention_scaling
+    longreach.apply(model, "yarn", factor=1.0)  # the identity: nothing moves
+    assert torch.equal(model.model.rotary_emb.inv_freq, own_freq) and torch.equal(model(x).logits, stock)
+    longreach.apply(model, "dca", chunk_size=30, local_window=6, scaling={"rope_type": "yarn", "factor": 2.0})
+    freq = model.model.rotary_emb.inv_freq
+    assert freq[0] == own_freq[0] and freq[-1] == pytest.approx(own_freq[-1].item() / 2)  # the lowest one halves
+    assert model.model.rotary_emb.attention_scaling == pytest.approx(own_scaling * (0.1 * np.log(2) + 1))
+    assert model.config.rope_parameters == parameters  # transformers' own description stays the model's
+    longreach.apply(model, "pi", factor=4.0)
+    assert torch.allclose(model.model.rotary_emb.inv_freq, own_freq / 4)
+    longreach.apply(model, "ntk", factor=4.0)
+    pairs = torch.arange(own_freq.shape[0])
+    assert torch.allclose(model.model.rotary_emb.inv_freq, own_freq * 4.0 ** (-2 * pairs / (2 * len(own_freq) - 2)))
+    want = model(x).logits
+    model.save_pretrained(tmp_path)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+    longreach.integrations.transformers.reapply(loaded, loaded.config.longreach)
+    assert torch.allclose(loaded(x).logits, want, atol=1e-5)
+    longreach.remove(model)
+    assert torch.equal(model.model.rotary_emb.inv_freq, own_freq) and torch.equal(model(x).logits, stock)
+
+
+@pytest.mark.parametrize("name, params, transformers_parameters", [
+    ("pi", {"factor": 3.0}, {"rope_type": "linear", "factor": 3.0}),
+    ("ntk", {"factor": 3.0}, {"rope_type": "default", "rope_theta": 10000.0 * 3.0 ** (16 / 14)}),
+    ("yarn", {"factor": 3.0, "original_max_position_embeddings": 8192},
+     {"rope_type": "yarn", "factor": 3.0, "original_max_position_embeddings": 8192, "truncate": False}),
+])
+def test_the_composed_maps_equal_transformers_on_default_frequencies(name, params, transformers_parameters):
+    from longreach.methods.scaling import Scaling
+
+    default = tiny_model("llama").model.rotary_emb
+    scaled = tiny_model("llama", rope_parameters={"rope_theta": 10000.0, **transformers_parameters}).model.rotary_emb
+    inv_freq, attention_scaling = Scaling.create(name, 96, **params).over(default.inv_freq, 1.0, {"rope_type": "llama3"})
+    assert torch.allclose(inv_freq, scaled.inv_freq, rtol=1e-6)
+    assert attention_scaling == pytest.approx(scaled.attention_scaling)
+
+
+def test_what_does_not_compose_is_refused_in_one_line_naming_the_models_scaling():
+    model = tiny_model("llama", max_position_embeddings=131072, rope_parameters=LLAMA31)
+    with pytest.raises(ValueError, match=r"^llama3 over the model's own rope_type='llama3' \(factor=8.0, .*\) scaling is not defined"):
+        longreach.apply(model, "llama3", factor=2.0)
+    with pytest.raises(ValueError, match="dynamic over the model's own rope_type='llama3'"):
+        longreach.apply(model, "rope", scaling={"rope_type": "dynamic"})
+    dynamic = tiny_model("llama", rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
+    with pytest.raises(ValueError, match="own rope_type='dynamic' .* change during the forward pass"):
+        longreach.apply(dynamic, "yarn")
+    longreach.apply(dynamic, "string", shift=20, local_window=4)  # a position method alone is fine
+
+
+@torch.no_grad()
+def test_a_refused_apply_leaves_the_method_already_applied():
+    """Everything is validated before the model changes (the review found a refusal leaving plain rope)."""
+    gemma = tiny_model("gemma3")
+    longreach.apply(gemma, "string", shift=20, local_window=4)
+    with pytest.raises(ValueError, match="one set of rope_parameters"):
+        longreach.apply(gemma, "dca", scaling={"rope_type": "yarn", "factor": 2.0})
+    assert longreach.describe(gemma).startswith("string(shift=20")
+    llama, x = tiny_model("llama"), ids(80)
+    longreach.apply(llama, "self_extend", group_size=3, neighbor_window=16, scaling={"rope_type": "yarn", "factor": 2.0})
+    want, described = llama(x).logits, longreach.describe(llama)
+    for name in ("ntk", "pi", "yarn"):
+        with pytest.raises(ValueError, match=re.escape("factor=1e+308 is out of range")):
+            longreach.apply(llama, name, factor=1e308)
+    assert longreach.describe(llama) == described and torch.equal(llama(x).logits, want)

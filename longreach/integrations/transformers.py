@@ -171,10 +171,11 @@ def apply(model: nn.Module, method: str = "string", *, training_window: int | No
     position_method, frequency, dropping = _resolve(model, window, method, scaling, drop, params)
     text = model.config.get_text_config()
     position_method.check_model(text.num_hidden_layers, text.num_attention_heads, rotary_pairs(rotary))
+    rescaled = _rescaled_rotary(model, frequency) if frequency else None  # may still refuse: before any change
     remove(model)
     applied = Applied(position_method, model.config._attn_implementation, window, find_rotary(model), backend, frequency, dropping)
-    if frequency:
-        _rescale(model, frequency, applied)
+    if rescaled:
+        _install_rotary(model, applied, *rescaled)
     _attach(model, applied)
     model.set_attn_implementation(NAME)
     setattr(model.config, CONFIG_KEY, applied.record())
@@ -296,27 +297,61 @@ def _parent_of(model: nn.Module, child: nn.Module) -> tuple[nn.Module, str]:
     return model.get_submodule(parent_name), attribute
 
 
-def _rescale(model: nn.Module, frequency: Scaling, state: Applied) -> None:
-    """Rebuild the rotary embedding with transformers' initialiser for the new ``rope_parameters``.
+def _own_rotary(model: nn.Module) -> tuple[nn.Module, dict]:
+    """The model's own rotary module and ``rope_parameters``, also while a frequency method replaces them."""
+    state = _state(model)
+    if state is not None and state.replaced_rotary is not None:
+        return state.replaced_rotary, state.replaced_rope_parameters
+    return find_rotary(model), model.config.get_text_config().rope_parameters
 
-    A new module of the model's own rotary class replaces the old one (kept in ``state`` for
-    restoring); the config's ``rope_parameters`` are updated too, so that saving the model records them.
+
+def _rescaled_rotary(model: nn.Module, frequency: Scaling) -> tuple[nn.Module, dict]:
+    """A new rotary module of the model's own class for ``frequency``, and the ``rope_parameters`` to record;
+    the model is not touched (``apply`` validates everything first).
+
+    On a model with RoPE's default frequencies, transformers' own initialiser builds it from the new
+    ``rope_parameters``. A model that scales its frequencies already (``linear``, ``yarn``, ``llama3``)
+    keeps its scaling and ``frequency`` composes over it (:meth:`Scaling.over`); its ``rope_parameters``
+    stay its own, so plain ``from_pretrained`` cannot express the composition (``longreach.load`` can).
     """
-    config = model.config.get_text_config()
-    current = config.rope_parameters
-    if not isinstance(current, dict) or "rope_theta" not in current:
+    from ..methods.scaling import STATIC_TYPES, describe_own
+
+    own_rotary, own = _own_rotary(model)
+    if not isinstance(own, dict) or "rope_theta" not in own:
         raise ValueError(
             f"frequency methods need one set of rope_parameters; {model.__class__.__name__} has one per layer type "
-            f"({', '.join(current)}): apply a position method without scaling"
+            f"({', '.join(own)}): apply a position method without scaling"
         )
-    rotary = state.rotary
-    parent, attribute = _parent_of(model, rotary)
-    new_config = copy.deepcopy(config)
-    new_config.rope_parameters = frequency.rope_parameters(current, 2 * rotary.inv_freq.shape[-1])
-    replacement = type(rotary)(new_config).to(rotary.inv_freq.device)
-    setattr(parent, attribute, replacement)
-    config.rope_parameters = copy.deepcopy(new_config.rope_parameters)
-    state.replaced_rotary, state.replaced_rope_parameters, state.rotary = rotary, current, replacement
+    config = copy.deepcopy(model.config.get_text_config())
+    own_type = own.get("rope_type", "default")
+    if own_type == "default":
+        config.rope_parameters = frequency.rope_parameters(own, 2 * own_rotary.inv_freq.shape[-1])
+        rotary = type(own_rotary)(config).to(own_rotary.inv_freq.device)
+    elif own_type in STATIC_TYPES:
+        config.rope_parameters = copy.deepcopy(own)
+        rotary = type(own_rotary)(config).to(own_rotary.inv_freq.device)
+        inv_freq, rotary.attention_scaling = frequency.over(own_rotary.inv_freq, own_rotary.attention_scaling, own)
+        for name in ("inv_freq", "original_inv_freq"):
+            if hasattr(rotary, name):
+                getattr(rotary, name).copy_(inv_freq)
+    else:
+        raise ValueError(f"{model.__class__.__name__} has its own {describe_own(own)} scaling, whose frequencies change "
+                         f"during the forward pass: longreach composes no frequency method over it; apply a position method alone")
+    if rotary.inv_freq.device.type == "meta":  # an empty model (lm-eval checks the method before loading): no values
+        pass
+    elif not (torch.isfinite(rotary.inv_freq).all() and (rotary.inv_freq > 0).all() and math.isfinite(rotary.attention_scaling)):
+        raise ValueError(f"factor={frequency.params['factor']!r} is out of range: the scaled RoPE frequencies over- or underflow")
+    return rotary, copy.deepcopy(config.rope_parameters)
+
+
+def _install_rotary(model: nn.Module, state: Applied, rotary: nn.Module, rope_parameters: dict) -> None:
+    """Put ``rotary`` in place of the model's own rotary module (kept in ``state`` for :func:`remove`) and
+    record its ``rope_parameters`` in the config, so that saving the model keeps them."""
+    config = model.config.get_text_config()
+    parent, attribute = _parent_of(model, state.rotary)
+    setattr(parent, attribute, rotary)
+    state.replaced_rotary, state.replaced_rope_parameters, state.rotary = state.rotary, config.rope_parameters, rotary
+    config.rope_parameters = rope_parameters
 
 
 # --- the mask function ---------------------------------------------------------------------------------
