@@ -231,8 +231,9 @@ def _calibrate(args: argparse.Namespace) -> None:
     if args.method != "dpe":
         raise ValueError(f"calibrate measures DPE's settings; got {args.method!r} (use `longreach tune` for other methods)")
     tasks.get(args.task)
-    out = writable_folder(args.out or f"runs/calibrate_dpe_{args.length}")
-    result = calibrate.calibrate(args.model, _single_length(args.length), out, args.samples, args.local_window, args.top_k,
+    length = _single_length(args.length)  # before the default folder's name is made of it
+    out = writable_folder(args.out or f"runs/calibrate_dpe_{args.length}").resolve()
+    result = calibrate.calibrate(args.model, length, out, args.samples, args.local_window, args.top_k,
                                  args.importance_samples, args.task, args.groups, args.training_window, args.batch_size)
     print((out / "calibration.md").read_text(encoding="utf-8"))
     print(f"use: {result['apply']}\ncalibration.md, calibration.json, calibration.png and dimensions.safetensors in {out}/")

@@ -199,6 +199,24 @@ def test_save_pretrained_records_the_method_and_load_reapplies_it(tmp_path, name
     assert longreach.describe(plain) == "rope"
 
 
+@torch.no_grad()
+def test_the_backend_is_a_device_choice_not_saved_with_the_model(tmp_path):
+    """A model saved with a backend of one device loads on another: the record keeps the method only."""
+    import json
+
+    model, x = tiny_model("llama"), ids(40, batch=1)
+    longreach.apply(model, "string", backend="math", **METHODS["string"])
+    want = model(x).logits
+    model.save_pretrained(tmp_path)
+    _byte_tokenizer().save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert "backend" not in config["longreach"]
+    config["longreach"]["backend"] = "cuda_efficient"  # as versions before this one saved it
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    loaded, _ = longreach.load(str(tmp_path))  # on this CPU
+    assert loaded._longreach.backend == "auto" and (loaded(x).logits - want).abs().max() <= 1e-5
+
+
 def _byte_tokenizer():
     from conftest import byte_tokenizer
 

@@ -123,6 +123,37 @@ def test_dimensions_from_a_calibration_file(tmp_path):
 
 
 @torch.no_grad()
+def test_a_saved_dpe_model_carries_its_selection_not_the_files_path(tmp_path):
+    """The review: loaded from elsewhere it failed; after a new calibration into the same file it silently changed."""
+    import json
+    import shutil
+
+    from conftest import byte_tokenizer
+
+    model, x = tiny_model("llama"), torch.randint(3, 97, (1, 50))
+    calibration = tmp_path / "calibration" / "dimensions.safetensors"
+    calibration.parent.mkdir()
+    save_file({"importance": importance_for(model)}, str(calibration))
+    longreach.apply(model, "dpe", group_scales=(2, 3, 1, 4), local_window=10, top_k=4, dimensions=str(calibration))
+    want, described = model(x).logits, longreach.describe(model)
+    model.save_pretrained(tmp_path / "saved")
+    byte_tokenizer().save_pretrained(tmp_path / "saved")
+    save_file({"importance": 1 - importance_for(model)}, str(calibration))  # calibrated again into the same file
+    shutil.move(tmp_path / "saved", tmp_path / "moved")
+    loaded, _ = longreach.load(str(tmp_path / "moved"))
+    assert torch.equal(loaded(x).logits, want) and longreach.describe(loaded) == described
+    calibration.unlink()
+    assert torch.equal(longreach.load(str(tmp_path / "moved"))[0](x).logits, want)
+    config = json.loads((tmp_path / "moved" / "config.json").read_text())
+    selected = config["longreach"]["params"]["dimensions"]
+    assert selected["file"] == "dimensions.safetensors" and selected["shape"] == [2, 4, 8]
+    selected["sha256"] = "0" * 64  # edited by hand
+    (tmp_path / "moved" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="does not match its sha256"):
+        longreach.load(str(tmp_path / "moved"))
+
+
+@torch.no_grad()
 def test_dpe_composes_with_drop_attention():
     model = tiny_model("llama", dtype=torch.float64)
     params = dict(group_scales=(2, 3, 1, 4), local_window=10, top_k=4, dimensions=importance_for(model),

@@ -1,6 +1,7 @@
 """`longreach tune` and `longreach calibrate dpe` end to end on tiny models, and their pieces."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -92,10 +93,13 @@ def test_pair_importance_is_the_mean_product_of_pair_norms():
     assert sorted(record) == [0, 1] and torch.allclose(record[0], want, atol=1e-5)
 
 
-def test_calibrate_measures_importance_sweeps_each_group_and_checks_the_combination(tmp_path):
+def test_calibrate_measures_importance_sweeps_each_group_and_checks_the_combination(tmp_path, monkeypatch):
     loaded = tiny()
-    result = calibrate.calibrate("tiny", 2048, tmp_path, samples=1, local_window=64, top_k=4, importance_samples=2, groups=4,
-                                 training_window=512, loaded=loaded)
+    monkeypatch.chdir(tmp_path.parent)
+    result = calibrate.calibrate("tiny", 2048, Path(tmp_path.name), samples=1, local_window=64, top_k=4, importance_samples=2,
+                                 groups=4, training_window=512, loaded=loaded)
+    assert f"dimensions='{tmp_path / 'dimensions.safetensors'}'" in result["apply"]  # absolute: it works from anywhere
+    monkeypatch.chdir("/")
     assert calibrate.importance_lengths(512) == [512] and calibrate.importance_lengths(8192) == [2048, 4096, 8192]
     assert result["sweep_values"] == [1, 2] and result["others_at"] == 8
     importance = load_file(str(tmp_path / "dimensions.safetensors"))["importance"]
@@ -120,8 +124,12 @@ def test_calibrate_measures_importance_sweeps_each_group_and_checks_the_combinat
     (["tune", "string", "--grid", "shift=1", "--task", "nope"], "unknown task 'nope'"),
     (["tune", "string", "--grid", "shift=1", "--length", "4k,8k"], "gives 2 lengths: give one"),
     (["calibrate", "string"], "calibrate measures DPE's settings"),
+    (["calibrate", "dpe", "--length", "../../X"], "length '../../X' is out of range"),  # echoed as given; no folder made
 ])
-def test_command_errors_are_one_line(argv, message, capsys):
+def test_command_errors_are_one_line(argv, message, capsys, tmp_path, monkeypatch):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "a" / "b")
     with pytest.raises(SystemExit) as exit:
         cli.main(argv)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == [Path("a"), Path("a/b")]  # nothing made
     assert message in str(exit.value) and "\n" not in str(exit.value)

@@ -81,7 +81,7 @@ def measure_importance(model, tokenizer, out: Path, lengths: list[int], samples:
         if applied == "rope":
             longreach.remove(model)
     stacked = torch.stack([load_file(str(parts / f"{n}_{s}.safetensors"))["importance"] for n in lengths for s in range(samples)])
-    path = out / "dimensions.safetensors"
+    path = (out / "dimensions.safetensors").resolve()  # the apply line names it from anywhere
     save_file({"importance": stacked.mean(0)}, str(path), metadata={"lengths": ",".join(map(str, lengths)), "samples": str(samples)})
     return path
 

@@ -102,9 +102,9 @@ MAX_LENGTH = 1 << 24  # 16M tokens: beyond any model; runner.check_lengths bound
 def parse_lengths(text: str) -> list[int]:
     """``2k,4k,8192`` -> ``[2048, 4096, 8192]`` (k = 1024)."""
     lengths = []
-    for item in filter(None, (x.strip().lower() for x in text.split(","))):
+    for item in filter(None, (x.strip() for x in text.split(","))):
         try:
-            number = float(item[:-1]) * 1024 if item.endswith("k") else float(item)
+            number = float(item[:-1]) * 1024 if item.lower().endswith("k") else float(item)
         except ValueError:
             number = 0.5
         if not math.isfinite(number) or number < 16 or number > MAX_LENGTH or number != int(number):

@@ -62,18 +62,19 @@ class Applied:
         return " + ".join([self.method.describe(), *extras]) + f" [L={self.window}]"
 
     def record(self) -> dict:
-        """The JSON-able description saved in the model's config: enough for :func:`longreach.load` to re-apply."""
-        params = {f.name: getattr(self.method, f.name) for f in dataclasses.fields(self.method) if f.name != "training_window"}
+        """The JSON-able description saved in the model's config: enough for :func:`longreach.load` to re-apply.
+
+        The method, not the device choice: the backend is chosen again where the model is loaded. Whatever
+        the method reads from a file (DPE's selected pairs) is stored in the record itself."""
         scaling = None if self.scaling is None else {"rope_type": self.scaling.name, **self.scaling.params}
         drop = None if self.drop is None else {"method": self.drop.name, **_jsonable(dataclasses.asdict(self.drop))}
-        return {"method": self.method.name, "params": _jsonable(params), "training_window": self.window,
-                "scaling": scaling, "drop": drop, "backend": self.backend,
-                "replaced_rope_parameters": self.replaced_rope_parameters}
+        return {"method": self.method.name, "params": _jsonable(self.method.saved_params()), "training_window": self.window,
+                "scaling": scaling, "drop": drop, "replaced_rope_parameters": self.replaced_rope_parameters}
 
 
 def _jsonable(values: dict) -> dict:
-    """Tuples as lists and tensors (DPE's dimensions) as nested lists, for the config's JSON."""
-    return {k: list(v) if isinstance(v, tuple) else v.tolist() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
+    """Tuples as lists, for the config's JSON."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
 
 
 _probe: contextvars.ContextVar = contextvars.ContextVar("longreach_probe", default=None)
@@ -241,9 +242,10 @@ def _resolve(model, window, method, scaling, drop, params):
 
 
 def reapply(model: nn.Module, record: dict) -> nn.Module:
-    """Apply what :meth:`Applied.record` describes (the ``longreach`` entry of a saved config)."""
+    """Apply what :meth:`Applied.record` describes (the ``longreach`` entry of a saved config), with the
+    ``auto`` backend (a ``backend`` kept by older versions was a device choice: it is not restored)."""
     return apply(model, record["method"], training_window=record["training_window"], scaling=record.get("scaling"),
-                 drop=record.get("drop"), backend=record.get("backend", "auto"), **record.get("params", {}))
+                 drop=record.get("drop"), **record.get("params", {}))
 
 
 def remove(model: nn.Module) -> nn.Module:

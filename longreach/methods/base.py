@@ -91,6 +91,10 @@ class PositionMethod:
         """The logit factor for sequences of ``sequence_lengths [B]`` tokens: a number, or one per sequence."""
         return self.logit_scale
 
+    def saved_params(self) -> dict:
+        """The parameters to save with a model (``longreach.load`` applies them again): JSON-able values."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "training_window"}
+
     def describe(self) -> str:
         values = ", ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self) if f.name != "training_window")
         return f"{self.name}({values})" if values else self.name

@@ -18,10 +18,14 @@ follows ``//`` everywhere.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, fields
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .base import Part, PositionMethod, causal_distance, require_int
@@ -34,9 +38,45 @@ PUBLISHED = {  # LuLuLuyi/DPE config/dpe_config.yaml: w = 1024, top_k = 48 of 64
 }
 
 
+def saved_selection(mask: torch.Tensor, source) -> dict:
+    """A boolean selection as JSON for a saved model's config: its shape, its bits (packed, base64), their
+    SHA-256, and the name of the file it was chosen from (``None`` for a tensor), which ``describe`` shows."""
+    bits = np.packbits(mask.numpy().reshape(-1))
+    return {"file": _source_name(source), "shape": list(mask.shape), "selected": base64.b64encode(bits.tobytes()).decode(),
+            "sha256": _digest(mask)}
+
+
+def _from_saved(saved: dict) -> torch.Tensor:
+    """The boolean mask of :func:`saved_selection`; a selection whose bits do not match their digest is refused."""
+    try:
+        shape = [int(n) for n in saved["shape"]]
+        bits = np.unpackbits(np.frombuffer(base64.b64decode(saved["selected"], validate=True), dtype=np.uint8))
+        mask = torch.from_numpy(bits[: math.prod(shape)].astype(bool).reshape(shape))
+    except (KeyError, TypeError, ValueError, binascii.Error) as error:
+        raise ValueError(f"dimensions: the saved selection is malformed ({error.__class__.__name__}: {error}); "
+                         "apply dpe again with the file from `longreach calibrate dpe`") from None
+    if _digest(mask) != saved.get("sha256"):
+        raise ValueError("dimensions: the saved selection does not match its sha256 (config.json was edited); "
+                         "apply dpe again with the file from `longreach calibrate dpe`")
+    return mask
+
+
+def _digest(mask: torch.Tensor) -> str:
+    return hashlib.sha256(mask.numpy().tobytes()).hexdigest()
+
+
+def _source_name(source) -> str | None:
+    if isinstance(source, (str, Path)):
+        return Path(str(source)).name
+    return source.get("file") if isinstance(source, dict) else None
+
+
 def load_dimensions(source) -> torch.Tensor:
     """A ``[layers, heads, pairs]`` tensor: boolean (the pairs to change) or real (their importance), from a
-    tensor, nested lists, or a safetensors file written by ``longreach calibrate dpe`` (``importance`` or ``mask``)."""
+    tensor, nested lists, a safetensors file written by ``longreach calibrate dpe`` (``importance`` or
+    ``mask``), or the selection a saved model keeps in its config (:func:`saved_selection`)."""
+    if isinstance(source, dict):
+        return _from_saved(source)
     if isinstance(source, (str, Path)):
         from safetensors import SafetensorError
         from safetensors.torch import load_file
@@ -151,12 +191,17 @@ class DPE(PositionMethod):
         r = causal_distance(query_positions, key_positions)[:, None, ..., None]
         return torch.where(mask[None, :, None, None, :], per_pair, r)
 
+    def saved_params(self) -> dict:
+        """The selected pairs themselves, not the file they came from: a saved model carries its calibration."""
+        params = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "training_window"}
+        if self._mask is not None:
+            params["dimensions"] = saved_selection(self._mask, self.dimensions)
+        return params
+
     def describe(self) -> str:
         values = [f"group_scales={','.join(map(str, self.group_scales))}", f"local_window={self.local_window}", f"top_k={self.top_k}"]
         if self._mask is not None:
-            where = Path(str(self.dimensions)).name if isinstance(self.dimensions, (str, Path)) else "tensor"
-            digest = hashlib.sha256(self._mask.numpy().tobytes()).hexdigest()[:8]
-            values.append(f"dimensions={where}@{digest}")
+            values.append(f"dimensions={_source_name(self.dimensions) or 'tensor'}@{_digest(self._mask)[:8]}")
         return f"{self.name}({', '.join(values)})"
 
 
