@@ -257,3 +257,44 @@ def test_numpy_integers_are_integers_and_the_cuda_backend_needs_cuda():
     assert longreach.applied(model).shift == 20 and type(longreach.applied(model).shift) is int
     with pytest.raises(ValueError, match="backend='cuda_efficient' needs a model on a CUDA device; this model is on 'cpu'"):
         longreach.apply(model, "rope", backend="cuda_efficient")
+
+
+@pytest.mark.parametrize("name, params", [("dynamic_drop", dict(chunk=8, initial_rate=0.2, layers=(0, 1))),
+                                          ("dca", {**METHODS["dca"], "mscale": True})])
+@torch.no_grad()
+def test_a_prompt_whose_last_token_is_read_alone_is_still_prompt_text(name, params):
+    """Beyond L = 96, with prompts of 97 and 121 tokens read 12 at a time: the last chunk holds one token,
+    which is the prompt's, not a generated one (DDA's rate), and DCA's temperature takes the whole prompt."""
+    model = tiny_model("llama", dtype=torch.float64)
+    longreach.apply(model, name, **params)
+    x, mask = left_padded(n=121, pad=24)  # 121 = 10 x 12 + 1
+    settings = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    for inputs in (dict(input_ids=x[:1]), dict(input_ids=x, attention_mask=mask)):
+        whole, chunked = model.generate(**inputs, **settings), model.generate(**inputs, prefill_chunk_size=12, **settings)
+        assert (torch.stack(chunked.logits) - torch.stack(whole.logits)).abs().max() <= 1e-8
+        if name == "dca":  # its cached states keep the temperature of their own length: no one-forward equivalent
+            continue
+        sequence = inputs["input_ids"]  # read whole, step by step, with the prompt declared: generated tokens are generated
+        for step in range(4):
+            padding = torch.cat([inputs.get("attention_mask", torch.ones_like(x[:1])), torch.ones(len(sequence), step, dtype=torch.long)], 1)
+            with longreach.integrations.transformers.generation(padding[:, : inputs["input_ids"].shape[1]].sum(-1)):
+                logits = model(sequence, attention_mask=padding).logits[:, -1]
+            assert (logits - whole.logits[step]).abs().max() <= 1e-6  # generate returns float32 logits
+            sequence = torch.cat([sequence, whole.sequences[:, sequence.shape[1] : sequence.shape[1] + 1]], 1)
+
+
+@torch.no_grad()
+def test_generate_declares_the_prompt_and_remove_gives_back_transformers_own():
+    model = tiny_model("llama")
+    custom = lambda *args, **kwargs: "custom"  # transformers' custom_generate puts one on the instance
+    model.generate = custom
+    longreach.apply(model, "dynamic_drop", **METHODS["dynamic_drop"])
+    assert model.generate(ids(10)) == "custom"
+    longreach.remove(model)
+    assert model.generate is custom
+    del model.generate
+    longreach.apply(model, "string", **METHODS["string"])
+    twin = copy.deepcopy(model)
+    assert twin.generate.args[0] is twin  # a deep copy generates with itself
+    longreach.remove(model)
+    assert "generate" not in model.__dict__ and "generate" in twin.__dict__

@@ -1,5 +1,7 @@
 """Drop Attention and Dynamic Drop Attention: the rule, the schedule, and the kernel against the reference."""
 
+import copy
+
 import pytest
 import torch
 from conftest import tiny_model
@@ -34,10 +36,12 @@ def test_ties_at_the_quantile_are_kept_and_empty_rows_stay_empty():
 def test_dynamic_drop_schedule():
     dda = DynamicDrop(initial_rate=0.15, step=0.05, max_rate=0.3, chunk=1000)
     positions = torch.tensor([[0, 8191, 8192, 9191, 9192, 10192, 11192, 20000]])
-    assert dda.rates(positions, 8192, generated=False)[0].tolist() == pytest.approx([0, 0, 0.15, 0.15, 0.2, 0.25, 0.3, 0.3])
-    assert dda.rates(positions, 8192, generated=True).tolist() == [[0.0] * 8]
-    assert DynamicDrop(generated_rate=0.1).rates(positions, 8192, generated=True)[0, 0] == pytest.approx(0.1)
-    assert Drop(rate=0.3).rates(positions, 8192, generated=True)[0, 0] == pytest.approx(0.3)
+    schedule = [0, 0, 0.15, 0.15, 0.2, 0.25, 0.3, 0.3]
+    assert dda.rates(positions, 8192, generated=None)[0].tolist() == pytest.approx(schedule)
+    assert dda.rates(positions, 8192, generated=torch.ones(1, 8, dtype=torch.bool)).tolist() == [[0.0] * 8]
+    last = torch.tensor([[False] * 7 + [True]])  # the prompt's tokens keep the schedule, the generated one its rate
+    assert DynamicDrop(generated_rate=0.1).rates(positions, 8192, generated=last)[0].tolist() == pytest.approx([*schedule[:7], 0.1])
+    assert Drop(rate=0.3).rates(positions, 8192, generated=last)[0, -1] == pytest.approx(0.3)
 
 
 @pytest.mark.parametrize("name, params", [("rope", {}), ("string", {"shift": 12, "local_window": 3}), ("dca", {"chunk_size": 16, "local_window": 4})])
@@ -88,24 +92,31 @@ def test_drop_composes_and_only_touches_its_layers():
 
 @torch.no_grad()
 def test_generated_tokens_use_the_generated_rate():
-    """With DDA (generated_rate 0) a decoding step drops nothing; with DA every step drops."""
+    """With DDA (generated_rate 0) a generated token drops nothing; with DA every step drops. A decoding loop of
+    one's own declares its prompt (generate does it by itself); undeclared, a token is prompt text."""
+    from longreach.integrations.transformers import generation
+
     model, x = tiny_model("qwen2", max_position_embeddings=40), torch.randint(3, 97, (1, 60))
     prompt_logits = lambda: model(x, use_cache=True)
+    step = lambda cache: model(torch.tensor([[5]]), past_key_values=cache).logits
     longreach.apply(model, "rope")
     cache = prompt_logits().past_key_values
-    step_plain = model(torch.tensor([[5]]), past_key_values=cache).logits
+    step_plain = step(cache)
     longreach.apply(model, "dynamic_drop", chunk=4, layers=(0, 1))
-    cache = prompt_logits().past_key_values
-    step_dda = model(torch.tensor([[5]]), past_key_values=cache).logits
+    with generation(torch.tensor([60])):
+        step_dda = step(prompt_logits().past_key_values)
     longreach.apply(model, "rope")
     cache_plain = prompt_logits().past_key_values
     longreach.apply(model, "dynamic_drop", chunk=4, layers=(0, 1))
-    assert torch.allclose(model(torch.tensor([[5]]), past_key_values=cache_plain).logits, step_plain, atol=1e-6)
+    with generation(torch.tensor([60])):
+        assert torch.allclose(step(copy.deepcopy(cache_plain)), step_plain, atol=1e-6)
+    assert not torch.allclose(step(cache_plain), step_plain, atol=1e-4)  # undeclared: position 60's prompt rate
     assert not torch.allclose(step_dda, step_plain, atol=1e-4)  # the prompt itself was dropped
     longreach.apply(model, "drop", rate=0.5, layers=(0, 1))
     cache_plain = (longreach.apply(model, "rope") and prompt_logits()).past_key_values
     longreach.apply(model, "drop", rate=0.5, layers=(0, 1))
-    assert not torch.allclose(model(torch.tensor([[5]]), past_key_values=cache_plain).logits, step_plain, atol=1e-4)
+    with generation(torch.tensor([60])):
+        assert not torch.allclose(step(cache_plain), step_plain, atol=1e-4)
 
 
 @pytest.mark.parametrize(

@@ -120,6 +120,8 @@ def test_method_parameters_are_split_from_lm_evals_and_checked_before_loading(se
         LongreachLM(pretrained=str(folder), method="string", shift=100, **COMMON)
     with pytest.raises(ValueError, match="method='nope' is not a longreach method"):
         LongreachLM(pretrained=str(folder), method="nope", **COMMON)
+    with pytest.raises(ValueError, match="batch_size=4 with dynamic NTK"):
+        LongreachLM(pretrained=str(folder), method="string", scaling="dynamic", **{**COMMON, "batch_size": 4})
     assert not loaded  # the method was checked on an empty model, before any weight was read
 
 

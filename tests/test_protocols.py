@@ -237,6 +237,21 @@ def test_a_batch_gives_the_answers_of_one_case_at_a_time_also_read_in_chunks(tmp
     assert {r["prefill_tokens"] for r in chunked} == {256}
 
 
+def test_length_dependent_methods_answer_the_same_in_any_batch_and_chunking(tmp_path):
+    """Beyond L: DCA's temperature and DDA's rates take the whole prompt however it is read; dynamic NTK, whose
+    frequencies follow a forward's longest sequence, decodes each case alone in one forward."""
+    model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=512)
+    methods = ["dynamic:factor=2", "dca:mscale=true,chunk_size=300,local_window=40", "dynamic_drop:chunk=64,layers=0;1"]
+    grid = lambda: runner.Grid("tiny", ["passkey"], [runner.MethodSpec.parse(m) for m in methods], [600, 700], [0.5], 3)
+    runs = {name: runner.read_results(runner.run(grid(), tmp_path / name, loaded=(model, byte_tokenizer()), **settings))
+            for name, settings in (("one", {}), ("three", {"batch_size": 3}), ("chunked", {"batch_size": 3, "prefill_tokens": 301}))}
+    answers = lambda records: {runner.case_key(r): (r["answer"], r["prompt_hash"]) for r in records}
+    assert len(runs["one"]) == 18 and answers(runs["one"]) == answers(runs["three"]) == answers(runs["chunked"])
+    dynamic = [r for r in runs["chunked"] if r["method"].startswith("dynamic:")]
+    assert {(r["batch"], r["prefill_tokens"]) for r in dynamic} == {(1, 0)}
+    assert {(r["batch"], r["prefill_tokens"]) for r in runs["chunked"] if r not in dynamic} == {(3, 301)}
+
+
 def test_a_prefill_forward_stays_within_its_token_budget_over_the_batch():
     assert generate.prefill_budget(1, None) == 0 and generate.prefill_budget(4, None) == generate.BATCH_PREFILL_TOKENS == 4096
     assert generate.prefill_budget(1, 8192) == 8192 and generate.prefill_budget(8, 0) == 0  # as given

@@ -330,9 +330,10 @@ def _run_cases(grid, pending, model, tokenizer, specs, resolved, window, batch_s
                         _, _, _, _, depth, seed = key
                         if record.get("error"):
                             bar.write(f"case {task_name} {length} {label} seed {seed} failed: {record['error']}")
+                        decoded_with = record.pop("batch", len(batch))
                         record = {"model": grid.model, "method": label, "resolved": resolved[label], "window": window,
                                   "task": task_name, "length": length, "depth": depth, "seed": seed, **record,
-                                  "seconds": round(seconds + build_seconds, 3), "batch": len(batch), "machine": machine, "dtype": dtype}
+                                  "seconds": round(seconds + build_seconds, 3), "batch": decoded_with, "machine": machine, "dtype": dtype}
                         if sink:
                             sink.write(json.dumps(record) + "\n")
                             sink.flush()
@@ -361,7 +362,10 @@ def _error(error: BaseException) -> dict:
 
 def _run_batch(task, model, tokenizer, cases: list, apply, prefill_tokens: int | None) -> list[tuple[dict, float]]:
     """``(record fields, seconds)`` per case: decoded together; a case that could not be built, or a
-    batch that raises, becomes error rows (one failing case must not stop the grid; a rerun retries)."""
+    batch that raises, becomes error rows (one failing case must not stop the grid; a rerun retries).
+    A method whose frequencies follow the forward's longest sequence (dynamic NTK) decodes each case
+    alone, in one forward: its answer is then its own, whatever the batch size and prefill budget."""
+    from ..integrations.transformers import one_case_per_forward
     from . import generate
 
     ready = [case for case in cases if not isinstance(case, Exception)]
@@ -371,10 +375,12 @@ def _run_batch(task, model, tokenizer, cases: list, apply, prefill_tokens: int |
         if hasattr(task, "evaluate"):
             outcomes = [task.evaluate(model, tokenizer, case) for case in ready]
         else:
-            budget = generate.prefill_budget(len(ready), prefill_tokens)
-            answers = generate.greedy(model, tokenizer, [c.prompt for c in ready], task.max_new_tokens, budget) if ready else []
-            outcomes = [{"answer": answer, "empty": not ruler.postprocess(answer), "prefill_tokens": budget, **task.score(answer, case)}
-                        for answer, case in zip(answers, ready)]
+            alone = one_case_per_forward(model) and len(ready) > 1
+            budget = 0 if one_case_per_forward(model) else generate.prefill_budget(len(ready), prefill_tokens)
+            groups = [[case] for case in ready] if alone else [ready] if ready else []
+            answers = [a for group in groups for a in generate.greedy(model, tokenizer, [c.prompt for c in group], task.max_new_tokens, budget)]
+            outcomes = [{"answer": answer, "empty": not ruler.postprocess(answer), "prefill_tokens": budget, **({"batch": 1} if alone else {}),
+                         **task.score(answer, case)} for answer, case in zip(answers, ready)]
     except Exception as error:
         outcomes = [_error(error)] * len(ready)
     seconds = (time.perf_counter() - start) / max(1, len(ready))

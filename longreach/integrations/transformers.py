@@ -19,6 +19,7 @@ import contextlib
 import contextvars
 import copy
 import dataclasses
+import functools
 import math
 import numbers
 import warnings
@@ -93,6 +94,66 @@ def probing(rows: torch.Tensor, top_k: int):
         yield record
     finally:
         _probe.reset(token)
+
+
+_prompt_lengths: contextvars.ContextVar = contextvars.ContextVar("longreach_prompt_lengths", default=None)
+
+
+@contextlib.contextmanager
+def generation(prompt_lengths: torch.Tensor):
+    """Declare where each prompt ends: queries at positions ``>= prompt_lengths[row]`` (counting the row's
+    real tokens) are generated tokens. ``model.generate`` of an applied model declares it by itself; a
+    decoding loop of your own can declare it with this. Outside it, every token is prompt text.
+
+    Two things depend on it: Dynamic Drop Attention's ``generated_rate``, and DCA's ``mscale``, whose
+    temperature then takes the whole prompt's length for every prompt token, so that a prompt read in
+    chunks scores as one forward does. ``prompt_lengths [B]``; a batch ``k`` times larger (beams,
+    ``num_return_sequences``) repeats each row ``k`` times, as ``generate`` does.
+    """
+    token = _prompt_lengths.set(torch.as_tensor(prompt_lengths).reshape(-1).long())
+    try:
+        yield
+    finally:
+        _prompt_lengths.reset(token)
+
+
+def _generate(model: nn.Module, previous, *args, **kwargs):
+    """``model.generate`` of an applied model: transformers' own (or the one it had), inside :func:`generation`."""
+    run = previous if previous is not None else type(model).generate.__get__(model)
+    lengths = _prompt_lengths_of(model, args, kwargs)
+    if lengths is None:
+        return run(*args, **kwargs)
+    with generation(lengths):
+        return run(*args, **kwargs)
+
+
+def _prompt_lengths_of(model: nn.Module, args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """Each prompt's real tokens: its attention mask's sum, else the tokens that are not padding where
+    ``generate`` would infer the mask from them (``_prepare_attention_mask_for_generation``: a pad token
+    in the inputs that is not also the end-of-sequence token), else every token."""
+    inputs = kwargs.get("input_ids", kwargs.get("inputs", args[0] if args else None))
+    inputs = kwargs.get("inputs_embeds") if inputs is None else inputs
+    if not isinstance(inputs, torch.Tensor) or inputs.dim() < 2:
+        return None
+    if (mask := kwargs.get("attention_mask")) is not None:
+        return mask.sum(-1).cpu()
+    config = kwargs.get("generation_config") or model.generation_config
+    pad = kwargs.get("pad_token_id", config.pad_token_id)
+    eos = kwargs.get("eos_token_id", config.eos_token_id)
+    if pad is not None and inputs.dim() == 2 and not inputs.is_floating_point() and bool((inputs == pad).any()) \
+            and pad not in (eos if isinstance(eos, (list, tuple)) else [eos]):
+        return (inputs != pad).sum(-1).cpu()
+    return torch.full((inputs.shape[0],), inputs.shape[1])
+
+
+def _declared_prompt(batch: int, device) -> torch.Tensor | None:
+    """The declared prompt lengths ``[batch]`` for this forward (see :func:`generation`), if any."""
+    lengths = _prompt_lengths.get()
+    if lengths is None:
+        return None
+    if batch % lengths.shape[0]:
+        raise ValueError(f"longreach.generation declared {lengths.shape[0]} prompts for a batch of {batch}")
+    return lengths.repeat_interleave(batch // lengths.shape[0]).to(device)
 
 
 _importance: contextvars.ContextVar = contextvars.ContextVar("longreach_pair_importance", default=None)
@@ -178,6 +239,8 @@ def apply(model: nn.Module, method: str = "string", *, training_window: int | No
     if rescaled:
         _install_rotary(model, applied, *rescaled)
     _attach(model, applied)
+    previous = model.__dict__.get("generate")  # transformers' custom_generate sets one; remove() above took ours away
+    model.__dict__["generate"] = functools.partial(_generate, model, previous)
     model.set_attn_implementation(NAME)
     setattr(model.config, CONFIG_KEY, applied.record())
     return model
@@ -255,6 +318,11 @@ def remove(model: nn.Module) -> nn.Module:
         return model
     for module in model.modules():
         module.__dict__.pop("_longreach", None)
+    wrapper = model.__dict__.get("generate")
+    if isinstance(wrapper, functools.partial) and wrapper.func is _generate:
+        del model.__dict__["generate"]
+        if wrapper.args[1] is not None:
+            model.__dict__["generate"] = wrapper.args[1]
     model.set_attn_implementation(state.previous)
     if state.replaced_rotary is not None:
         parent, attribute = _parent_of(model, state.rotary)
@@ -269,6 +337,14 @@ def describe(model: nn.Module) -> str:
     """What is applied to ``model``, with the ``L`` it used: ``"rope"`` for an untouched model."""
     state = _state(model)
     return state.describe() if state else "rope"
+
+
+def one_case_per_forward(model: nn.Module) -> bool:
+    """Whether the applied frequencies follow the longest sequence of each forward (dynamic NTK, as
+    transformers computes it): a case then depends on its batch and on how its prompt is chunked, so
+    the runner decodes it alone, in one forward."""
+    state = _state(model)
+    return state is not None and state.scaling is not None and state.scaling.name == "dynamic"
 
 
 def applied(model: nn.Module) -> PositionMethod | None:
@@ -466,11 +542,14 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     keys = _keys(attention_mask, key.shape[2], kwargs.get("position_ids"), batch, query.device)
     key, value = key[:, :, : keys.count], value[:, :, : keys.count]
     inv_freq = inverse_frequencies(state.rotary, getattr(module, "layer_type", None))
+    prompt = _declared_prompt(batch, query.device)
+    query_positions = keys.positions[:, -q_len:]
     rates = None
     if state.drop is not None and getattr(module, "layer_idx", None) in state.drop.layers:
-        generated = q_len == 1 and keys.count > 1  # a one-token step against the cache
-        rates = state.drop.rates(keys.positions[:, -q_len:], state.window, generated)
-    logit_scale = state.method.logit_scale_at(keys.positions[:, -1] + 1)
+        generated = None if prompt is None else query_positions >= prompt[:, None]
+        rates = state.drop.rates(query_positions, state.window, generated)
+    tokens = keys.positions[:, -1] + 1  # the sequence so far; a prompt read in chunks counts whole
+    logit_scale = state.method.logit_scale_at(tokens if prompt is None else torch.maximum(tokens, prompt))
     sliding_window = kwargs.get("sliding_window")
     if state.backend == "reference":
         out = _reference(state, module, query, key, value, inv_freq, scaling, keys, sliding_window, logit_scale, rates)

@@ -66,6 +66,9 @@ class LongreachLM(HFLM):
             scaling=None if scaling is None else {"rope_type": scaling, **frequency},
             drop=None if drop is None else {"method": drop, **dropping}, **params,
         )
+        if "dynamic" in (method, scaling) and str(kwargs.get("batch_size", 1)) != "1":
+            raise ValueError(f"batch_size={kwargs['batch_size']!r} with dynamic NTK: its frequencies follow the longest "
+                             "sequence of each forward, so a request's score would depend on its batch; use batch_size=1")
         if isinstance(pretrained, str) and kwargs.get("gguf_file") is None:
             kwargs.setdefault("use_safetensors", True)
         super().__init__(pretrained, **kwargs)

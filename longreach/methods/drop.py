@@ -6,7 +6,8 @@ For a query, over the keys it may attend, the attention scores below the row's `
 Ties at the quantile are kept, so the best key always survives. DA uses one rate;
 DDA leaves tokens inside the training window alone, splits the tokens beyond it into chunks of
 ``chunk`` tokens and gives chunk ``k`` the rate ``min(initial_rate + k * step, max_rate)``;
-generated tokens (one-token decoding steps) use ``generated_rate`` (the paper found 0 best).
+generated tokens (those ``generate`` produced, after the prompt, however the prompt was read) use
+``generated_rate`` (the paper found 0 best).
 Only the chosen ``layers`` drop (the paper: the first three). Composes with any position or
 frequency method.
 """
@@ -49,8 +50,9 @@ class Drop:
         _check_rate("rate", self.rate)
         object.__setattr__(self, "layers", _check_layers(self.layers))
 
-    def rates(self, positions: torch.Tensor, training_window: int, generated: bool) -> torch.Tensor:
-        """The drop rate of every query ``[B, Lq]`` at absolute ``positions``."""
+    def rates(self, positions: torch.Tensor, training_window: int, generated: torch.Tensor | None) -> torch.Tensor:
+        """The drop rate of every query ``[B, Lq]`` at absolute ``positions``; ``generated [B, Lq]`` marks the
+        generated tokens (``None``: every query is prompt text)."""
         return torch.full(positions.shape, float(self.rate), dtype=torch.float64, device=positions.device)
 
     def describe(self) -> str:
@@ -80,12 +82,11 @@ class DynamicDrop:
         require_int("chunk", self.chunk, 1, None, "an integer >= 1")
         object.__setattr__(self, "layers", _check_layers(self.layers))
 
-    def rates(self, positions: torch.Tensor, training_window: int, generated: bool) -> torch.Tensor:
-        if generated:
-            return torch.full(positions.shape, float(self.generated_rate), dtype=torch.float64, device=positions.device)
+    def rates(self, positions: torch.Tensor, training_window: int, generated: torch.Tensor | None) -> torch.Tensor:
         chunk = torch.div(positions - training_window, self.chunk, rounding_mode="floor")
         rates = torch.clamp(self.initial_rate + chunk * self.step, max=self.max_rate)
-        return torch.where(positions >= training_window, rates.double(), 0.0)
+        rates = torch.where(positions >= training_window, rates.double(), 0.0)
+        return rates if generated is None else torch.where(generated, float(self.generated_rate), rates)
 
     def describe(self) -> str:
         return (f"dynamic_drop(initial_rate={self.initial_rate}, step={self.step}, max_rate={self.max_rate}, "
