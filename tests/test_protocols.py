@@ -190,6 +190,13 @@ def test_the_ruler_score_is_the_mean_of_task_means_with_averages_and_effective_l
     without_qa = [r for r in records if not r["task"].startswith("ruler:qa")]
     (tmp_path / runner.RESULTS).write_text("".join(json.dumps(r) + "\n" for r in without_qa))
     assert "(11 tasks, n=22)" in report.build(tmp_path)
+    qa_1 = [r for r in records if r["task"] == "ruler:qa_1"]  # qa_2 could not be built at this length, qa_1 could
+    (tmp_path / runner.RESULTS).write_text("".join(json.dumps(r) + "\n" for r in without_qa + qa_1))
+    markdown = report.build(tmp_path)
+    assert "(12 tasks, incomplete, n=24)" in markdown and "11 tasks" not in markdown.split("## RULER")[1].split("\n\n")[2]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert not any(row["complete"] for row in summary["ruler"])
+    assert next(e for e in summary["effective_length"] if e["task"] == "ruler")["point"] is None  # out of the averages
 
 
 def test_the_ruler_difference_against_rope_pairs_cases_within_each_task(tmp_path):

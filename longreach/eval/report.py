@@ -144,6 +144,8 @@ def _effective(by_length: dict[int, Cell], threshold: float) -> dict:
 
 
 def _fmt_effective(effective: dict) -> str:
+    if effective["point"] is None:  # no complete length to read it on
+        return "—"
     name = lambda n: _fmt_length(n) if n else "none"
     return f"{name(effective['point'])} (sure: {name(effective['sure'])})"
 
@@ -231,8 +233,8 @@ def _ruler_section(out: Path, model: str, rows: list[dict], threshold: float, su
         by_case[r["method"], r["length"]][r["task"]][r["depth"], r["seed"]] = r["score"]
     lines = [f"## RULER{' — ' + model if model else ''}\n",
              f"Reproduces {ruler.REVISION}. The RULER score of a length is the mean of its task means (13 tasks; "
-             "'11' marks a run without QA data, not comparable with 13-task tables; fewer tasks: incomplete, left "
-             "out of the averages; [?]: one case per task leaves no interval).\n",
+             "'11 tasks' marks a run without QA data, not comparable with 13-task tables; any other set of tasks is marked "
+             "incomplete and left out of the averages; [?]: one case per task leaves no interval).\n",
              "| method | " + " | ".join(_fmt_length(n) for n in lengths) + " | Avg. | wAvg (inc) | wAvg (dec) | effective length |",
              "|---" * (len(lengths) + 5) + "|"]
     series, by_interval = {}, {}
@@ -245,17 +247,17 @@ def _ruler_section(out: Path, model: str, rows: list[dict], threshold: float, su
                 continue
             score = mean(mean(g) for g in groups.values())
             low, high = stats.bootstrap(list(groups.values()))
-            kind = "13" if set(RULER_TASKS) <= set(groups) else "11" if set(RULER_WITHOUT_QA) <= set(groups) else "incomplete"
+            kind = "13" if set(groups) == set(RULER_TASKS) else "11" if set(groups) == set(RULER_WITHOUT_QA) else "incomplete"
             cases = sum(len(g) for g in groups.values())
             summary["ruler"].append({"model": rows[0]["model"], "method": method, "length": n, "score": score, "low": _number(low),
                                      "high": _number(high), "tasks": sorted(groups), "cases": cases, "complete": kind != "incomplete"})
-            texts.append(f"{score:.1f} {bounds((low, high))} ({kind if kind != '13' else ''}{' tasks, ' if kind != '13' else ''}"
-                         f"n={cases})")
+            label = {"13": "", "11": "11 tasks, "}.get(kind, f"{len(groups)} tasks, incomplete, ")
+            texts.append(f"{score:.1f} {bounds((low, high))} ({label}n={cases})")
             if kind != "incomplete":
                 complete[n], by_interval[method, n] = (score, low), (low, high)
         averages = stats.weighted_averages({n: s for n, (s, _) in complete.items()}) if complete else None
-        effective = {"point": effective_length({n: s for n, (s, _) in complete.items()}, threshold),
-                     "sure": effective_length({n: low for n, (_, low) in complete.items()}, threshold)}
+        effective = {"point": effective_length({n: s for n, (s, _) in complete.items()}, threshold) if complete else None,
+                     "sure": effective_length({n: low for n, (_, low) in complete.items()}, threshold) if complete else None}
         summary["effective_length"].append({"model": rows[0]["model"], "task": "ruler", "method": method, **effective,
                                             **(averages or {})})
         series[method] = complete
