@@ -123,3 +123,27 @@ def test_fine_tuning_a_model_with_string_or_dca_gets_the_reference_gradients(fam
         assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 10
         worst = max(((grads[0][n] - grads[1][n]).abs().max() / (grads[1][n].abs().max() + 1e-12)).item() for n in grads[0])
         assert worst <= 1e-8
+
+
+@pytest.mark.parametrize("name, params", [("rope", {}), ("string", {"shift": 20, "local_window": 4}),
+                                          ("self_extend", {"group_size": 3, "neighbor_window": 16})])
+def test_right_padded_training_batches_give_each_rows_own_loss(name, params):
+    """A collator with pad_to_multiple_of: rows of 37 and 45 tokens padded on the right to 48, every row ending in
+    padding (the review: 'query length 48 exceeds key length 45'). The real tokens' logits are each row's own,
+    the loss is stock's for rope, and every gradient is finite."""
+    rows = [torch.randint(3, 97, (1, n), generator=torch.Generator().manual_seed(n)) for n in (37, 45)]
+    x = torch.zeros(2, 48, dtype=torch.long)
+    mask = torch.zeros_like(x)
+    for i, row in enumerate(rows):
+        x[i, : row.shape[1]], mask[i, : row.shape[1]] = row, 1
+    labels = x.masked_fill(mask == 0, -100)
+    model = tiny_model("llama", dtype=torch.float64).train()
+    stock = model(x, attention_mask=mask, labels=labels).loss
+    longreach.apply(model, name, **params)
+    out = model(x, attention_mask=mask, labels=labels)
+    for i, row in enumerate(rows):
+        assert (out.logits[i, : row.shape[1]] - model(row).logits[0]).abs().max() <= 1e-10
+    if name == "rope":
+        assert out.loss.item() == pytest.approx(stock.item(), abs=1e-10)
+    out.loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

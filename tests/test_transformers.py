@@ -147,8 +147,8 @@ def test_mask_function_passes_key_positions_only():
     assert key_positions_mask(2, 4, 4, attention_mask=mask)[:, 0, 0].tolist() == [[0, 1, 2, 3], [-1, -1, 0, 1]]
     # decoding: the 2D mask is one token short of the cache, as transformers pads it
     assert key_positions_mask(2, 1, 5, q_offset=4, attention_mask=mask)[:, 0, 0].tolist() == [[0, 1, 2, 3, 4], [-1, -1, 0, 1, 2]]
-    # a static cache: 8 slots, 3 cached tokens and one query; the 4 empty slots are -1
-    assert key_positions_mask(1, 1, 8, q_offset=torch.tensor(3))[0, 0, 0].tolist() == [0, 1, 2, 3, -1, -1, -1, -1]
+    # a static cache: 8 slots, 3 cached tokens and one query; the 4 empty slots are -2 (no keys; padding is -1)
+    assert key_positions_mask(1, 1, 8, q_offset=torch.tensor(3))[0, 0, 0].tolist() == [0, 1, 2, 3, -2, -2, -2, -2]
 
 
 def test_custom_dense_masks_are_refused_clearly():

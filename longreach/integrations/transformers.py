@@ -7,8 +7,8 @@ model (``model._longreach`` and the same object on every attention module), so a
 applied model is applied exactly like its original and each can be removed on its own.
 
 The mask function hands the attention function, instead of a dense ``[B, 1, Lq, Lkv]`` causal mask,
-the keys' absolute positions ``[B, 1, 1, Lkv]`` (int64, -1 for keys not to attend: left padding and
-the empty slots of a static cache), or ``None`` when every key is real. Nothing n x n is built:
+the keys' absolute positions ``[B, 1, 1, Lkv]`` (int64; -1 at padding, left or right, and -2 at the
+empty slots of a static cache, which are not keys at all), or ``None`` when every key is real. Nothing n x n is built:
 causality and the method's regions come from the kernel. Without the mask registration
 transformers would pass ``None`` and padded batches would silently go wrong.
 """
@@ -434,6 +434,8 @@ def _install_rotary(model: nn.Module, state: Applied, rotary: nn.Module, rope_pa
 
 # --- the mask function ---------------------------------------------------------------------------------
 
+PADDING, EMPTY = -1, -2  # the mask's marks: a padding key (attended by no query), a static cache's empty slot (no key)
+
 
 def _plain_causal(mask_function: Callable | None) -> bool:
     """Whether transformers asked for a causal (or causal sliding-window) mask, the only kinds the kernel builds."""
@@ -449,9 +451,9 @@ def _plain_causal(mask_function: Callable | None) -> bool:
 
 def key_positions_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, attention_mask=None, mask_function=None,
                        **_) -> torch.Tensor | None:
-    """``AttentionMaskInterface`` function: the keys' absolute positions ``[B, 1, 1, Lkv]``, -1 where not to attend.
+    """``AttentionMaskInterface`` function: the keys' absolute positions ``[B, 1, 1, Lkv]``, -1 at padding.
 
-    Keys at or beyond ``q_offset + q_length`` are empty slots of a static cache. With left padding the
+    Keys at or beyond ``q_offset + q_length`` are empty slots of a static cache: -2. With padding the
     positions count real tokens (``cumsum(mask) - 1``, as ``generate`` does), also when the caller gave
     no ``position_ids``. ``None`` when every key is real and unpadded.
     """
@@ -467,7 +469,7 @@ def key_positions_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
     if attention_mask is None:
         if not bool(empty.any()):
             return None
-        return index.masked_fill(empty, -1).expand(batch_size, -1)[:, None, None, :]
+        return index.masked_fill(empty, EMPTY).expand(batch_size, -1)[:, None, None, :]
     full = attention_mask.bool()
     if (missing := kv_offset + kv_length - full.shape[-1]) > 0:  # as transformers pads it: the new tokens are real
         full = torch.nn.functional.pad(full, (0, missing), value=True)
@@ -476,9 +478,9 @@ def key_positions_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
     if not padded:
         if bool(real.all()):
             return None
-        return index.masked_fill(empty, -1).expand(batch_size, -1)[:, None, None, :]
+        return index.masked_fill(empty, EMPTY).expand(batch_size, -1)[:, None, None, :]
     positions = full.long().cumsum(-1)[:, kv_offset : kv_offset + kv_length] - 1
-    return positions.masked_fill(~real, -1)[:, None, None, :]
+    return positions.masked_fill(~real, PADDING).masked_fill(empty, EMPTY)[:, None, None, :]
 
 
 # --- the attention function ------------------------------------------------------------------------------
@@ -486,7 +488,7 @@ def key_positions_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
 
 @dataclass
 class Keys:
-    """The real keys of one attention call: how many (trailing empty slots dropped), which are padding,
+    """The keys of one attention call: how many (a static cache's empty slots dropped), which are padding,
     their absolute positions for the method, and the positions RoPE rotated them at."""
 
     count: int
@@ -505,10 +507,10 @@ def _keys(mask: torch.Tensor | None, kv_len: int, position_ids: torch.Tensor | N
                 "it supports causal attention with a 2D padding mask [batch, keys] only"
             )
         marks = mask[:, 0, 0, :].to(device)
-        real = marks >= 0
-        present = real.any(0).nonzero()
+        present = (marks != EMPTY).any(0).nonzero()  # right padding is kept: the queries there are its last tokens
         count = int(present[-1]) + 1 if present.numel() else kv_len
-        marks, real = marks[:, :count], real[:, :count]
+        marks = marks[:, :count]
+        real = marks >= 0
         padding = None if bool(real.all()) else real
     back = torch.arange(count - 1, -1, -1, device=device)
     last = torch.full((1, 1), count - 1, device=device) if position_ids is None else position_ids.to(device)[:, -1:]
@@ -548,7 +550,7 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     if state.drop is not None and getattr(module, "layer_idx", None) in state.drop.layers:
         generated = None if prompt is None else query_positions >= prompt[:, None]
         rates = state.drop.rates(query_positions, state.window, generated)
-    tokens = keys.positions[:, -1] + 1  # the sequence so far; a prompt read in chunks counts whole
+    tokens = keys.positions.amax(-1) + 1  # the sequence so far (right padding: its last real token); a prompt read in chunks counts whole
     logit_scale = state.method.logit_scale_at(tokens if prompt is None else torch.maximum(tokens, prompt))
     sliding_window = kwargs.get("sliding_window")
     if state.backend == "reference":
