@@ -33,6 +33,17 @@ def prefill_tokens(text: str) -> int | None:
     return int(text)
 
 
+def threshold(text: str) -> float:
+    """argparse type of --threshold: a score from 0 to 100."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value <= 100:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"{text} is out of range: a score from 0 to 100 (RULER: 85.6)")
+    return value
+
+
 def writable_folder(path: str, flag: str = "--out") -> Path:
     """``path`` as a folder we can write in (made if missing), or a one-line error naming ``flag``."""
     folder = Path(path)
@@ -48,10 +59,11 @@ def writable_folder(path: str, flag: str = "--out") -> Path:
 
 
 def writable_file(path: str, flag: str = "--out") -> Path:
-    """A picture's path: its folder must be writable and the path itself not a folder."""
-    target = Path(path)
-    if target.is_dir():
-        raise ValueError(f"{flag}={path} is a folder: give a file name such as {target / 'picture.png'}")
+    """A picture's path: its folder must be writable and the path itself not a folder; without a suffix it
+    gets ``.png`` (what matplotlib would add when saving), so the path printed is the file written."""
+    if Path(path).is_dir():
+        raise ValueError(f"{flag}={path} is a folder: give a file name such as {Path(path) / 'picture.png'}")
+    target = Path(path) if Path(path).suffix else Path(path + ".png")
     writable_folder(str(target.parent), flag)
     return target
 
@@ -267,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--tp", action="store_true", help="under torchrun: shard the model over the processes (tensor "
                        "parallelism) instead of sharing out the cases")
         p.add_argument("--training-window", type=positive, help=TRAINING_WINDOW_HELP)
-        p.add_argument("--threshold", type=float, default=RULER_THRESHOLD, help="effective-length threshold (RULER: 85.6)")
+        p.add_argument("--threshold", type=threshold, default=RULER_THRESHOLD, help="effective-length threshold (RULER: 85.6)")
 
     evaluate = commands.add_parser("eval", help="run a task over methods x lengths x depths x seeds (resumable)")
     evaluate.add_argument("task", nargs="+", help="niah4, niah4-chat, passkey, passkey-chat, niah, ppl, ruler (all 13), "
@@ -357,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = commands.add_parser("report", help="rebuild summary.md and the pictures of a results folder from its JSONL")
     report.add_argument("dir")
-    report.add_argument("--threshold", type=float, default=RULER_THRESHOLD)
+    report.add_argument("--threshold", type=threshold, default=RULER_THRESHOLD, help="effective-length threshold (RULER: 85.6)")
     report.set_defaults(run=_report)
 
     demo = commands.add_parser("demo", help=f"niah4 at {DEMO_LENGTHS} on the default model with rope and string")

@@ -10,6 +10,7 @@ loads take seconds. Weights are only ever read from safetensors or GGUF, and
 from __future__ import annotations
 
 import copy
+import hashlib
 import importlib.util
 import os
 from pathlib import Path
@@ -63,6 +64,10 @@ def load(name: str = DEFAULT, dtype: torch.dtype = torch.float32, device: str = 
         )
     if Path(source).is_dir() and not (Path(source) / "config.json").exists():
         raise RuntimeError(f"cannot load model {name!r}: the folder {source} holds no config.json (not a saved model)")
+    if Path(source).is_dir() and not any(Path(source).glob("*.safetensors")):
+        pickles = sorted(p.name for p in Path(source).glob("*.bin")) or ["no weights file"]
+        raise RuntimeError(f"cannot load model {name!r}: the folder {source} has no safetensors weights ({', '.join(pickles[:3])}); "
+                           "longreach refuses .bin on purpose (pickles can run code): save the model with safe_serialization=True")
     try:
         config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
         sharding = _tp_plan(config) if tp else {}
@@ -83,6 +88,41 @@ def load(name: str = DEFAULT, dtype: torch.dtype = torch.float32, device: str = 
     if recorded:
         reapply(model, recorded)
     return model, tokenizer
+
+
+SAMPLE_BYTES = 1 << 16  # of each weights file, at five places: enough to tell overwritten weights apart
+
+
+def identity(name: str) -> str:
+    """The model a results record keys its cases on: ``FOLDER@DIGEST``, the resolved folder and a
+    SHA-256 of its ``config.json`` and of each weights file's name, size and 64 KiB at five places (the
+    first holds the safetensors header). So ``tiny`` and ``tiny/`` are one model, and a folder whose weights were overwritten is
+    another. A hub id keys on its cached snapshot; one not in the cache on the id as given."""
+    folder = default_path() if name == DEFAULT else Path(name)
+    if not folder.is_dir():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(name, "config.json")
+        except Exception:  # not a valid hub id either: the run itself reports that
+            cached = None
+        if not isinstance(cached, str):
+            return name
+        folder = Path(cached).parent
+    digest = hashlib.sha256()
+    for path in [folder / "config.json", *sorted(folder.glob("*.safetensors")), *sorted(folder.glob("*.gguf"))]:
+        if not path.is_file():
+            continue
+        size = path.stat().st_size
+        digest.update(f"{path.name}\0{size}\0".encode())
+        with path.open("rb") as stream:
+            if path.name == "config.json":
+                digest.update(stream.read())
+                continue
+            for place in (0, size // 4, size // 2, 3 * size // 4, max(0, size - SAMPLE_BYTES)):
+                stream.seek(place)
+                digest.update(stream.read(SAMPLE_BYTES))
+    return f"{folder.resolve()}@{digest.hexdigest()[:16]}"
 
 
 def _tp_plan(config) -> dict:

@@ -98,13 +98,16 @@ def tiny_grid(tmp_path):
 
 def test_time_per_case_keeps_batch_sizes_apart():
     """Cases decoded 8 at a time and one at a time get a row each: one median over both describes neither."""
-    case = {"machine": "cpu", "dtype": "float32", "task": "passkey", "method": "rope", "length": 16384}
+    case = {"model": "m", "machine": "cpu", "dtype": "float32", "task": "passkey", "method": "rope", "length": 16384}
     records = [{**case, "batch": 8, "seconds": 220.0}] * 8 + [{**case, "batch": 1, "seconds": s} for s in (100.0, 110.0, 120.0)]
     markdown = report._time_section(records)
     assert "| cpu, float32 | passkey | rope | 1 | 3 | 110.0 |" in markdown
     assert "| cpu, float32 | passkey | rope | 8 | 8 | 220.0 |" in markdown
     assert markdown.index("| rope | 1 |") < markdown.index("| rope | 8 |")
     assert report._seconds_by_batch(records) == {"1": 110.0, "8": 220.0}  # summary.json's cells split them alike
+    other = [{**case, "model": "other", "batch": 1, "seconds": 50.0}]  # two models in one folder: a row each
+    markdown = report._time_section(records[8:] + other)
+    assert "| m | cpu, float32 | passkey | rope | 1 | 3 | 110.0 |" in markdown and "| other | cpu, float32 | passkey | rope | 1 | 1 | 50.0 |" in markdown
 
 
 def test_file_names_of_long_method_labels_stay_short_and_apart():
@@ -118,8 +121,8 @@ def test_the_pipeline_end_to_end_on_a_tiny_model(tmp_path):
     grid, loaded = tiny_grid(tmp_path)
     path = runner.run(grid, tmp_path, loaded=loaded)
     records = runner.read_results(path)
-    assert len(records) == len(grid.keys) == 5 * 2 * 2 * 2
-    assert {(r["model"], r["method"], r["task"], r["length"], r["depth"], r["seed"]) for r in records} == set(grid.keys)
+    assert len(records) == len(grid) == 5 * 2 * 2 * 2
+    assert {(r["model"], r["method"], r["task"], r["length"], r["depth"], r["seed"]) for r in records} == set(grid.keys())
     assert {r["depth"] for r in records if r["task"] == "niah"} == {0.0, 1.0}  # the grid task cycles through the depths
     assert all(r["n_tokens"] + r["max_new_tokens"] <= r["length"] for r in records if r["task"] != "ppl")
     assert {r["resolved"] for r in records} == {"rope [L=1024]", "string(shift=300, local_window=8, mscale=False) [L=1024]"}
@@ -131,7 +134,7 @@ def test_the_pipeline_end_to_end_on_a_tiny_model(tmp_path):
     assert "## niah4" in markdown and "effective length" in markdown and "Fraction of the needles" in markdown
     assert "## RULER" in markdown and "incomplete" in markdown and "## Time per case" in markdown and "| cpu, float32 | niah4 | rope | 1 |" in markdown
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert {(c["task"], c["method"], c["length"]) for c in summary["cells"]} == {(k[2], k[1], k[3]) for k in grid.keys}
+    assert {(c["task"], c["method"], c["length"]) for c in summary["cells"]} == {(k[2], k[1], k[3]) for k in grid.keys()}
     assert all(c["n"] == 2 and c["low"] <= c["score"] <= c["high"] for c in summary["cells"] if c["task"] != "ppl")
     assert all(set(c["seconds_per_case"]) == {"1"} for c in summary["cells"])
     assert {(p["task"], p["length"], p["n"]) for p in summary["paired"]} == {(t, n, 2) for t in grid.tasks if t != "ppl" for n in (700, 1000)}
@@ -217,7 +220,7 @@ def test_a_crash_mid_run_loses_nothing_and_a_rerun_duplicates_nothing(tmp_path, 
     runner.run(grid, tmp_path, loaded=loaded)
     records = runner.read_results(tmp_path / runner.RESULTS)
     keys = [runner.case_key(r) for r in records]
-    assert len(keys) == len(set(keys)) == len(grid.keys)
+    assert len(keys) == len(set(keys)) == len(grid)
 
 
 def test_the_dtype_reaches_the_loader_and_a_folder_keeps_one_precision(tmp_path, monkeypatch):
@@ -266,7 +269,7 @@ def test_a_failing_case_becomes_an_error_row_and_the_grid_goes_on(tmp_path, monk
     runner.run(grid, tmp_path, loaded=loaded)
     records = runner.read_results(tmp_path / runner.RESULTS)
     failed = [r for r in records if r.get("error")]
-    assert len(records) == len(grid.keys) and len(failed) == 1 and failed[0]["error"] == "ValueError: a bug in one case"
+    assert len(records) == len(grid) and len(failed) == 1 and failed[0]["error"] == "ValueError: a bug in one case"
     markdown = report.build(tmp_path)
     assert "## Failed cases" in markdown and "ValueError: a bug in one case" in markdown
     from longreach.eval import generate
@@ -274,5 +277,5 @@ def test_a_failing_case_becomes_an_error_row_and_the_grid_goes_on(tmp_path, monk
     monkeypatch.setattr(generate, "greedy", real)
     runner.run(grid, tmp_path, loaded=loaded)  # a rerun retries the failed case only; its success replaces the error row
     records = runner.read_results(tmp_path / runner.RESULTS)
-    assert len(records) == len(grid.keys) and not any(r.get("error") for r in records)
+    assert len(records) == len(grid) and not any(r.get("error") for r in records)
     assert "## Failed cases" not in report.build(tmp_path)

@@ -5,15 +5,17 @@ Each case here was a traceback, a silent wrong answer or a message that did not 
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
+import torch
 from conftest import TINY_VOCAB, byte_tokenizer, tiny_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import longreach
-from longreach import cli
+from longreach import cli, models
 from longreach.eval import report, runner
 
 
@@ -52,6 +54,13 @@ def cli_error(argv, capsys) -> str:
     (["freq", "--lengths-file", "/no/such/lengths.txt"], "--lengths-file=/no/such/lengths.txt does not exist"),
     (["matrix", "string", "--length", "100000"], "--length=100000 is out of range"),
     (["report", "/no/such/folder"], "/no/such/folder is not a results folder"),
+    (["eval", "niah", "--samples", "100000000", "--limit", "1"], "--samples=100000000 is out of range: 1 .. 10000"),
+    (["eval", "niah", "--threshold", "nan"], "argument --threshold: nan is out of range: a score from 0 to 100"),
+    (["report", ".", "--threshold", "150"], "argument --threshold: 150 is out of range: a score from 0 to 100"),
+    (["cost", "--model", "/etc/passwd"], "--model=/etc/passwd is not a model config: not JSON"),
+    (["freq", "--synthetic", "lognormal:count=-1"], "count=-1 is out of range: a whole number of documents"),
+    (["freq", "--synthetic", "lognormal:sigma=nan"], "sigma=nan is out of range"),
+    (["freq", "--synthetic", "exponential:scale"], "exponential parameter 'scale' must look like name=number"),
 ])
 def test_cli_errors_are_one_clear_line(argv, expected, capsys):
     assert expected in cli_error(argv, capsys)
@@ -65,12 +74,18 @@ def test_cli_out_paths_that_cannot_be_written(tmp_path, capsys):
     assert "is not a writable folder" in cli_error(["demo", "--out", str(a_file / "below")], capsys)
     assert "is a folder: give a file name" in cli_error(["matrix", "string:shift=3,local_window=1", "--out", str(tmp_path)], capsys)
     assert "is not a writable folder" in cli_error(["matrix", "string:shift=3,local_window=1", "--out", "/proc/x/m.png"], capsys)
+    cli.main(["matrix", "string:shift=3,local_window=1", "--out", str(tmp_path / "picture")])  # matplotlib adds .png
+    assert f"wrote {tmp_path / 'picture.png'}" in capsys.readouterr().out and (tmp_path / "picture.png").is_file()
 
 
 def test_a_model_folder_without_a_model_says_so(tmp_path, capsys):
     (tmp_path / "tokenizer.json").write_text("{}")
     message = cli_error(["eval", "niah", "--model", str(tmp_path), "--out", str(tmp_path / "out")], capsys)
     assert "holds no config.json (not a saved model)" in message
+    (tmp_path / "config.json").write_text(tiny_model("llama").config.to_json_string())
+    (tmp_path / "pytorch_model.bin").write_bytes(b"pickle")
+    message = cli_error(["eval", "niah", "--model", str(tmp_path), "--out", str(tmp_path / "out")], capsys)
+    assert "has no safetensors weights (pytorch_model.bin); longreach refuses .bin on purpose" in message
 
 
 @pytest.mark.parametrize("method, params, expected", [
@@ -87,10 +102,14 @@ def test_a_model_folder_without_a_model_says_so(tmp_path, capsys):
     ("rope", {"scaling": "yarn"}, "scaling='yarn' must be a dict"),
     ("rope", {"scaling": {"factor": 2}}, "names no rope_type"),
     ("rope", {"drop": 0.3}, "drop=0.3 must be a dict"),
+    ("drop", {"foo": 1}, "drop has no parameter foo; its parameters: rate, layers"),
+    ("rope", {"drop": {"method": "dynamic_drop", "foo": 1}}, "dynamic_drop has no parameter foo"),
+    ("dpe", {"group_scales": (), "top_k": None}, "group_scales=() is out of range"),
+    ("ntk", {"factor": 1e308}, "factor=1e+308 is out of range"),
 ])
 def test_api_errors_name_the_parameter(method, params, expected):
     model = tiny_model("llama")
-    with pytest.raises(ValueError, match=expected.replace("(", r"\(").replace("[", r"\[")):
+    with pytest.raises(ValueError, match=re.escape(expected)):
         longreach.apply(model, method, **params)
     assert longreach.applied(model) is None
 
@@ -109,16 +128,46 @@ def small_grid(tmp_path, methods=("rope",), model="tiny", window=None):
 
 
 def test_lines_that_are_not_records_are_skipped_with_a_warning(tmp_path, capsys):
+    """Every field is checked: a bad line costs itself and one warning naming its line, never the file or a resume."""
     grid, loaded = small_grid(tmp_path)
     runner.run(grid, tmp_path, loaded=loaded)
     path = tmp_path / runner.RESULTS
-    with path.open("a") as sink:
-        sink.write("123\n{}\n[1, 2]\n")
+    (good,) = runner.read_results(path)
+    bad = ["123", "{}", "[1, 2]", *(json.dumps({**good, **change}) for change in (
+        {"score": "abc"}, {"resolved": []}, {"resolved": ["rope"]}, {"length": 1e30}, {"model": [1]}, {"seed": -1},
+        {"depth": 2}, {"score": None}, {"found": "x"}, {"metric": None}, {"score": float("nan")}))]
+    missing_metric = {k: v for k, v in good.items() if k != "metric"}
+    with path.open("ab") as sink:
+        sink.write(("\n".join([*bad, json.dumps(missing_metric)]) + "\n").encode())
+        sink.write(b'{"model": "\xff\xfe broken"}\n')  # not UTF-8: one line lost, not the file
     capsys.readouterr()
-    assert len(runner.read_results(path)) == 1
-    assert capsys.readouterr().err.count("is not a results record; skipped") == 3
+    assert runner.read_results(path) == [good]
+    warnings = capsys.readouterr().err.splitlines()
+    assert len(warnings) == len(bad) + 2 and all(f"results.jsonl:{n}" in w for n, w in enumerate(warnings, 2))
+    assert "resolved=[\"rope\"] is not a method as resolved" in warnings[5] and "missing metric" in warnings[-2]
     runner.run(grid, tmp_path, loaded=loaded)  # eval resumes past them
-    assert "| rope |" in report.build(tmp_path)
+    assert len(runner.read_results(path)) == 1 and "| rope |" in report.build(tmp_path)
+
+
+def test_cases_are_keyed_on_the_models_folder_and_weights_not_the_name_given(tmp_path):
+    """'tiny' and 'tiny/' are one model; the same folder with other weights is another (the review)."""
+    model, tokenizer = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024), byte_tokenizer()
+    model.save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    run = lambda name: runner.run(runner.Grid(name, ["passkey"], [runner.MethodSpec.parse("rope")], [300], [0.5], 1),
+                                  tmp_path / "out", loaded=(model, tokenizer))
+    run(str(tmp_path / "tiny"))
+    run(str(tmp_path / "tiny") + "/")  # the same folder: done already
+    assert len(runner.read_results(tmp_path / "out" / runner.RESULTS)) == 1
+    assert models.identity(str(tmp_path / "tiny")) == models.identity(str(tmp_path / "tiny") + "/")
+    retrained = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024)
+    with torch.no_grad():
+        retrained.lm_head.weight.mul_(2)
+    retrained.save_pretrained(tmp_path / "tiny")  # the same config, other weights
+    run(str(tmp_path / "tiny"))
+    records = runner.read_results(tmp_path / "out" / runner.RESULTS)
+    assert len(records) == 2 and len({r["model_key"] for r in records}) == 2
+    assert report.build(tmp_path / "out").count("## passkey — ") == 2  # one name, two models: told apart by digest
 
 
 def test_two_models_and_two_windows_in_one_folder_are_reported_apart(tmp_path):

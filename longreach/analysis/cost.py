@@ -154,5 +154,13 @@ def _from_json(path: Path):
 
     from transformers import AutoConfig
 
-    data = json.loads(path.read_text())
-    return AutoConfig.for_model(data.pop("model_type"), **data)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--model={path} is not a model config: not JSON ({error.msg}, line {error.lineno})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+        raise ValueError(f"--model={path} is not a model config: it names no model_type")
+    try:
+        return AutoConfig.for_model(data.pop("model_type"), **data)
+    except (ValueError, KeyError) as error:
+        raise ValueError(f"--model={path} is not a config transformers knows ({error})") from None

@@ -13,11 +13,13 @@ Everything is vectorised over a length histogram: a million documents take well 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 
 PACKINGS = ("natural", "uniform", "concatenated")
+MAX_DOCUMENTS = 10_000_000  # synthetic documents: 80 MB of lengths
 
 
 def frequency(lengths, window: int, packing: str = "natural") -> np.ndarray:
@@ -55,15 +57,27 @@ def synthetic(spec: str, seed: int = 0) -> np.ndarray:
     """Document lengths from a named distribution: ``lognormal[:mean=6.5,sigma=1.4,count=100000]``,
     ``exponential[:scale=1500,count=...]`` or ``fixed[:length=2048,count=...]``."""
     name, _, rest = spec.partition(":")
-    params = {k: float(v) for k, v in (item.split("=", 1) for item in filter(None, rest.split(",")))}
     defaults = {"lognormal": {"mean": 6.5, "sigma": 1.4}, "exponential": {"scale": 1500.0}, "fixed": {"length": 2048.0}}
     if name not in defaults:
         raise ValueError(f"synthetic distribution {name!r} is not one of: {', '.join(defaults)}")
+    params = {}
+    for item in filter(None, rest.split(",")):
+        key, sep, value = item.partition("=")
+        try:
+            params[key] = float(value)
+        except ValueError:
+            raise ValueError(f"{name} parameter {item!r} must look like name=number") from None
     unknown = set(params) - set(defaults[name]) - {"count"}
     if unknown:
         raise ValueError(f"{name} has no parameter {', '.join(sorted(unknown))}; its parameters: {', '.join(defaults[name])}, count")
-    count = int(params.pop("count", 100_000))
+    count = params.pop("count", 100_000)
+    if not (count == int(count) and 1 <= count <= MAX_DOCUMENTS):
+        raise ValueError(f"count={count:g} is out of range: a whole number of documents 1 .. {MAX_DOCUMENTS:,}")
+    count = int(count)
     p = {**defaults[name], **params}
+    for key, value in p.items():  # every parameter but lognormal's mean is a positive scale
+        if not math.isfinite(value) or (key != "mean" and value <= 0):
+            raise ValueError(f"{key}={value:g} is out of range: a finite number{'' if key == 'mean' else ' > 0'}")
     rng = np.random.default_rng(seed)
     if name == "lognormal":
         values = rng.lognormal(p["mean"], p["sigma"], count)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import torch
 
@@ -50,14 +51,15 @@ class World:
         stem, dot, suffix = name.rpartition(".")
         return out / f"{stem}.rank{self.rank}{dot}{suffix}"
 
-    def share(self, keys: list[tuple], case_of) -> list[tuple]:
-        """The grid keys this process runs: all of them in tensor parallel, else those whose case
-        (``case_of(key)``, every method of one prompt together) has index ``rank`` modulo ``size``."""
-        if not self.shares_cases:
-            return keys
-        cases = list(dict.fromkeys(case_of(key) for key in keys))
-        mine = set(cases[self.rank :: self.size])
-        return [key for key in keys if case_of(key) in mine]
+    def share(self, keys: Iterable[tuple], case_of) -> Iterator[tuple]:
+        """The grid keys this process runs, as they come: all of them in tensor parallel, else those whose
+        case (``case_of(key)``, every method of one prompt together) has index ``rank`` modulo ``size``
+        in the order cases first appear."""
+        index: dict = {}
+        for key in keys:
+            case = case_of(key)
+            if not self.shares_cases or index.setdefault(case, len(index)) % self.size == self.rank:
+                yield key
 
     def barrier(self) -> None:
         """Wait for every process (a gloo group is started when transformers has not started one)."""

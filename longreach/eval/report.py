@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import plots
 from . import ruler, stats, tasks
-from .runner import RESULTS, read_results
+from .records import RESULTS, read_results
 
 RULER_THRESHOLD = stats.RULER_THRESHOLD
 RULER_TASKS = [f"ruler:{name}" for name in ruler.TASKS]
@@ -102,7 +102,7 @@ def build(out: Path, threshold: float = RULER_THRESHOLD) -> str:
     if not records:
         raise ValueError(f"no results in {out / RESULTS}")
     failed = [r for r in records if r.get("error")]
-    records = _row_labels([r for r in records if not r.get("error")])
+    records = _model_names(_row_labels([r for r in records if not r.get("error")]))
     if not records:
         raise ValueError(f"every case in {out / RESULTS} failed; the first: {failed[0]['error']}")
     models = sorted({r["model"] for r in records})
@@ -202,7 +202,7 @@ def _task_section(out: Path, task: str, rows: list[dict], threshold: float, summ
         for method in methods:
             texts = []
             for n in lengths:
-                fractions = [100 * r["fraction"] for r in cells[method, n].rows] if (method, n) in cells else []
+                fractions = [100 * r["fraction"] for r in cells[method, n].rows if "fraction" in r] if (method, n) in cells else []
                 texts.append(f"{mean(fractions):.1f} {bounds(stats.bootstrap([fractions]))}" if fractions else "—")
             lines.append(f"| {method} | " + " | ".join(texts) + " |")
     empty = sum(c.empty for c in cells.values())
@@ -305,15 +305,17 @@ def _time_section(records: list[dict]) -> str:
     reader can plan a larger run: a batch's time is shared among its cases, and cases decoded in batches of
     different sizes get a row each (a median over both would describe neither), with the row's case count."""
     lengths = sorted({r["length"] for r in records})
+    several = len({r["model"] for r in records}) > 1
     seconds = defaultdict(list)
     for r in records:
-        row = (f"{r.get('machine', 'not recorded')}, {r.get('dtype', 'float32')}", r["task"], r["method"], r.get("batch") or 0)
+        row = (*((r["model"],) if several else ()), f"{r.get('machine', 'not recorded')}, {r.get('dtype', 'float32')}",
+               r["task"], r["method"], r.get("batch") or 0)
         seconds[row, r["length"]].append(r.get("seconds", 0.0))
     lines = ["## Time per case\n", "Seconds per case (the median over the cases, so one slow batch among several moves it "
              "little), on the machine and precision that ran it, per number of cases decoded together (a cell's last "
              "batch can be smaller).\n",
-             "| machine | task | method | batch | cases | " + " | ".join(_fmt_length(n) for n in lengths) + " |",
-             "|---" * (len(lengths) + 5) + "|"]
+             f"| {'model | ' if several else ''}machine | task | method | batch | cases | " + " | ".join(_fmt_length(n) for n in lengths) + " |",
+             "|---" * (len(lengths) + 5 + several) + "|"]
     for row in sorted({row for row, _ in seconds}):
         *names, batch = row
         cases = sum(len(seconds[row, n]) for n in lengths)
@@ -341,6 +343,21 @@ def _row_labels(records: list[dict]) -> list[dict]:
     for r in records:
         meanings[r["method"]].add(r["resolved"])
     return [{**r, "method": r["method"] if len(meanings[r["method"]]) == 1 else f"{r['method']} = {r['resolved']}"} for r in records]
+
+
+def _model_names(records: list[dict]) -> list[dict]:
+    """One model per identity (``model_key``): two names of one folder (``tiny``, ``tiny/``) are one model,
+    shown by the first; one name over two identities (its weights overwritten) is two, told apart by digest."""
+    first, identities = {}, defaultdict(set)
+    for r in records:
+        key = r.get("model_key") or r["model"]
+        first.setdefault(key, r["model"])
+        identities[first[key]].add(key)
+    def name(r: dict) -> str:
+        key = r.get("model_key") or r["model"]
+        shown = first[key]
+        return shown if len(identities[shown]) == 1 else f"{shown} @{key.rpartition('@')[2][:8]}"
+    return [{**r, "model": name(r)} for r in records]
 
 
 def _loss_by_position(out: Path, task: str, rows: list[dict], methods: list[str], window: int | None) -> Path:

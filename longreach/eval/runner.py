@@ -13,17 +13,18 @@ import itertools
 import json
 import math
 import os
-import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from tqdm import tqdm
 
 from . import ruler, tasks
 from .distributed import World, shares
+from .records import MAX_LENGTH, RESULTS, case_key, ends_with_newline, read_results
 
-RESULTS = "results.jsonl"
+MAX_SAMPLES = 10_000  # cases per (task, length, method): a pass rate's 95% interval is then within +-1 point
 
 
 @dataclass(frozen=True)
@@ -96,9 +97,6 @@ def parse_value(text: str):
     return {"true": True, "false": False, "none": None}.get(text.lower(), text)
 
 
-MAX_LENGTH = 1 << 24  # 16M tokens: beyond any model; runner.check_lengths bounds lengths by the model's L
-
-
 def parse_lengths(text: str) -> list[int]:
     """``2k,4k,8192`` -> ``[2048, 4096, 8192]`` (k = 1024)."""
     lengths = []
@@ -134,55 +132,6 @@ def depth_grid(count: int) -> list[float]:
     return [0.5] if count == 1 else [round(i / (count - 1), 4) for i in range(count)]
 
 
-REQUIRED = ("model", "method", "task", "length", "depth", "seed", "score")
-
-
-def read_results(path: Path) -> list[dict]:
-    """The records of a results file, each case once (the first wins: concurrent runs may both write it;
-    a success wins over an error row).
-
-    A truncated (crashed) last line is skipped silently; any other line that is not a record (not
-    JSON, or JSON without the fields of a record) is skipped with a warning on stderr.
-    """
-    if not path.exists():
-        return []
-    records, seen = [], {}
-    lines = path.read_text(encoding="utf-8").splitlines()
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            if number < len(lines):
-                print(f"warning: {path}:{number} is not JSON; skipped: {line[:60]!r}", file=sys.stderr)
-            continue
-        if not isinstance(record, dict) or any(key not in record for key in REQUIRED):
-            print(f"warning: {path}:{number} is not a results record; skipped: {line[:60]!r}", file=sys.stderr)
-            continue
-        record.setdefault("resolved", record["method"])
-        key = case_key(record)
-        if key not in seen:
-            seen[key] = len(records)
-            records.append(record)
-        elif records[seen[key]].get("error") and not record.get("error"):  # a rerun that succeeded replaces the error
-            records[seen[key]] = record
-    return records
-
-
-def _ends_with_newline(path: Path) -> bool:
-    with path.open("rb") as stream:
-        if stream.seek(0, os.SEEK_END) == 0:
-            return True
-        stream.seek(-1, os.SEEK_END)
-        return stream.read(1) == b"\n"
-
-
-def case_key(record: dict) -> tuple:
-    """What makes a case: the model, the method as resolved (every parameter and L), task, length, depth, seed."""
-    return (record["model"], record["resolved"], record["task"], record["length"], record["depth"], record["seed"])
-
-
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: the checkpoint's own
 
 
@@ -202,21 +151,29 @@ class Grid:
     samples: int
     training_window: int | None = None  # None: the model's own L
     dtype: str = "auto"  # one of DTYPES
-    keys: list[tuple] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.samples < 1:
-            raise ValueError(f"--samples={self.samples} is out of range: at least 1")
+        if not 1 <= self.samples <= MAX_SAMPLES:
+            raise ValueError(f"--samples={self.samples} is out of range: 1 .. {MAX_SAMPLES}")
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype={self.dtype} is not one of: {', '.join(DTYPES)}")
         if self.training_window is not None and self.training_window < 2:
             raise ValueError(f"--training-window={self.training_window} is out of range: an integer >= 2 (tokens)")
         self.methods = list({m.label: m for m in self.methods}.values())  # --method rope --method rope: once
-        for task in self.tasks:  # longer lengths last: early results are the cheap ones
+        for task in self.tasks:
+            tasks.get(task)
+
+    def __len__(self) -> int:
+        return len(self.tasks) * len(self.lengths) * self.samples * len(self.methods)
+
+    def keys(self) -> Iterator[tuple]:
+        """Every case's key ``(model, method, task, length, depth, seed)``, made as they are read, longer
+        lengths last (early results are the cheap ones)."""
+        for task in self.tasks:
             grid = tasks.get(task).uses_depth
             for length, seed, method in itertools.product(self.lengths, range(self.samples), self.methods):
                 depth = self.depths[seed % len(self.depths)] if grid else None
-                self.keys.append((self.model, method.label, task, length, depth, seed))
+                yield self.model, method.label, task, length, depth, seed
 
 
 def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, batch_size: int = 1, tp: bool = False,
@@ -253,17 +210,24 @@ def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, batch_size
         resolved[spec.label] = longreach.describe(model)
     earlier = [r for file in [path, *shares(out, RESULTS)] for r in read_results(file)]
     check_dtype(earlier, dtype, out)
-    done = {case_key(r) for r in earlier if not r.get("error")}  # failed cases are tried again
+    model_key = models.identity(grid.model)
+    # failed cases are tried again; records from before the model's identity was kept count under the name given
+    done = {(r.get("model_key") or (model_key if r["model"] == grid.model else r["model"]), *case_key(r)[1:])
+            for r in earlier if not r.get("error")}
     world.barrier()  # everyone has read what is done before anyone writes: tensor-parallel processes run the same cases
-    mine = world.share(grid.keys, lambda key: key[2:])
-    missing = [key for key in mine if (key[0], resolved[key[1]], *key[2:]) not in done]
-    pending = missing if limit is None else missing[:limit]
+    mine, already, pending = 0, 0, []
+    for key in world.share(grid.keys(), lambda key: key[2:]):
+        mine += 1
+        if (model_key, resolved[key[1]], *key[2:]) in done:
+            already += 1
+        elif limit is None or len(pending) < limit:
+            pending.append(key)
     if world.writes:
         where = f"process {world.rank} of {world.size}: " if world.shares_cases else ""
-        print(f"{where}{len(mine)} cases in the grid, {len(mine) - len(missing)} already in {out}, running {len(pending)}")
+        print(f"{where}{mine} cases in the grid, {already} already in {out}, running {len(pending)}")
     if pending:
         _run_cases(grid, pending, model, tokenizer, specs, resolved, window, batch_size, world, world.results_file(out, RESULTS), dtype,
-                   prefill_tokens)
+                   prefill_tokens, model_key)
     longreach.remove(model)
     world.barrier()
     if world.rank == 0 and world.shares_cases:
@@ -276,7 +240,7 @@ def merge(out: Path) -> None:
     path, left = out / RESULTS, shares(out, RESULTS)
     good = {case_key(r) for r in read_results(path) if not r.get("error")}
     with path.open("a", encoding="utf-8") as sink:
-        if not _ends_with_newline(path):
+        if not ends_with_newline(path):
             sink.write("\n")
         for share in left:
             for record in read_results(share):
@@ -296,7 +260,8 @@ def check_dtype(records: list[dict], dtype: str, out: Path) -> None:
                          f"resume it with that --dtype, or give another --out")
 
 
-def _run_cases(grid, pending, model, tokenizer, specs, resolved, window, batch_size, world, path, dtype, prefill_tokens) -> None:
+def _run_cases(grid, pending, model, tokenizer, specs, resolved, window, batch_size, world, path, dtype, prefill_tokens,
+               model_key) -> None:
     """Run ``pending`` cases, one JSON line each in ``path`` (only where ``world`` writes)."""
     state = {"applied": None}
 
@@ -309,7 +274,7 @@ def _run_cases(grid, pending, model, tokenizer, specs, resolved, window, batch_s
     desc = f"cases (process {world.rank})" if world.shares_cases else "cases"
     with (path.open("a", encoding="utf-8") if world.writes else contextlib.nullcontext()) as sink, \
             tqdm(total=len(pending), desc=desc, unit="case", position=world.rank if world.shares_cases else 0, disable=not world.writes) as bar:
-        if sink and not _ends_with_newline(path):
+        if sink and not ends_with_newline(path):
             sink.write("\n")  # end a line cut short by a crash, so the next record stands alone
         for (task_name, length), keys in itertools.groupby(pending, key=lambda key: (key[2], key[3])):
             keys, task = list(keys), tasks.get(task_name)
@@ -331,7 +296,7 @@ def _run_cases(grid, pending, model, tokenizer, specs, resolved, window, batch_s
                         if record.get("error"):
                             bar.write(f"case {task_name} {length} {label} seed {seed} failed: {record['error']}")
                         decoded_with = record.pop("batch", len(batch))
-                        record = {"model": grid.model, "method": label, "resolved": resolved[label], "window": window,
+                        record = {"model": grid.model, "model_key": model_key, "method": label, "resolved": resolved[label], "window": window,
                                   "task": task_name, "length": length, "depth": depth, "seed": seed, **record,
                                   "seconds": round(seconds + build_seconds, 3), "batch": decoded_with, "machine": machine, "dtype": dtype}
                         if sink:

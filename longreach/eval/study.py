@@ -20,7 +20,7 @@ from pathlib import Path
 from statistics import mean
 
 from . import report
-from .runner import RESULTS, read_results
+from .records import RESULTS, read_results
 
 
 def best(folder: Path, exclude: list[str], count: int) -> list[str]:

@@ -123,6 +123,8 @@ class DPE(PositionMethod):
             raise ValueError("dpe needs group_scales (one integer per frequency group): `longreach calibrate dpe` finds them "
                              f"for a model; published (w=1024, top_k=48): {published}")
         scales = self.group_scales if isinstance(self.group_scales, (tuple, list)) else (self.group_scales,)
+        if not scales:
+            raise ValueError("group_scales=() is out of range: integers >= 1, one per frequency group (at least one)")
         for scale in scales:
             require_int("group_scales", scale, 1, None, "integers >= 1, one per frequency group")
         object.__setattr__(self, "group_scales", tuple(int(s) for s in scales))

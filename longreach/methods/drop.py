@@ -15,7 +15,7 @@ frequency method.
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import ClassVar
 
 import torch
@@ -106,6 +106,10 @@ RANGES = {
 
 
 def create(name: str, **params):
+    """Drop method ``name`` with its parameters, validated."""
     if name not in DROPS:
         raise ValueError(f"unknown drop method {name!r}; supported: {', '.join(DROPS)}")
+    allowed = [f.name for f in fields(DROPS[name])]
+    if (unknown := sorted(set(params) - set(allowed))):
+        raise ValueError(f"{name} has no parameter {', '.join(unknown)}; its parameters: {', '.join(allowed)}")
     return DROPS[name](**params)
