@@ -142,6 +142,12 @@ def test_the_pipeline_end_to_end_on_a_tiny_model(tmp_path):
     # the report is a function of the JSONL alone
     (tmp_path / "summary.md").unlink()
     assert report.build(tmp_path) == markdown
+    kept = [line for line in (tmp_path / runner.RESULTS).read_text().splitlines() if '"method": "rope"' in line]
+    (tmp_path / runner.RESULTS).write_text("\n".join(kept) + "\n")  # string's results gone: so are its pictures
+    (tmp_path / "calibration.png").write_bytes(b"not the report's")
+    report.build(tmp_path)
+    assert not list(tmp_path.glob("heatmap_*string*.png")) and (tmp_path / "heatmap_niah_rope.png").exists()
+    assert (tmp_path / "calibration.png").exists()
 
 
 def test_paired_differences_against_rope_pair_the_same_cases(tmp_path):
@@ -206,7 +212,7 @@ def greedy_raising_on_call(monkeypatch, call: int, error: BaseException):
     return real
 
 
-def test_a_crash_mid_run_loses_nothing_and_a_rerun_duplicates_nothing(tmp_path, monkeypatch):
+def test_a_crash_mid_run_loses_nothing_and_a_rerun_duplicates_nothing(tmp_path, monkeypatch, capsys):
     grid, loaded = tiny_grid(tmp_path)
     greedy_raising_on_call(monkeypatch, 5, KeyboardInterrupt())
     with pytest.raises(KeyboardInterrupt):
@@ -221,6 +227,9 @@ def test_a_crash_mid_run_loses_nothing_and_a_rerun_duplicates_nothing(tmp_path, 
     records = runner.read_results(tmp_path / runner.RESULTS)
     keys = [runner.case_key(r) for r in records]
     assert len(keys) == len(set(keys)) == len(grid)
+    capsys.readouterr()
+    report.build(tmp_path)  # the ended cut-off line is not a warning on every later read
+    assert "warning" not in capsys.readouterr().err
 
 
 def test_the_dtype_reaches_the_loader_and_a_folder_keeps_one_precision(tmp_path, monkeypatch):

@@ -53,6 +53,11 @@ def test_paired_differences_use_only_the_cases_both_settings_ran():
     text = tune.markdown("t", [setting, rope], setting, "string", baseline=rope)
     assert "| n | minus rope, same cases |" in text and "| `s` **best** | 56.2 | " in text and "| +25.0 [+25, +25] (n=3) |" in text
     assert report.difference(float("nan"), (float("nan"),) * 2, 0) == "no common cases"
+    zeros = [tune.Row(name, {}, cases(0.0, 0.0)) for name in ("a", "b", "rope")]  # every setting ties with rope
+    text = tune.markdown("t", zeros, tune.best(zeros[:2]), "string", baseline=zeros[2])
+    assert "No best: every setting scores 0.0 at this n, and rope too." in text and "Best:" not in text
+    worse = [tune.Row("a", {}, cases(0.0, 100.0)), tune.Row("rope", {}, cases(100.0, 100.0))]
+    assert "It is no better than rope (100.0) on these cases." in tune.markdown("t", worse, worse[0], "string", baseline=worse[1])
 
 
 def tiny(window=1024):

@@ -182,6 +182,11 @@ def test_two_models_and_two_windows_in_one_folder_are_reported_apart(tmp_path):
     with (tmp_path / runner.RESULTS).open("a") as sink:  # a concurrent run wrote the same case again
         sink.write(json.dumps(records[0]) + "\n")
     assert len(runner.read_results(tmp_path / runner.RESULTS)) == 3
+    grid, loaded = small_grid(tmp_path, ("string:shift=100,local_window=8",), "tiny-a", 512)
+    runner.run(grid, tmp_path, loaded=loaded)
+    assert "Minus rope on the same cases" in report.build(tmp_path)  # paired with the rope of its own L
+    (paired,) = json.loads((tmp_path / "summary.json").read_text())["paired"]
+    assert paired["minus"] == "rope = rope [L=512]" and paired["n"] == 1
 
 
 def test_lengths_far_beyond_the_window_are_refused(tmp_path):

@@ -4,7 +4,7 @@ A results folder is read by every resume and every report, and people edit, merg
 files by hand. A line that is not a record -- not JSON, not UTF-8, a field of the wrong type or out
 of range, a required field missing -- is skipped with one warning naming its line and what is wrong
 with it; every other line still counts. A truncated last line (a crash while writing) is skipped
-silently: the runner ends it before appending.
+silently; the next run ends it with :data:`CUT_OFF` before appending, and it stays silent.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 RESULTS = "results.jsonl"
 MAX_LENGTH = 1 << 24  # 16M tokens: beyond any model; runner.check_lengths bounds lengths by the model's L
 REQUIRED = ("model", "method", "task", "length", "depth", "seed", "score")
+CUT_OFF = "  <- cut off by a crash; the case was run again"  # ends such a line (append only: nothing is rewritten)
 
 
 def _text(value) -> bool:
@@ -105,7 +106,7 @@ def read_results(path: Path) -> list[dict]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
-            if number < len(lines):
+            if number < len(lines) and not line.endswith(CUT_OFF):
                 print(f"warning: {path}:{number} is not JSON; skipped: {line[:60]!r}", file=sys.stderr)
             continue
         if (wrong := problem(record)) is not None:
@@ -129,9 +130,12 @@ def case_key(record: dict) -> tuple:
             record["depth"], record["seed"])
 
 
-def ends_with_newline(path: Path) -> bool:
+def end_cut_off_line(path: Path, sink) -> None:
+    """Before appending to ``path`` (open as ``sink``): end a last line that a crash cut short with
+    :data:`CUT_OFF`, so the next record stands alone and later reads skip that line without a warning."""
     with path.open("rb") as stream:
         if stream.seek(0, os.SEEK_END) == 0:
-            return True
+            return
         stream.seek(-1, os.SEEK_END)
-        return stream.read(1) == b"\n"
+        if stream.read(1) != b"\n":
+            sink.write(CUT_OFF + "\n")

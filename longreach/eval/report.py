@@ -125,9 +125,23 @@ def build(out: Path, threshold: float = RULER_THRESHOLD) -> str:
     if failed:
         sections.append(_errors_section(failed))
     markdown = "\n".join(sections)
+    _remove_stale_pictures(out, markdown)
     (out / "summary.md").write_text(markdown, encoding="utf-8")
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     return markdown
+
+
+PICTURES = ("compare_*.png", "heatmap_*.png", "loss_by_position_*.png")  # what a report draws in its folder
+
+
+def _remove_stale_pictures(out: Path, markdown: str) -> None:
+    """Remove the pictures of the report's own kinds that this report no longer draws (a method or a
+    task gone from the results, a heatmap renamed): only what ``summary.md`` links stays."""
+    linked = set(re.findall(r"\]\(([^)]+\.png)\)", markdown))
+    for pattern in PICTURES:
+        for picture in out.glob(pattern):
+            if picture.name not in linked:
+                picture.unlink()
 
 
 def _cells(rows: list[dict]) -> dict[tuple[str, int], Cell]:
@@ -183,17 +197,16 @@ def _task_section(out: Path, task: str, rows: list[dict], threshold: float, summ
             row = " | ".join(mine[n].text() if n in mine else "—" for n in lengths)
             lines.append(f"| {method} | {row} | {_fmt_effective(effective)} |")
         series[method] = (list(mine), [c.score for c in mine.values()], [c.interval for c in mine.values()])
-    if not perplexity and BASELINE in methods and len(methods) > 1:
+    baselines = _baselines(rows)
+    if not perplexity and baselines:
         lines += ["", f"Minus {BASELINE} on the same cases (mean paired difference, bootstrap interval over the pairs, pairs):", "",
                   header, "|---" * (len(lengths) + 1) + "|"]
-        for method in methods:
-            if method == BASELINE:
-                continue
+        for method, baseline in baselines.items():
             texts = []
             for n in lengths:
                 value, (low, high), pairs = stats.paired_difference(
-                    *(cells[m, n].by_case if (m, n) in cells else {} for m in (method, BASELINE)))
-                summary["paired"].append({"model": rows[0]["model"], "task": name, "method": method, "minus": BASELINE, "length": n,
+                    *(cells[m, n].by_case if (m, n) in cells else {} for m in (method, baseline)))
+                summary["paired"].append({"model": rows[0]["model"], "task": name, "method": method, "minus": baseline, "length": n,
                                           "difference": _number(value), "low": _number(low), "high": _number(high), "n": pairs})
                 texts.append(difference(value, (low, high), pairs) if pairs else "—")
             lines.append(f"| {method} | " + " | ".join(texts) + " |")
@@ -263,17 +276,15 @@ def _ruler_section(out: Path, model: str, rows: list[dict], threshold: float, su
         series[method] = complete
         tail = " | ".join(f"{averages[k]:.1f}" for k in ("avg", "wavg_inc", "wavg_dec")) if averages else "— | — | —"
         lines.append(f"| {method} | " + " | ".join(texts) + f" | {tail} | {_fmt_effective(effective)} |")
-    if BASELINE in methods and len(methods) > 1:
+    if (baselines := _baselines(rows)):
         lines += ["", f"Minus {BASELINE} on the same cases (the mean over tasks of each task's mean paired difference; "
                   "bootstrap interval resampling each task's pairs; pairs):", "",
                   "| method | " + " | ".join(_fmt_length(n) for n in lengths) + " |", "|---" * (len(lengths) + 1) + "|"]
-        for method in methods:
-            if method == BASELINE:
-                continue
+        for method, baseline in baselines.items():
             texts = []
             for n in lengths:
-                value, (low, high), pairs = stats.paired_average(by_case[method, n], by_case[BASELINE, n])
-                summary["ruler_paired"].append({"model": rows[0]["model"], "method": method, "minus": BASELINE, "length": n,
+                value, (low, high), pairs = stats.paired_average(by_case[method, n], by_case[baseline, n])
+                summary["ruler_paired"].append({"model": rows[0]["model"], "method": method, "minus": baseline, "length": n,
                                                 "difference": _number(value), "low": _number(low), "high": _number(high), "n": pairs})
                 tasks = len(by_case[method, n])  # fewer than 13: a partial average, marked as in the scores' table
                 texts.append((difference(value, (low, high), pairs) + ("" if tasks == len(RULER_TASKS) else f" ({tasks} tasks)"))
@@ -334,6 +345,15 @@ def _errors_section(failed: list[dict]) -> str:
     lines += [f"| {task} | {_fmt_length(length)} | {method} | {len(errors)} | {errors[0][:200]} |"
               for (task, length, method), errors in sorted(groups.items())]
     return "\n".join(lines) + "\n"
+
+
+def _baselines(rows: list[dict]) -> dict[str, str]:
+    """Each row's baseline: the ``rope`` row run with the same ``L`` (a folder may hold rope at two windows,
+    each labelled with its resolution); rows whose ``L`` has no rope row are left out."""
+    is_rope = lambda r: r["resolved"] == BASELINE or r["resolved"].startswith(f"{BASELINE} [")
+    rope = {r.get("window"): r["method"] for r in rows if is_rope(r)}
+    pairs = {r["method"]: rope.get(r.get("window")) for r in rows if not is_rope(r)}
+    return {method: baseline for method, baseline in pairs.items() if baseline is not None}
 
 
 def _row_labels(records: list[dict]) -> list[dict]:

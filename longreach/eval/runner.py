@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from . import ruler, tasks
 from .distributed import World, shares
-from .records import MAX_LENGTH, RESULTS, case_key, ends_with_newline, read_results
+from .records import MAX_LENGTH, RESULTS, case_key, end_cut_off_line, read_results
 
 MAX_SAMPLES = 10_000  # cases per (task, length, method): a pass rate's 95% interval is then within +-1 point
 
@@ -240,8 +240,7 @@ def merge(out: Path) -> None:
     path, left = out / RESULTS, shares(out, RESULTS)
     good = {case_key(r) for r in read_results(path) if not r.get("error")}
     with path.open("a", encoding="utf-8") as sink:
-        if not ends_with_newline(path):
-            sink.write("\n")
+        end_cut_off_line(path, sink)
         for share in left:
             for record in read_results(share):
                 if case_key(record) not in good:
@@ -274,8 +273,8 @@ def _run_cases(grid, pending, model, tokenizer, specs, resolved, window, batch_s
     desc = f"cases (process {world.rank})" if world.shares_cases else "cases"
     with (path.open("a", encoding="utf-8") if world.writes else contextlib.nullcontext()) as sink, \
             tqdm(total=len(pending), desc=desc, unit="case", position=world.rank if world.shares_cases else 0, disable=not world.writes) as bar:
-        if sink and not ends_with_newline(path):
-            sink.write("\n")  # end a line cut short by a crash, so the next record stands alone
+        if sink:
+            end_cut_off_line(path, sink)
         for (task_name, length), keys in itertools.groupby(pending, key=lambda key: (key[2], key[3])):
             keys, task = list(keys), tasks.get(task_name)
             cases = list(dict.fromkeys((key[4], key[5]) for key in keys))  # (depth, seed), in grid order

@@ -107,9 +107,16 @@ def markdown(title: str, table: list[Row], winner: Row, method: str, baseline: R
         if baseline:
             cells.append("" if row is baseline else report.difference(*row.minus(baseline)))
         lines.append("| " + " | ".join(cells) + " |")
+    settings = [row for row in table if row is not baseline and row.n]
+    if all(row.score == winner.score for row in settings) and (baseline is None or baseline.score == winner.score):
+        against = f", and {baseline.label} too" if baseline else ""
+        lines += ["", f"No best: every setting scores {winner.score:.1f} at this n{against}."]
+        return "\n".join(lines) + "\n"
     low = winner.interval[0]
     close = [row.label for row in table if row is not winner and row.n and not (row.interval[1] < low)]
     lines += ["", f"Best: `{apply_line(method, winner.params)}` ({winner.score:.1f}, n = {winner.n})."]
+    if baseline is not None and baseline.n and winner.score <= baseline.score:
+        lines.append(f"It is no better than {baseline.label} ({baseline.score:.1f}) on these cases.")
     if close:
         lines.append(f"Not separable from it at this n (intervals overlap): {', '.join(f'`{c}`' for c in close)}.")
     return "\n".join(lines) + "\n"
