@@ -12,7 +12,9 @@ round; the table gives the median of the per-round ratios, so a shared machine's
 batches prompts of one nominal length; SDPA runs the same batch causal and unpadded, so the ratio
 includes what the padding costs.
 ``--memory``: each method in a fresh process (peak RSS is its own, warm-up included), peak growth
-over the inputs against SDPA's. ``--write`` puts the table in its own section of bench/RESULTS.md.
+over the inputs against SDPA's; on the CPU the children run with a fixed glibc mmap threshold, so RSS
+tracks live memory, unless ``--allocator-as-is``: then it is the RSS a user sees, heap fragmentation
+included. ``--write`` puts the table in its own section of bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -95,21 +97,22 @@ def peak_growth(method: str, n: int, heads: int, dim: int, decode: bool, device:
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
-    else:  # the child runs with a fixed glibc mmap threshold, so RSS tracks live memory
+    else:  # RSS: live memory with a fixed glibc mmap threshold, what a user sees without (--allocator-as-is)
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     run()
     after = torch.cuda.max_memory_allocated() if device == "cuda" else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {"peak_bytes": max(0, after - before), "input_bytes": inputs}
 
 
-def memory_table(lengths: list[int], methods: list[str], heads: int, dim: int, decode: bool, device: str) -> list[str]:
+def memory_table(lengths: list[int], methods: list[str], heads: int, dim: int, decode: bool, device: str,
+                 allocator_as_is: bool = False) -> list[str]:
     rows = ["| method | n | peak growth (MiB) | / SDPA's | / inputs (q, k, v) |", "|---|---|---|---|---|"]
     for n in lengths:
         results = {}
         for method in ["sdpa", *methods]:
             command = [sys.executable, __file__, "--child", method, str(n), "--heads", str(heads), "--dim", str(dim),
                        "--device", device] + (["--decode"] if decode else [])
-            env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+            env = dict(os.environ) if allocator_as_is else {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
             results[method] = json.loads(subprocess.run(command, capture_output=True, text=True, check=True, env=env).stdout)
         base = results["sdpa"]["peak_bytes"]
         for method in ["sdpa", *methods]:
@@ -134,6 +137,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1, help="sequences per call (timing only)")
     parser.add_argument("--left-pad", type=int, default=0, help="left padding of the last sequence, 0 .. this spread over the batch")
     parser.add_argument("--memory", action="store_true", help="peak memory, each method in its own process, instead of time")
+    parser.add_argument("--allocator-as-is", action="store_true", help="--memory: the RSS a user sees (heap fragmentation "
+                        "included), not live memory under a fixed mmap threshold")
     parser.add_argument("--write", action="store_true", help="also write the table into its section of bench/RESULTS.md")
     parser.add_argument("--child", nargs=2, metavar=("METHOD", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -162,13 +167,15 @@ def main() -> None:
               "dpe: Llama-3-8B's published scales, w = 1024, every pair; dpe_top_k: 3/4 of the pairs per head.")
     print(header, flush=True)
     if args.memory:
-        rows = memory_table(lengths, methods, args.heads, args.dim, args.decode, args.device)
+        rows = memory_table(lengths, methods, args.heads, args.dim, args.decode, args.device, args.allocator_as_is)
     else:
         rows = time_ratios(lengths, methods, args.heads, args.dim, args.rounds, args.decode, args.kv_heads or args.heads,
                            args.device, args.dtype, args.batch, args.left_pad)
     if args.write:
         command = " ".join(["python bench/attention.py", *(a for a in sys.argv[1:] if a != "--write")])
         title = f"Attention, {what}, {'peak memory' if args.memory else 'time'}, n = {args.lengths}, {heads}"
+        if args.allocator_as_is:
+            title += ", the allocator as it is"
         if args.batch != 1:
             title += f", {batch}"
         if args.device != "cpu":

@@ -12,8 +12,7 @@ None``) is one causal call on a shifted square plus an unmasked rectangle and a 
 per query tile (:func:`_band`); left padding adds masked tiles over the padded first keys only
 (:func:`_blocks`). Decoding, narrow bands and chunked regions (DCA) use query tiles against only the
 keys a tile can reach, with a tile-sized mask.
-Drop Attention needs whole rows: :func:`row_probabilities` computes them ``DROP_TILE`` queries at a
-time. A part may move some rotary pairs only, per query head (DPE): where query heads sharing a
+Drop Attention needs whole rows: :mod:`.rows` computes them a tile of queries at a time. A part may move some rotary pairs only, per query head (DPE): where query heads sharing a
 key/value head move different pairs, prefill repeats keys and values per query head and decoding
 puts the moved and the plain keys side by side (:func:`_augmented`).
 
@@ -39,7 +38,6 @@ NEG_INF = float("-inf")
 SMALL_QUERY = 16  # decoding and short chunks: one small masked tile is cheapest
 MIN_BAND_TILE = 32  # narrower bands are computed with masked tiles
 MAX_FOLDED_BLOCKS = 64  # decoding: at most this many per-chunk parts replace a per-token key shift
-DROP_TILE = 32  # query rows per tile when rows are computed whole (Drop Attention): O(32 * n) memory
 
 
 def attention(
@@ -64,8 +62,8 @@ def attention(
     ``logit_scale`` (a number, or one per sequence ``[B]``) multiplies the rotary part of the logits. ``positions [B, Lkv]``: the keys'
     absolute positions, for parts whose shifts or spans depend on them (default ``0 .. Lkv-1``;
     the queries are the last ``Lq``). ``drop [B, Lq]``: Drop Attention rates per query (see
-    :func:`drop_below_quantile`); rows from the first dropping one on are computed whole, a tile at
-    a time. Grouped-query attention when ``Hq`` is a multiple of ``Hkv``. Accumulates in float32;
+    :func:`.rows.drop_below_quantile`); rows from the first dropping one on are computed whole, a tile
+    at a time. Grouped-query attention when ``Hq`` is a multiple of ``Hkv``. Accumulates in float32;
     returns ``[B, Lq, Hq, D]`` in the input dtype. Rows that attend no key are 0.
     """
     batch, q_heads, q_len, head_dim = query.shape
@@ -252,7 +250,9 @@ class _PartsAttention(torch.autograd.Function):
 
 def _attention_with_drop(query, key, value, parts, inv_freq, drop, common, backend, tile):
     """Rows before the first dropping one take the fast path (DDA drops only beyond the window);
-    the rest are computed whole with :func:`attention_probabilities`."""
+    the rest are computed whole, a tile at a time (:func:`.rows.dropped_attention`)."""
+    from . import rows  # which builds on this module
+
     offset = key.shape[2] - query.shape[2]
     first = int((drop > 0).any(0).nonzero()[0])
     accumulate = compute_dtype(query.dtype)
@@ -263,9 +263,8 @@ def _attention_with_drop(query, key, value, parts, inv_freq, drop, common, backe
                 "positions": None if common["positions"] is None else common["positions"][:, :keep]}
         out = attention(query[:, :, :first], key[:, :, :keep], value[:, :, :keep], parts, inv_freq, backend=backend, tile=tile, **head)
         pieces.append(out.transpose(1, 2).to(accumulate))
-    rows = torch.arange(offset + first, key.shape[2], device=query.device)
-    for probabilities, keys in attention_probabilities(query[:, :, first:], key, parts, inv_freq, rows, drop=drop[:, first:], **common):
-        pieces.append(_grouped_matmul(probabilities, value[:, :, keys].to(probabilities.dtype)))
+    indices = torch.arange(offset + first, key.shape[2], device=query.device)
+    pieces.append(rows.dropped_attention(query[:, :, first:], key, value, parts, inv_freq, indices, drop[:, first:], **common))
     return torch.cat(pieces, dim=2).to(query.dtype).transpose(1, 2)
 
 
@@ -294,19 +293,6 @@ def _expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
     """Key/value heads repeated for grouped-query attention (a copy: only for backends without grouped queries)."""
     groups = heads // x.shape[1]
     return x if groups == 1 else x[:, :, None].expand(-1, -1, groups, -1, -1).flatten(1, 2)
-
-
-def attention_probabilities(query, key, parts, inv_freq, rows, scaling=None, key_padding=None, sliding_window=None,
-                            logit_scale=1.0, positions=None, drop=None):
-    """Whole attention rows of the queries at absolute indices ``rows``: yields ``(probabilities [B, H, T, K], keys)``.
-
-    ``query [B, Hq, R, D]`` may be any subset of the positions (a dispersion probe samples some);
-    the arguments mean what they mean in :func:`attention`. ``DROP_TILE`` rows at a time.
-    """
-    query, key, scaling, positions = _prepare(query, key, inv_freq, scaling, logit_scale, positions)
-    if _pairs_split_groups(parts, key.shape[1], query.shape[1]):
-        key = _expand_heads(key, query.shape[1])
-    yield from row_probabilities(query, key, parts, inv_freq, rows, scaling, positions, key_padding, sliding_window, drop, DROP_TILE)
 
 
 def _upper_bound(part: Part, sliding_window: int | None) -> int | None:
@@ -566,6 +552,20 @@ def _region(rows, lo, hi, kv_len, key_padding, span, first_key=0):
     Returns ``(keys, allowed)``: a slice of keys and a boolean ``[T, K]`` or ``[B, 1, T, K]`` mask
     (a 0-d True when every pair of the rectangle is in), or ``(None, None)`` when the rows reach no key.
     """
+    bounds = _region_bounds(rows, lo, hi, kv_len, span, first_key)
+    if bounds is None:
+        return None, None
+    k_start, k_stop, uniform_span = bounds
+    first_row, last_row = int(rows.min()), int(rows.max())
+    whole = k_stop - 1 <= first_row - lo and (hi is None or k_start > last_row - hi)  # distance bounds cut nothing
+    if whole and uniform_span and key_padding is None:  # decoding, and DCA's tiles inside one chunk
+        return slice(k_start, k_stop), torch.ones((), dtype=torch.bool)
+    return slice(k_start, k_stop), _allowed(rows, slice(k_start, k_stop), lo, hi, key_padding, span)
+
+
+def _region_bounds(rows, lo, hi, kv_len, span, first_key=0) -> tuple[int, int, bool] | None:
+    """``(k_start, k_stop, uniform)``: the keys in ``[first_key, kv_len)`` that ``rows`` reach in a part
+    (``uniform``: one span for every row; see :func:`_span_keys`), or ``None`` when they reach none."""
     first_row, last_row = int(rows.min()), int(rows.max())
     k_start = first_key if hi is None else max(first_key, first_row - hi + 1)
     k_stop = min(kv_len, last_row - lo + 1)
@@ -574,21 +574,24 @@ def _region(rows, lo, hi, kv_len, key_padding, span, first_key=0):
         key_span, positions = span
         span_first, span_stop = key_span(positions[:, rows])  # [B, T] each
         k_start, k_stop, uniform_span = _span_keys(span_first, span_stop, positions, k_start, k_stop)
-    if k_stop <= k_start:
-        return None, None
-    whole = k_stop - 1 <= first_row - lo and (hi is None or k_start > last_row - hi)  # distance bounds cut nothing
-    if whole and uniform_span and key_padding is None:  # decoding, and DCA's tiles inside one chunk
-        return slice(k_start, k_stop), torch.ones((), dtype=torch.bool)
-    i, j = rows[:, None], torch.arange(k_start, k_stop, device=rows.device)[None, :]
+    return (k_start, k_stop, uniform_span) if k_stop > k_start else None
+
+
+def _allowed(rows, keys: slice, lo, hi, key_padding, span) -> torch.Tensor:
+    """Which pairs of ``rows`` x ``keys`` are in the part: ``lo <= i - j < hi``, real keys, inside the
+    rows' key spans. ``[T, K]``, or ``[B, 1, T, K]`` with padding or spans."""
+    i, j = rows[:, None], torch.arange(keys.start, keys.stop, device=rows.device)[None, :]
     allowed = j <= i - lo
     if hi is not None:
         allowed &= j > i - hi
     if key_padding is not None:
-        allowed = allowed[None, None] & key_padding[:, None, None, k_start:k_stop]  # [B, 1, T, K]
+        allowed = allowed[None, None] & key_padding[:, None, None, keys]  # [B, 1, T, K]
     if span is not None:
-        key_positions = positions[:, None, None, k_start:k_stop]
+        key_span, positions = span
+        span_first, span_stop = key_span(positions[:, rows])
+        key_positions = positions[:, None, None, keys]
         allowed = allowed & (key_positions >= span_first[:, None, :, None]) & (key_positions < span_stop[:, None, :, None])
-    return slice(k_start, k_stop), allowed
+    return allowed
 
 
 def _span_keys(span_first, span_stop, positions, k_start, k_stop):
@@ -605,71 +608,6 @@ def _span_keys(span_first, span_stop, positions, k_start, k_stop):
     first, last = int(reached[0]), int(reached[-1])
     uniform = bool((span_first == lowest).all() and (span_stop == highest).all() and inside[:, first : last + 1].all())
     return k_start + first, k_start + last + 1, uniform
-
-
-def row_probabilities(query, key, parts, inv_freq, rows, scaling, positions, key_padding=None,
-                      sliding_window=None, drop=None, tile=128):
-    """Whole attention rows, ``tile`` queries at a time: yields ``(probabilities [B, H, T, K], keys)``.
-
-    ``query [B, H, R, D]`` holds the queries at absolute indices ``rows [R]`` (any subset of the
-    keys, e.g. sampled rows for a dispersion probe); ``key [B, Hkv, Lkv, D]`` serves its group of
-    query heads without being repeated.
-    Each pair's score is computed in the part it belongs to; ``drop [B, R]`` applies Drop
-    Attention. Memory is ``O(tile * Lkv)`` per head, never ``Lkv^2``.
-    """
-    compute = compute_dtype(query.dtype)
-    kv_len = key.shape[2]
-    shifted = [(part, _shifted(query, part.query_shift, positions[:, rows], inv_freq, part.pairs),
-                _shifted(key, part.key_shift, positions, inv_freq, part.pairs)) for part in parts]
-    for start in range(0, rows.numel(), tile):
-        tile_rows = rows[start : start + tile]
-        k_start = 0 if sliding_window is None else max(0, int(tile_rows.min()) - sliding_window + 1)
-        k_stop = int(tile_rows.max()) + 1
-        scores = torch.full((*query.shape[:2], tile_rows.numel(), k_stop - k_start), NEG_INF, dtype=compute, device=query.device)
-        for part, q, k in shifted:
-            hi = _upper_bound(part, sliding_window)
-            if hi is not None and hi <= part.min_distance:
-                continue
-            span = None if part.key_span is None else (part.key_span, positions)
-            keys, allowed = _region(tile_rows, part.min_distance, hi, kv_len, key_padding, span)
-            if keys is None:
-                continue
-            part_scores = _grouped_matmul(q[:, :, start : start + tile].to(compute), k[:, :, keys].to(compute).transpose(-1, -2)) * scaling
-            window = scores[..., keys.start - k_start : keys.stop - k_start]
-            window.copy_(torch.where(allowed, part_scores, window))
-        if drop is not None:
-            scores = drop_below_quantile(scores, drop[:, start : start + tile])
-        yield torch.softmax(scores, dim=-1).nan_to_num(0.0), slice(k_start, k_stop)
-
-
-def drop_below_quantile(scores: torch.Tensor, rates: torch.Tensor) -> torch.Tensor:
-    """Drop Attention: per row, scores below the row's ``rate``-quantile of its attendable scores become -inf.
-
-    ``scores [B, H, T, K]`` is -inf where a key may not be attended; ``rates [B, T]`` in [0, 1).
-    With ``m`` attendable scores in ascending order ``s_0 <= ... <= s_{m-1}``, the threshold is the
-    order statistic ``s_k``, ``k = ceil(rate * (m - 1))``: exactly the scores that ``torch.quantile``
-    (linear interpolation) puts strictly below the quantile, decided on the scores themselves so
-    that float32 and float64 agree. Scores equal to ``s_k`` are kept: the best key always survives.
-
-    One ``kthvalue`` (selection, not a sort) serves the whole tile although rows differ in ``k``:
-    unattendable scores go last (+inf) and row ``t`` gets ``k_max - k_t`` extra -inf entries in
-    front, so its ``s_{k_t}`` is the ``k_max``-th order statistic of its padded row.
-    """
-    attendable = torch.isfinite(scores[:, 0]).sum(-1)  # [B, T]: the same keys for every head
-    rank = torch.ceil(rates.double() * (attendable - 1).clamp(min=0) - 1e-9).long()
-    rank = torch.where((rates > 0) & (attendable > 0), rank, 0)  # rank 0: the row's minimum, nothing below it
-    top = int(rank.max())
-    if top == 0:
-        return scores
-    fillers = top - rank  # [B, T]
-    width = scores.shape[-1]
-    padded = scores.new_empty((*scores.shape[:-1], width + int(fillers.max())))
-    padded[..., :width] = scores
-    padded[..., :width].masked_fill_(torch.isneginf(scores), float("inf"))
-    filler = torch.arange(padded.shape[-1] - width, device=scores.device) < fillers[..., None]  # [B, T, P]
-    padded[..., width:] = torch.where(filler, NEG_INF, float("inf"))[:, None]
-    threshold = padded.kthvalue(top + 1, dim=-1).values  # [B, H, T]
-    return scores.masked_fill(scores < threshold[..., None], NEG_INF)
 
 
 def _with_empty_rows(out, lse, mask):

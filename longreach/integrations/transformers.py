@@ -32,7 +32,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, causal_mask_function
 
 from .. import methods
-from ..attention import kernel, reference
+from ..attention import kernel, reference, rows
 from ..attention.rotary import find_rotary, inverse_frequencies, rotary_pairs
 from ..methods import drop as drops
 from ..methods.base import PositionMethod, require_int
@@ -568,13 +568,13 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
 
 
 def _record(probe, method, module, query, key, inv_freq, scaling, keys, sliding_window, logit_scale, rates) -> None:
-    rows, top_k, record = probe
-    rows = rows[rows < query.shape[2]].to(query.device)
+    sampled, top_k, record = probe
+    sampled = sampled[sampled < query.shape[2]].to(query.device)
     tops = [
         probabilities.topk(min(top_k, probabilities.shape[-1]), dim=-1).values.mean(-1).mean(1)  # [B, T]
-        for probabilities, _ in kernel.attention_probabilities(
-            query[:, :, rows], key, method.layer_parts(module.layer_idx), inv_freq, rows, scaling, keys.padding, sliding_window,
-            logit_scale, keys.positions, None if rates is None else rates[:, rows],
+        for probabilities, _ in rows.attention_probabilities(
+            query[:, :, sampled], key, method.layer_parts(module.layer_idx), inv_freq, sampled, scaling, keys.padding, sliding_window,
+            logit_scale, keys.positions, None if rates is None else rates[:, sampled],
         )
     ]
     record[module.layer_idx] = torch.cat(tops, dim=-1).float().cpu()
