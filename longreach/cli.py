@@ -358,7 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
     calibration.add_argument("--top-k", type=int, help="pairs changed per head (default: 3/4 of the rotary pairs, the paper's 48 of 64; "
                              "0: every pair, no importance measurement)")
     calibration.add_argument("--groups", type=positive, default=8, help="frequency groups (default 8)")
-    calibration.add_argument("--task", default="ruler:niah_multivalue", help="the probe (default ruler:niah_multivalue: 4 values, fraction found)")
+    calibration.add_argument("--task", default="ruler-tight:niah_multivalue",
+                             help="the probe (default ruler-tight:niah_multivalue: 4 values, fraction found, the length filled)")
     calibration.add_argument("--batch-size", type=positive, default=1, help="cases decoded together (default 1)")
     calibration.add_argument("--training-window", type=positive, help=TRAINING_WINDOW_HELP)
     calibration.add_argument("--out", help="results folder; a rerun resumes it (default runs/calibrate_dpe_LENGTH)")

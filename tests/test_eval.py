@@ -27,7 +27,7 @@ def test_fit_largest_packs_the_budget_and_names_what_does_not_fit(tokenizer):
     build = lambda n: "Q: " + "ab " * n + "?"
     n, prompt, tokens = haystack.fit_largest(tokenizer, 500, build, start=10)
     assert tokens == len(prompt) <= 500 < len(build(n + 1)) and prompt == build(n)
-    with pytest.raises(ValueError, match="the prompt with one of its lines already takes 7 tokens, over the budget of 5"):
+    with pytest.raises(ValueError, match="the prompt with 1 of its lines already takes 7 tokens, over the budget of 5"):
         haystack.fit_largest(tokenizer, 5, build, start=10, what="x", unit="lines")
     with pytest.raises(ValueError, match="all 40 documents take only 124 of the 500 tokens"):
         haystack.fit_largest(tokenizer, 500, build, start=10, most=40, unit="documents")
@@ -44,7 +44,7 @@ def test_bos_is_written_once_and_base_models_get_the_bare_text(tokenizer):
     assert haystack.templated(bare, "Task.", " Answer:") == "Task. Answer:"  # RULER's base template
 
 
-@pytest.mark.parametrize("name", [n for n in tasks.TASKS if not n.startswith("ruler:")] + ["ruler:niah_single_1", "ppl"])
+@pytest.mark.parametrize("name", [n for n in tasks.TASKS if not n.startswith("ruler")] + ["ruler-tight:niah_single_1", "ppl"])
 def test_every_task_is_deterministic_and_has_its_answers_in_the_prompt(tokenizer, name):
     task = tasks.get(name)
     case = task.build(tokenizer, 1200, 0.25, seed=1)
@@ -63,6 +63,7 @@ def test_every_task_is_deterministic_and_has_its_answers_in_the_prompt(tokenizer
 def test_ruler_expands_to_its_tasks_and_unknown_names_fail():
     names = tasks.expand("ruler")
     assert {"ruler:niah_single_1", "ruler:vt", "ruler:cwe", "ruler:fwe", "ruler:niah_multiquery"} <= set(names)
+    assert [name.replace("ruler:", "ruler-tight:") for name in names] == tasks.expand("ruler-tight")
     with pytest.raises(ValueError, match="unknown task 'needle'"):
         tasks.expand("needle")
 
@@ -91,7 +92,7 @@ def test_effective_length_rule():
 
 def tiny_grid(tmp_path):
     model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024)
-    grid = runner.Grid("tiny", ["niah", "niah4", "passkey", "ppl", "ruler:niah_single_1"], [runner.MethodSpec.parse("rope"),
+    grid = runner.Grid("tiny", ["niah", "niah4", "passkey", "ppl", "ruler-tight:niah_single_1"], [runner.MethodSpec.parse("rope"),
                        runner.MethodSpec.parse("string:shift=300,local_window=8")], [700, 1000], [0.0, 1.0], 2)
     return grid, (model, byte_tokenizer())
 

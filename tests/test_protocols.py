@@ -29,8 +29,83 @@ def count(tokenizer, text: str) -> int:
 def test_prompt_plus_generation_fits_the_length_and_fills_it(tokenizer, name, length):
     case = tasks.get(name).build(tokenizer, length, 0.5 if tasks.get(name).uses_depth else None, seed=3)
     assert case.n_tokens == count(tokenizer, case.prompt)
-    unit = 600 if name.startswith("ruler:qa") else 160  # packed: within a unit (a sentence, a line, a document) of the budget
-    assert length - unit <= case.n_tokens + case.max_new_tokens <= length
+    assert case.n_tokens + case.max_new_tokens <= length
+    if not name.startswith("ruler:"):  # packed tight: within a unit (a sentence, a line, a document) of the budget
+        unit = 600 if ":qa_" in name else 160
+        assert length - unit <= case.n_tokens + case.max_new_tokens
+
+
+STEPS = {"niah_single_1": 25, "niah_single_2": 500, "niah_multikey_2": 25, "vt": 10, "cwe": 10, "qa_1": 10, "qa_2": 10}
+
+
+@pytest.mark.parametrize("name", sorted(STEPS))
+def test_ruler_sizes_its_haystacks_as_rulers_scripts_do(tokenizer, name):
+    """One search per task and length; every case starts from its size and backs off RULER's step until it fits
+    (niah.py, variable_tracking.py, common_words_extraction.py, qa.py): sizes size - k step, never above."""
+    length = 4096
+    cases = [tasks.get(f"ruler:{name}").build(tokenizer, length, None, seed) for seed in range(8)]
+    tight = [tasks.get(f"ruler-tight:{name}").build(tokenizer, length, None, seed) for seed in range(8)]
+    size = max(c.haystack_units for c in cases)
+    assert all((size - c.haystack_units) % STEPS[name] == 0 for c in cases)
+    assert sum(c.n_tokens for c in cases) <= sum(c.n_tokens for c in tight)  # tight: each case as large as fits
+
+
+def test_rulers_fwe_scans_up_by_a_32nd_of_the_budget(tokenizer):
+    cases = [tasks.get("ruler:fwe").build(tokenizer, 4096, None, seed) for seed in range(4)]
+    step = (4096 - 50) // 32
+    assert len({c.haystack_units % step for c in cases}) == 1 and all(c.n_tokens + 50 <= 4096 for c in cases)
+
+
+@pytest.mark.parametrize("family", ["ruler", "ruler-tight"])
+@pytest.mark.parametrize("length", range(600, 950, 50))
+def test_vt_never_drops_links_of_its_chain(tokenizer, family, length):
+    """Too short for the example and 5 chain lines: a one-line error (RULER's script cannot build it either),
+    never a case with fewer links than its references (the review: 1 of 5 at 700 tokens)."""
+    try:
+        case = tasks.get(f"{family}:vt").build(tokenizer, length, None, seed=0)
+    except ValueError as error:
+        assert "over the budget" in str(error)
+        return
+    main = case.prompt.split("Memorize and track the chain(s)")[2]
+    assert sorted(re.findall(r"VAR ([A-Z]{5}) = ", main)) == sorted(case.references) and len(case.references) == 5
+
+
+@pytest.mark.parametrize("family", ["ruler", "ruler-tight"])
+@pytest.mark.parametrize("length", range(550, 950, 50))
+def test_cwe_lists_all_ten_common_words(tokenizer, family, length):
+    """The review: at about 640 tokens the list held 3 distinct words against 10 references."""
+    try:
+        case = tasks.get(f"{family}:cwe").build(tokenizer, length, None, seed=0)
+    except ValueError as error:
+        assert "over the budget" in str(error)
+        return
+    listed = case.prompt.split("Memorize the ones that appear most often.\n")[2].split("\nQuestion:")[0]
+    assert set(case.references) <= set(re.findall(r"\d+\. (.+?)(?= \d+\.|$)", listed)) and len(case.references) == 10
+
+
+def test_the_vt_example_is_one_per_run_renamed_per_case(tokenizer):
+    examples = [tasks.get("ruler:vt").build(tokenizer, length, None, seed).prompt.split("Memorize and track the chain(s)")[1]
+                for length, seed in ((2048, 0), (4096, 5))]
+    layout = lambda example: re.sub(r"VAR [A-Z]+ = (VAR [A-Z]+|\d+)", "VAR", example.split("Question:")[0])
+    assert layout(examples[0]) == layout(examples[1]) and examples[0] != examples[1]
+
+
+def test_the_sentence_splitter_keeps_every_character():
+    from longreach.eval import haystack
+
+    assert haystack.sentences('He said "Hi." Then (ok.) End.') == ['He said "Hi."', 'Then (ok.)', 'End.']
+    text = re.sub(r"\s+", " ", haystack.essays()).strip()
+    assert " ".join(haystack.sentences(text)) == text  # the review: 11 of 38 quotes lost in the first 6,000 words
+
+
+def test_niah4_reads_the_essays_in_the_order_of_strings_own_file(tokenizer):
+    """HKUNLP/STRING's PaulGrahamEssays.json holds RULER's essays in another order; its test reads its own."""
+    from longreach.eval import haystack
+
+    text = haystack.string_essays()
+    assert len(text) == 3048886 and text.startswith("July 2006I've discovered a handy test for figuring out")
+    case = tasks.get("niah4").build(tokenizer, 2048, None, seed=0)
+    assert case.prompt.split("the important information there.\n")[1].startswith("July 2006I've discovered")
 
 
 @pytest.mark.parametrize("length", [8192, 16384])
@@ -43,7 +118,9 @@ def test_tokens_to_generate_are_upstreams():
     expected = {"niah4": 128, "niah4-chat": 128, "passkey": 10, "passkey-chat": 10, "niah": 128, "ruler:vt": 30,
                 "ruler:cwe": 120, "ruler:fwe": 50, "ruler:qa_1": 32, "ruler:qa_2": 32}
     expected |= {f"ruler:{n}": 128 for n in ruler.TASKS if n.startswith("niah")}
+    expected |= {name.replace("ruler:", "ruler-tight:"): tokens for name, tokens in expected.items() if name.startswith("ruler:")}
     assert {name: tasks.get(name).max_new_tokens for name in ALL} == expected
+    assert tasks.expand("ruler-tight") == [f"ruler-tight:{n}" for n in ruler.TASKS]
 
 
 def test_vt_has_its_in_context_example_with_fresh_names_and_value(tokenizer):
@@ -109,7 +186,7 @@ def test_ruler_needles_sit_at_depths_drawn_from_its_forty(tokenizer):
 
 
 def test_ruler_scores_after_upstreams_postprocessing():
-    case = tasks.get("ruler:niah_multivalue").build(byte_tokenizer(), 3000, None, seed=0)
+    case = tasks.get("ruler-tight:niah_multivalue").build(byte_tokenizer(), 3000, None, seed=0)
     answer = "\x01 " + " ".join(case.references[:3]) + "\n"
     assert tasks.get("ruler:niah_multivalue").score(answer, case)["score"] == 75.0
     assert ruler.postprocess(" \x00\t ") == "" and ruler.postprocess("a\x07b ") == "a\nb"
@@ -148,8 +225,9 @@ def test_passkey_as_landmark_attentions_script(tokenizer):
 
 def test_running_out_of_words_or_documents_is_a_one_line_error(monkeypatch):
     monkeypatch.setattr(ruler, "_cwe_words", lambda: [f"w{i}" for i in range(40)])
-    with pytest.raises(ValueError, match=r"ruler:cwe at 16384 tokens: all 40 distinct words of wonderwords take only \d+ of"):
-        tasks.get("ruler:cwe").build(byte_tokenizer(), 16384, None, seed=0)
+    for family in ("ruler", "ruler-tight"):
+        with pytest.raises(ValueError, match=rf"{family}:cwe at 16384 tokens: all 40 distinct words of wonderwords take only \d+ of"):
+            tasks.get(f"{family}:cwe").build(byte_tokenizer(), 16384, None, seed=0)
 
 
 def test_wilson_and_bootstrap_intervals_on_hand_worked_counts():
@@ -231,7 +309,7 @@ def test_effective_length_is_reported_by_point_and_by_lower_bound(tmp_path):
 
 def test_a_batch_gives_the_answers_of_one_case_at_a_time_also_read_in_chunks(tmp_path):
     model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024)
-    grid = lambda: runner.Grid("tiny", ["passkey", "ruler:niah_single_1"], [runner.MethodSpec.parse("rope"),
+    grid = lambda: runner.Grid("tiny", ["passkey", "ruler-tight:niah_single_1"], [runner.MethodSpec.parse("rope"),
                                runner.MethodSpec.parse("string:shift=200,local_window=8")], [700, 900], [0.5], 3)
     one = runner.read_results(runner.run(grid(), tmp_path / "one", loaded=(model, byte_tokenizer())))
     three = runner.read_results(runner.run(grid(), tmp_path / "three", loaded=(model, byte_tokenizer()), batch_size=3))

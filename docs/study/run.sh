@@ -37,8 +37,9 @@ $LONGREACH eval niah4 passkey $RUN --lengths 2k,4k,6k,8k --samples 20 --out runs
 
 # 2. RULER at 4K and 8K, 10 cases per task: rope, string and the two best others of step 1
 #    (highest mean score over both tasks and all four lengths, on the same 20 cases per cell).
+#    It ran with each case packed to the length, before ruler:* took RULER's own sizing: ruler-tight.
 BEST=$(.venv/bin/python -m longreach.eval.study best runs/study_window --exclude rope string --count 2)
-$LONGREACH eval ruler $RUN --lengths 4k,8k --samples 10 --out runs/study_ruler --method rope --method string \
+$LONGREACH eval ruler-tight $RUN --lengths 4k,8k --samples 10 --out runs/study_ruler --method rope --method string \
     $(for m in $BEST; do printf -- '--method %s ' "$m"; done)
 
 # 3. Beyond the window (12K and 16K = 2L), 20 cases per cell; rope is the floor.

@@ -27,7 +27,7 @@ from . import haystack, report, runner, tune
 from .distributed import World
 from .runner import MethodSpec
 
-PROBE = "ruler:niah_multivalue"  # 4 values for one key, fraction found: the needles of DPE's own generator
+PROBE = "ruler-tight:niah_multivalue"  # 4 values for one key, fraction found: the needles of DPE's own generator, the length filled
 GROUPS = 8
 SAMPLE_STRIDE = 100  # sample s starts at essay sentence 100 s, as the official sampling script
 

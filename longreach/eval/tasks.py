@@ -3,7 +3,8 @@
 * ``niah4`` / ``niah4-chat`` -- the STRING paper's 4-needle test as HKUNLP/STRING runs it;
 * ``passkey`` / ``passkey-chat`` -- passkey retrieval as landmark attention's script runs it (the
   prompt LongLM and ChunkLlama reuse);
-* ``ruler:<name>`` -- RULER's 13 tasks (:mod:`.ruler`); ``ruler`` names them all;
+* ``ruler:<name>`` -- RULER's 13 tasks (:mod:`.ruler`), sized as RULER sizes them; ``ruler`` names them
+  all; ``ruler-tight:<name>`` / ``ruler-tight`` pack each case to the largest haystack that fits;
 * ``niah`` -- RULER's niah_single_2 with the needle at each grid depth (the depth x length heatmap);
 * ``ppl`` -- perplexity by position (:mod:`.perplexity`).
 
@@ -31,7 +32,8 @@ class StringNeedles:
 
     Four keyless needles `` One of the magic number is: X. `` with 6-digit values
     (``randint(100000, 1000000)``), one per quarter (``segment = 0.99 / 4``, uniform within), in
-    essay sentences split at ``.``; the task text first, the question last; 128 tokens to generate,
+    essay sentences split at ``.`` from STRING's own ``PaulGrahamEssays.json`` (its order of the essays,
+    :func:`.haystack.string_essays`); the task text first, the question last; 128 tokens to generate,
     held back from the length; a case passes when at least 2 of the 4 values come back.
 
     Differences, on purpose: the values are drawn per case (upstream draws one set for all 500
@@ -58,7 +60,7 @@ class StringNeedles:
         values = [str(rng.randint(100000, 1000000)) for _ in range(self.needles)]
         needles = [f" One of the magic number is: {v}. " for v in values]
         step = 50 if length - self.max_new_tokens > 64000 else 1  # upstream's chunk of sentences past 64K
-        pieces = haystack.essays().split(".")
+        pieces = haystack.string_essays().split(".")  # STRING's own essay file, in its order
         chunks = [".".join(pieces[i : i + step]) for i in range(0, len(pieces), step)]
 
         def build(n: int) -> str:
@@ -130,9 +132,11 @@ TASKS = {
     "niah4-chat": StringNeedles("niah4-chat", chat=True),
     "passkey": Passkey("passkey"),
     "passkey-chat": Passkey("passkey-chat", chat=True),
-    "niah": ruler.Niah("niah", grid_depth=True),
+    "niah": ruler.Niah("niah", grid_depth=True, packing="tight"),
     **{f"ruler:{name}": task for name, task in ruler.TASKS.items()},
+    **{f"ruler-tight:{name}": task for name, task in ruler.TIGHT.items()},
 }
+FAMILIES = ("ruler", "ruler-tight")  # names that stand for all 13 tasks of a packing
 REVISIONS = {"niah4": STRING_REVISION, "passkey": PASSKEY_REVISION, "ruler": ruler.REVISION, "niah": ruler.REVISION}
 qa_available = ruler.qa_available
 
@@ -148,14 +152,17 @@ def get(name: str):
 
         return Perplexity()
     if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; available: {', '.join(TASKS)}, ruler (all RULER tasks), ppl")
+        shown = [n for n in TASKS if not n.startswith("ruler-tight:")]
+        raise ValueError(f"unknown task {name!r}; available: {', '.join(shown)}, ruler (all RULER tasks), ruler-tight:<name> "
+                         "and ruler-tight (packed tight), ppl")
     return TASKS[name]
 
 
 def expand(name: str) -> list[str]:
-    """``ruler`` means every RULER task (the two QA tasks only when RULER's data is installed)."""
-    if name != "ruler":
+    """``ruler`` (``ruler-tight``) means every RULER task of that packing (the two QA tasks only when RULER's
+    data is installed)."""
+    if name not in FAMILIES:
         get(name)
         return [name]
-    names = [f"ruler:{n}" for n in ruler.TASKS]
-    return names if qa_available() is None else [n for n in names if not n.startswith("ruler:qa")]
+    names = [f"{name}:{n}" for n in ruler.TASKS]
+    return names if qa_available() is None else [n for n in names if ":qa_" not in n]
