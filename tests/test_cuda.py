@@ -17,7 +17,7 @@ from test_gradients import gradients
 from test_kernel import BASELINES, case, expected
 
 import longreach
-from longreach.attention import kernel, reference
+from longreach.attention import backends, flex, kernel, plan, reference
 from longreach.methods import create
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -161,15 +161,15 @@ def test_prefill_memory_at_32k_is_far_below_one_dense_matrix(name):
 def test_additive_masks_have_rows_aligned_for_cuda_efficient_attention():
     """PyTorch's memory-efficient kernel refuses a bias whose row stride is not a multiple of 8 (seen on an H100)."""
     allowed = torch.rand(2, 1, 3, 75, generator=torch.Generator().manual_seed(0)) > 0.5
-    mask = kernel._additive(allowed.cuda(), torch.bfloat16)
+    mask = plan.additive(allowed.cuda(), torch.bfloat16)
     assert mask.shape == allowed.shape and mask.stride(-2) % 16 == 0
     assert torch.equal((mask == 0).cpu(), allowed)
 
 
 def test_auto_takes_flex_for_prefill_and_math_for_decoding_steps():
-    many, few = (torch.empty(1, 4, n, 16, device="cuda") for n in (kernel.SMALL_QUERY + 1, kernel.SMALL_QUERY))
-    assert kernel._pick_block(many, "auto") is kernel.flex.part_attention
-    assert kernel._pick_block(few, "auto") is kernel._math
+    many, few = (torch.empty(1, 4, n, 16, device="cuda") for n in (plan.SMALL_QUERY + 1, plan.SMALL_QUERY))
+    assert backends.pick(many, "auto") is flex.part_attention
+    assert backends.pick(few, "auto") is backends.math_block
 
 
 def test_decoding_steps_reuse_the_compiled_flex_kernel():

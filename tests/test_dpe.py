@@ -6,7 +6,7 @@ from conftest import tiny_model
 from safetensors.torch import save_file
 
 import longreach
-from longreach.attention import kernel
+from longreach.attention import backends, kernel
 from longreach.attention.rotary import find_rotary, rotary_pairs
 from longreach.methods import create
 
@@ -95,10 +95,10 @@ def test_other_pairs_change_other_logits_and_top_k_picks_the_most_important():
 
 
 def test_keys_are_repeated_per_query_head_only_in_prefill_and_only_when_a_group_disagrees(monkeypatch):
-    """Decoding steps put the moved and the plain keys side by side instead (kernel._augmented)."""
+    """Decoding steps put the moved and the plain keys side by side instead (shifts.augmented)."""
     repeats = []
-    expand = kernel._expand_heads
-    monkeypatch.setattr(kernel, "_expand_heads", lambda x, heads: repeats.append(heads) or expand(x, heads))
+    expand = backends.expand_heads
+    monkeypatch.setattr(kernel, "expand_heads", lambda x, heads: repeats.append(heads) or expand(x, heads))
     q, k, v = torch.randn(1, 4, 30, 16), torch.randn(1, 2, 30, 16), torch.randn(1, 2, 30, 16)
     inv_freq = 1.0 / (10000 ** (torch.arange(0, 16, 2) / 16))
     agreeing = torch.tensor([[1, 0, 1, 1, 0, 0, 1, 0], [0, 1, 1, 0, 1, 1, 0, 0]], dtype=torch.bool).repeat_interleave(2, 0)[None]

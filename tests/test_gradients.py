@@ -1,7 +1,7 @@
 """Backward through every method and backend: equal to autograd through the float64 dense reference.
 
 The kernel merges parts by their log-sum-exp; the backends' own log-sum-exp carries no gradient,
-so the kernel has a backward of its own (see ``kernel._PartsAttention``). These tests fail if a
+so the kernel has a backward of its own (see ``longreach.attention.autograd.PartsAttention``). These tests fail if a
 part's share of the gradient, the GQA sum over query heads, padding or decoding were wrong.
 """
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from longreach.attention import kernel, reference
+from longreach.attention import kernel, merge, plan, reference, shifts
 from longreach.attention.rotary import rotate
 from longreach.methods import create
 from longreach.methods.base import Part
@@ -132,12 +132,12 @@ def test_dca_tiles_reach_only_their_chunks_and_need_no_mask():
         want = {same: [(chunk, start, False), (start, start + tile, True)], previous: [(chunk - c, chunk, False)],
                 earlier: [(0, chunk - c, False)]}
         for part, blocks in want.items():
-            got = list(kernel._masked_tiles(tile, n, part.min_distance, part.max_distance, start, None, 0,
+            got = list(plan.masked_tiles(tile, n, part.min_distance, part.max_distance, start, None, 0,
                                             (part.key_span, positions), tile, torch.float32, "cpu"))
             assert [(b.keys.start, b.keys.stop, b.causal) for b in got if b.mask is None] == [b for b in blocks if b[1] > max(0, b[0])]
             assert all(b.mask is None for b in got)
     for part in (same, previous, earlier):
-        keys, allowed = kernel._region(torch.tensor([100]), part.min_distance, part.max_distance, n, None, (part.key_span, positions))
+        keys, allowed = plan._region(torch.tensor([100]), part.min_distance, part.max_distance, n, None, (part.key_span, positions))
         assert allowed.dim() == 0 and bool(allowed)
 
 
@@ -148,17 +148,17 @@ def test_left_padding_masks_only_the_padded_first_keys():
     as without padding. No mask grows with n; decoding is one small masked call."""
     n, tile, pads = 96, 16, (0, 5, 13)
     padding = torch.stack([torch.arange(n) >= pad for pad in pads])
-    padded = kernel._padded_keys(padding, n, n)
-    assert padded == 13 and kernel._padded_keys(padding, 1, n) == n and kernel._padded_keys(None, n, n) == 0
-    blocks = list(kernel._masked_tiles(n, n, 0, None, 0, padding, padded, None, tile, torch.float32, "cpu"))
+    padded = plan.padded_keys(padding, n, n)
+    assert padded == 13 and plan.padded_keys(padding, 1, n) == n and plan.padded_keys(None, n, n) == 0
+    blocks = list(plan.masked_tiles(n, n, 0, None, 0, padding, padded, None, tile, torch.float32, "cpu"))
     for start in range(tile, n, tile):  # the first tile holds the padding itself
         got = [b for b in blocks if b.rows.start == start]
         assert [(b.keys.start, b.keys.stop, b.mask.shape) for b in got if b.mask is not None] == [(0, 13, (3, 1, tile, 13))]
         assert [(b.keys.start, b.keys.stop, b.causal) for b in got if b.mask is None] == [(13, start, False), (start, start + tile, True)]
-    rope = list(kernel._blocks(n, n, 0, None, 0, padding, padded, None, tile, True, torch.float32, "cpu"))
+    rope = list(plan.blocks(n, n, 0, None, 0, padding, padded, None, tile, True, torch.float32, "cpu"))
     assert all(b.keys.stop <= 13 and b.mask is not None for b in rope[:-1])
-    assert rope[-1] == kernel.Block(slice(13, n), slice(13, n), causal=True)
-    decode = list(kernel._masked_tiles(1, n, 0, None, n - 1, padding, n, None, tile, torch.float32, "cpu"))
+    assert rope[-1] == plan.Block(slice(13, n), slice(13, n), causal=True)
+    decode = list(plan.masked_tiles(1, n, 0, None, n - 1, padding, n, None, tile, torch.float32, "cpu"))
     assert [(b.keys.start, b.keys.stop, b.mask is not None) for b in decode] == [(0, n, True)]  # one small masked call
 
 
@@ -190,9 +190,9 @@ def test_every_plan_covers_each_allowed_pair_exactly_once(lo, hi, pads, q_len):
     i, j = torch.arange(offset, kv_len)[:, None], torch.arange(kv_len)[None, :]
     allowed = (j <= i - lo) & (j > i - hi if hi is not None else True) & padding[:, None, :]
     for key_padding in (padding, None) if not any(pads) else (padding,):
-        padded = kernel._padded_keys(key_padding, q_len, kv_len)
+        padded = plan.padded_keys(key_padding, q_len, kv_len)
         for structured in (True, False):
-            blocks = kernel._blocks(q_len, kv_len, lo, hi, offset, key_padding, padded, None, tile, structured and q_len > 16,
+            blocks = plan.blocks(q_len, kv_len, lo, hi, offset, key_padding, padded, None, tile, structured and q_len > 16,
                                     torch.float32, "cpu")
             assert torch.equal(covered(blocks, len(pads), q_len, kv_len), allowed.long()), (key_padding is None, structured)
 
@@ -222,7 +222,7 @@ def test_flex_has_no_backward_on_cpu_and_says_so():
 
 def test_additive_masks_are_zero_where_allowed_and_minus_infinity_elsewhere():
     allowed = torch.rand(2, 1, 3, 75, generator=torch.Generator().manual_seed(0)) > 0.5
-    mask = kernel._additive(allowed, torch.bfloat16)
+    mask = plan.additive(allowed, torch.bfloat16)
     assert mask.shape == allowed.shape and mask.dtype == torch.bfloat16
     assert torch.equal(mask == 0, allowed) and torch.isneginf(mask[~allowed]).all()
 
@@ -240,7 +240,7 @@ def test_merge_is_stable_for_huge_and_empty_log_sum_exps():
     out_a, out_b = torch.ones(3, 2), 2 * torch.ones(3, 2)
     lse_a = torch.tensor([1000.0, float("-inf"), float("-inf")])
     lse_b = torch.tensor([1000.0, 5.0, float("-inf")])
-    out, lse = kernel.merge(out_a, lse_a, out_b, lse_b)
+    out, lse = merge.merge(out_a, lse_a, out_b, lse_b)
     assert torch.allclose(out, torch.tensor([[1.5, 1.5], [2.0, 2.0], [0.0, 0.0]]))
     assert lse[0] == pytest.approx(1000 + torch.log(torch.tensor(2.0)).item()) and lse[2] == float("-inf")
 
@@ -347,7 +347,7 @@ def test_baselines_prefill_and_decode_match_the_reference_fp32(name, params, pad
 def test_key_rotations_are_reused_only_while_positions_and_frequencies_agree(monkeypatch):
     """The angle cache behind decoding: a step extends the entry by its new positions; another prefix
     (a reordered or re-padded batch), other frequencies or a new shift object recompute."""
-    rotations = kernel.KeyRotations(size=2)
+    rotations = shifts.KeyRotations(size=2)
     shift = create("self_extend", training_window=40, group_size=3, neighbor_window=10).parts()[1].key_shift
     inv_freq = inv_freq_for(8)
 
@@ -355,8 +355,8 @@ def test_key_rotations_are_reused_only_while_positions_and_frequencies_agree(mon
         return reference_angles(shift, positions, inv_freq)
 
     computed = []  # how many positions each call computes angles for
-    angles = kernel._shift_angles
-    monkeypatch.setattr(kernel, "_shift_angles", lambda shift, p, f, dtype: computed.append(p.shape[1]) or angles(shift, p, f, dtype))
+    angles = shifts.shift_angles
+    monkeypatch.setattr(shifts, "shift_angles", lambda shift, p, f, dtype: computed.append(p.shape[1]) or angles(shift, p, f, dtype))
     positions = torch.arange(20).expand(2, -1)
     calls = [(positions[:, :15], inv_freq), (positions, inv_freq), (positions.flip(0) - torch.tensor([[0], [3]]), inv_freq),
              (positions, inv_freq * 1.5), (positions[:, :20], inv_freq * 1.5)]
@@ -380,7 +380,7 @@ def test_dca_decoding_turns_the_query_per_chunk_instead_of_the_cached_keys(monke
     included)."""
     method = create("dca", training_window=40, chunk_size=16, local_window=4)
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(70, pads=pads)
-    monkeypatch.setattr(kernel, "_shifted_keys", lambda key, shift, *args: key if not shift else pytest.fail("a key was rotated"))
+    monkeypatch.setattr(kernel, "shifted_keys", lambda key, shift, *args: key if not shift else pytest.fail("a key was rotated"))
     for q_len in (1, 5):
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
         got = kernel.attention(q_rot[:, :, -q_len:].float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(),

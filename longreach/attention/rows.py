@@ -22,7 +22,7 @@ from typing import Iterator, NamedTuple, Sequence
 import torch
 
 from ..methods.base import Part
-from . import kernel
+from . import backends, plan, shifts
 from .rotary import compute_dtype
 
 NEG_INF = float("-inf")
@@ -48,9 +48,9 @@ def attention_probabilities(query, key, parts, inv_freq, rows, scaling=None, key
     ``query [B, Hq, R, D]`` may be any subset of the positions (a dispersion probe samples some); the
     arguments mean what they mean in :func:`longreach.attention.kernel.attention`.
     """
-    query, key, scaling, positions = kernel._prepare(query, key, inv_freq, scaling, logit_scale, positions)
-    if kernel._pairs_split_groups(parts, key.shape[1], query.shape[1]):
-        key = kernel._expand_heads(key, query.shape[1])
+    query, key, scaling, positions = shifts.prepare(query, key, inv_freq, scaling, logit_scale, positions)
+    if shifts.pairs_split_groups(parts, key.shape[1], query.shape[1]):
+        key = backends.expand_heads(key, query.shape[1])
     shifted = _shifted_parts(query, key, parts, inv_freq, rows, positions)
     for tile in _tiles(parts, rows, key.shape[2], key_padding, positions, sliding_window):
         yield _probabilities(tile, shifted, scaling, drop), tile.keys
@@ -60,9 +60,9 @@ def dropped_attention(query, key, value, parts, inv_freq, rows, drop, scaling=No
                       logit_scale=1.0, positions=None) -> torch.Tensor:
     """Attention of the queries at absolute indices ``rows`` with Drop Attention's ``drop [B, R]`` rates:
     ``[B, Hq, R, D]`` in the accumulation dtype, differentiable with O(tile x n) memory."""
-    query, key, scaling, positions = kernel._prepare(query, key, inv_freq, scaling, logit_scale, positions)
-    if kernel._pairs_split_groups(parts, key.shape[1], query.shape[1]):
-        key, value = kernel._expand_heads(key, query.shape[1]), kernel._expand_heads(value, query.shape[1])
+    query, key, scaling, positions = shifts.prepare(query, key, inv_freq, scaling, logit_scale, positions)
+    if shifts.pairs_split_groups(parts, key.shape[1], query.shape[1]):
+        key, value = backends.expand_heads(key, query.shape[1]), backends.expand_heads(value, query.shape[1])
     shifted = _shifted_parts(query, key, parts, inv_freq, rows, positions)
     plan = (parts, rows, key.shape[2], key_padding, positions, sliding_window)
     return _DroppedRows.apply(plan, scaling, drop, value, *[t for pair in shifted for t in pair])
@@ -70,8 +70,8 @@ def dropped_attention(query, key, value, parts, inv_freq, rows, drop, scaling=No
 
 def _shifted_parts(query, key, parts, inv_freq, rows, positions) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Each part's query and key, moved by its shifts."""
-    return [(kernel._shifted(query, part.query_shift, positions[:, rows], inv_freq, part.pairs),
-             kernel._shifted(key, part.key_shift, positions, inv_freq, part.pairs)) for part in parts]
+    return [(shifts.shifted(query, part.query_shift, positions[:, rows], inv_freq, part.pairs),
+             shifts.shifted(key, part.key_shift, positions, inv_freq, part.pairs)) for part in parts]
 
 
 def _tiles(parts: Sequence[Part], rows: torch.Tensor, kv_len: int, key_padding, positions, sliding_window) -> Iterator[Tile]:
@@ -85,15 +85,15 @@ def _tiles(parts: Sequence[Part], rows: torch.Tensor, kv_len: int, key_padding, 
         window = widen(first, int(tile_rows.max()) + 1)
         scored = []
         for index, part in enumerate(parts):
-            hi = kernel._upper_bound(part, sliding_window)
+            hi = plan.upper_bound(part, sliding_window)
             if hi is not None and hi <= part.min_distance:
                 continue
             span = None if part.key_span is None else (part.key_span, positions)
-            bounds = kernel._region_bounds(tile_rows, part.min_distance, hi, kv_len, span, window.start)
+            bounds = plan.region_bounds(tile_rows, part.min_distance, hi, kv_len, span, window.start)
             if bounds is None:
                 continue
             keys = widen(*bounds[:2])
-            scored.append((index, keys, kernel._allowed(tile_rows, keys, part.min_distance, hi, key_padding, span)))
+            scored.append((index, keys, plan.allowed_pairs(tile_rows, keys, part.min_distance, hi, key_padding, span)))
         yield Tile(slice(start, start + tile_rows.numel()), window, scored)
 
 
@@ -106,7 +106,7 @@ def _scores(tile: Tile, shifted, scaling: float, drop) -> torch.Tensor:
                         dtype=compute, device=q0.device)
     for index, keys, allowed in tile.parts:
         q, k = shifted[index]
-        part = kernel._grouped_matmul(q[:, :, tile.rows].to(compute), k[:, :, keys].to(compute).transpose(-1, -2)) * scaling
+        part = backends.grouped_matmul(q[:, :, tile.rows].to(compute), k[:, :, keys].to(compute).transpose(-1, -2)) * scaling
         window = scores[..., keys.start - tile.keys.start : keys.stop - tile.keys.start]
         window.copy_(torch.where(allowed, part, window))
     return scores if drop is None else drop_below_quantile(scores, drop[:, tile.rows])
@@ -158,7 +158,7 @@ class _DroppedRows(torch.autograd.Function):
         out = torch.zeros((*q0.shape[:3], value.shape[-1]), dtype=compute_dtype(q0.dtype), device=q0.device)
         for tile in _tiles(*plan):
             probabilities = _probabilities(tile, shifted, scaling, drop)
-            out[:, :, tile.rows] = kernel._grouped_matmul(probabilities, value[:, :, tile.keys].to(out.dtype))
+            out[:, :, tile.rows] = backends.grouped_matmul(probabilities, value[:, :, tile.keys].to(out.dtype))
         ctx.save_for_backward(value, out, *flat)
         ctx.plan, ctx.scaling, ctx.drop = plan, scaling, drop
         return out
@@ -176,13 +176,13 @@ class _DroppedRows(torch.autograd.Function):
         for tile in _tiles(*ctx.plan):
             probabilities = _probabilities(tile, shifted, ctx.scaling, ctx.drop)
             d_out = grad_out[:, :, tile.rows]
-            grad_value[:, :, tile.keys] += kernel._per_kv_head(probabilities.transpose(-1, -2) @ d_out, kv_heads)
-            d_scores = probabilities * (kernel._grouped_matmul(d_out, value[:, :, tile.keys].to(accumulate).transpose(-1, -2))
+            grad_value[:, :, tile.keys] += backends.per_kv_head(probabilities.transpose(-1, -2) @ d_out, kv_heads)
+            d_scores = probabilities * (backends.grouped_matmul(d_out, value[:, :, tile.keys].to(accumulate).transpose(-1, -2))
                                         - row_dots[:, :, tile.rows])
             for index, keys, allowed in tile.parts:
                 q, k = shifted[index]
                 part = d_scores[..., keys.start - tile.keys.start : keys.stop - tile.keys.start] * allowed * ctx.scaling
-                grads[2 * index][:, :, tile.rows] += kernel._grouped_matmul(part, k[:, :, keys].to(accumulate))
-                grads[2 * index + 1][:, :, keys] += kernel._per_kv_head(part.transpose(-1, -2) @ q[:, :, tile.rows].to(accumulate),
+                grads[2 * index][:, :, tile.rows] += backends.grouped_matmul(part, k[:, :, keys].to(accumulate))
+                grads[2 * index + 1][:, :, keys] += backends.per_kv_head(part.transpose(-1, -2) @ q[:, :, tile.rows].to(accumulate),
                                                                         k.shape[1])
         return (None, None, None, grad_value.to(value.dtype), *(g.to(t.dtype) for g, t in zip(grads, flat)))

@@ -32,7 +32,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, causal_mask_function
 
 from .. import methods
-from ..attention import kernel, reference, rows
+from ..attention import backends, kernel, reference, rows
 from ..attention.rotary import find_rotary, inverse_frequencies, rotary_pairs
 from ..methods import drop as drops
 from ..methods.base import PositionMethod, require_int
@@ -254,7 +254,7 @@ def _plain_number(value):
 
 
 def _check_model(model: nn.Module, backend: str) -> None:
-    valid_backends = ("auto", "reference", *kernel.BACKENDS)
+    valid_backends = ("auto", "reference", *backends.BACKENDS)
     if backend not in valid_backends:
         raise ValueError(f"backend={backend!r} is not one of: {', '.join(valid_backends)}")
     device = next(model.parameters()).device.type

@@ -1,0 +1,130 @@
+"""Backends: one block of attention with its log-sum-exp, and the backward of those that have one.
+
+A backend is ``(q, k, v, mask, causal, scaling) -> (out, lse)`` for one :class:`~.plan.Block`
+(``mask``: an additive tensor, or a FlexAttention block mask for :mod:`.flex`). Adding one means
+writing it here and naming it in :data:`BACKENDS`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from . import flex
+from .plan import NEG_INF, SMALL_QUERY
+from .rotary import compute_dtype
+
+
+def cpu_flash(q, k, v, mask, causal, scaling):
+    """PyTorch's CPU flash attention, which also returns the log-sum-exp."""
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, is_causal=causal, attn_mask=mask, scale=scaling)
+    return out.float(), lse
+
+
+def cuda_efficient(q, k, v, mask, causal, scaling):
+    """PyTorch's memory-efficient CUDA attention, which returns the log-sum-exp when asked.
+
+    It has no grouped-query attention: the block's keys and values are repeated per query head.
+    """
+    k, v = expand_heads(k, q.shape[1]), expand_heads(v, q.shape[1])
+    if mask is not None:
+        mask = mask.expand(q.shape[0], q.shape[1], -1, -1)
+    out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
+        q, k, v, mask, True, 0.0, causal, scale=scaling
+    )
+    return out.float(), lse[..., : q.shape[2]].float()
+
+
+def math_block(q, k, v, mask, causal, scaling):
+    """Plain matmul-softmax in float32 (float64 for float64 inputs): any device, any dtype.
+
+    Only ever called on tiles (the kernel routes it through the tiled path), so memory stays O(n).
+    """
+    compute = compute_dtype(q.dtype)
+    scores = _scores(q, k, mask, causal, scaling, compute)
+    lse = torch.logsumexp(scores, dim=-1)
+    weights = torch.exp(scores - torch.where(torch.isfinite(lse), lse, 0.0)[..., None])
+    return grouped_matmul(weights, v.to(compute)), lse
+
+
+def expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """Key/value heads repeated for grouped-query attention (a copy: only for backends without grouped queries)."""
+    groups = heads // x.shape[1]
+    return x if groups == 1 else x[:, :, None].expand(-1, -1, groups, -1, -1).flatten(1, 2)
+
+
+def grouped_matmul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``x [B, Hq, T, K] @ y [B, Hkv, K, D]`` with query head ``h`` using key/value head ``h // (Hq / Hkv)``,
+    without repeating ``y`` (grouped-query attention by broadcasting)."""
+    groups = x.shape[1] // y.shape[1]
+    if groups == 1:
+        return x @ y
+    rows = x.shape[2]  # a group's query rows stacked: one matmul per key/value head (broadcasting y would copy it per query head)
+    return (x.unflatten(1, (y.shape[1], groups)).flatten(2, 3) @ y).unflatten(2, (groups, rows)).flatten(1, 2)
+
+
+def _scores(q, k, mask, causal, scaling, compute: torch.dtype) -> torch.Tensor:
+    """One block's scores in ``compute``: ``q k^T`` times ``scaling``, with a top-left causal and/or additive mask."""
+    scores = grouped_matmul(q.to(compute), k.to(compute).transpose(-1, -2)) * scaling
+    if causal:
+        scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).triu(1), NEG_INF)
+    if mask is not None:
+        scores = scores + mask.to(compute)
+    return scores
+
+
+def cpu_flash_backward(grad_out, q, k, v, out, lse, mask, causal, scaling):
+    """PyTorch's CPU flash-attention backward, given the merged output and log-sum-exp (grouped-query natively)."""
+    dtype = q.dtype
+    grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad_out.to(dtype), q, k, v, out.to(dtype), lse.to(compute_dtype(dtype)), 0.0, causal, attn_mask=mask, scale=scaling
+    )
+    return tuple(g.to(out.dtype) for g in grads)
+
+
+def math_backward(grad_out, q, k, v, out, lse, mask, causal, scaling):
+    """The attention backward written out (Dao et al. 2022, FlashAttention, Algorithm 4), for one tile:
+    ``P = exp(S - lse)``, ``dV = P^T dO``, ``dS = P * (dO V^T - rowsum(dO * O))``, ``dQ = dS K s``, ``dK = dS^T Q s``.
+    With grouped-query attention, ``dK`` and ``dV`` sum over the query heads sharing a key/value head."""
+    compute = out.dtype
+    q, k, v = q.to(compute), k.to(compute), v.to(compute)
+    p = torch.exp(_scores(q, k, mask, causal, scaling, compute) - lse[..., None])
+    grad_scores = p * (grouped_matmul(grad_out, v.transpose(-1, -2)) - (grad_out * out).sum(-1, keepdim=True))
+    return (grouped_matmul(grad_scores, k) * scaling, per_kv_head(grad_scores.transpose(-1, -2) @ q, k.shape[1]) * scaling,
+            per_kv_head(p.transpose(-1, -2) @ grad_out, k.shape[1]))
+
+
+def per_kv_head(grad: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """A gradient per query head ``[B, Hq, K, D]`` summed over each key/value head's group ``[B, Hkv, K, D]``."""
+    return grad if grad.shape[1] == kv_heads else grad.unflatten(1, (kv_heads, -1)).sum(2)
+
+
+BACKENDS: dict[str, Callable] = {"cpu_flash": cpu_flash, "cuda_efficient": cuda_efficient, "flex": flex.part_attention, "math": math_block}
+BACKWARDS: dict[Callable, Callable] = {cpu_flash: cpu_flash_backward, math_block: math_backward}
+"""Backends with a backward of their own; the others are differentiated tile by tile with :func:`math_backward`."""
+
+
+def pick(query: torch.Tensor, backend: str) -> Callable:
+    """``auto``: CPU flash attention on CPU; on CUDA compiled FlexAttention (memory-efficient attention
+    without Triton), and for a decoding step (at most ``SMALL_QUERY`` queries) the math backend, whose
+    one masked tile costs less than building a block mask and launching the compiled kernel; the math
+    backend in float64 and on other devices."""
+    if backend == "auto":
+        if query.dtype == torch.float64 or (query.device.type == "cuda" and query.shape[2] <= SMALL_QUERY):
+            backend = "math"
+        elif query.device.type == "cuda":
+            backend = "flex" if flex.available(query.device) else "cuda_efficient"
+        else:
+            backend = "cpu_flash" if query.device.type == "cpu" else "math"
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is not one of: auto, {', '.join(BACKENDS)}")
+    if backend == "flex" and not flex.available(query.device):
+        raise ValueError(f"backend='flex' needs PyTorch's FlexAttention (torch >= 2.5, and Triton on CUDA); not available on {query.device}")
+    return BACKENDS[backend]
+
+
+def block_for(block: Callable, q: torch.Tensor, value: torch.Tensor) -> Callable:
+    """The backend for a part: the chosen one, or the math backend where query and key are wider than the
+    value (DPE's side-by-side keys, :func:`augmented`), which the flash kernels refuse and FlexAttention takes."""
+    return block if q.shape[-1] == value.shape[-1] or block is flex.part_attention else math_block

@@ -1,0 +1,63 @@
+"""Running a plan: every part's blocks, merged by their log-sum-exp (SPEC.md "STRING, efficiently")::
+
+    O = (exp(lse_a) O_a + exp(lse_b) O_b) / (exp(lse_a) + exp(lse_b))
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .backends import block_for
+from .plan import NEG_INF
+from .rotary import compute_dtype
+
+
+def merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Combine two softmax attentions over disjoint key sets by their log-sum-exp, stably.
+
+    The weight of ``a`` is ``exp(lse_a) / (exp(lse_a) + exp(lse_b)) = sigmoid(lse_a - lse_b)``,
+    computed from the difference so that large log-sum-exps lose no precision. A row empty in one
+    part (lse = -inf) takes the other part as it is; empty in both, it stays 0.
+    """
+    both_empty = torch.isneginf(lse_a) & torch.isneginf(lse_b)
+    weight_a = torch.sigmoid(torch.where(both_empty, 0.0, lse_a - lse_b))
+    weight_a, weight_b = (torch.where(both_empty, 0.0, w)[..., None] for w in (weight_a, 1 - weight_a))
+    return out_a * weight_a + out_b.to(out_a.dtype) * weight_b, torch.logaddexp(lse_a, lse_b)
+
+
+def run(plans, block, scaling, value, shifted):
+    """Every part's blocks, merged by log-sum-exp: ``(out, lse)`` in the accumulation dtype."""
+    q0 = shifted[0]
+    batch, heads, q_len = q0.shape[:3]
+    accumulate = compute_dtype(q0.dtype)
+
+    def nothing_attended():
+        return (torch.zeros(batch, heads, q_len, value.shape[-1], dtype=accumulate, device=q0.device),
+                torch.full((batch, heads, q_len), NEG_INF, dtype=accumulate, device=q0.device))
+
+    out = lse = None  # allocated at the first block that covers only some rows; a whole first block is taken as it is
+    for plan, q, k in zip(plans, shifted[0::2], shifted[1::2]):
+        call = block_for(block, q, value)
+        for b in plan():
+            part_out, part_lse = call(q[:, :, b.rows], k[:, :, b.keys], value[:, :, b.keys], b.mask, b.causal, scaling)
+            if isinstance(b.mask, torch.Tensor):
+                part_out, part_lse = with_empty_rows(part_out, part_lse, b.mask)
+            whole = b.rows == slice(0, q_len)
+            if out is None and whole:
+                out, lse = part_out.to(accumulate), part_lse.to(accumulate)
+                continue
+            if out is None:
+                out, lse = nothing_attended()
+            if whole:  # not in place: FlexAttention's autograd keeps its outputs
+                out, lse = merge(out, lse, part_out, part_lse)
+            else:
+                out[:, :, b.rows], lse[:, :, b.rows] = merge(out[:, :, b.rows], lse[:, :, b.rows], part_out, part_lse)
+    return (out, lse) if out is not None else nothing_attended()  # no part reaches any key
+
+
+def with_empty_rows(out, lse, mask):
+    """Mark rows whose mask hides every key as empty (lse = -inf): backends may report 0 there."""
+    empty = torch.isneginf(mask).all(-1)
+    if bool(empty.any()):
+        lse = lse.masked_fill(empty.expand_as(lse), NEG_INF)
+    return out, lse
