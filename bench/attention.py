@@ -26,7 +26,7 @@ import statistics
 import subprocess
 import sys
 
-from results import machine, timed, write_section
+from results import busiest_kernel, machine, timed, write_section
 
 METHODS = {"rope": {}, "string": {}, "rerope": {}, "self_extend": {}, "dca": {}}  # defaults for L = n
 LLAMA_3_SCALES = (4, 4, 2, 16, 32, 32, 16, 128)  # DPE's published Llama-3-8B-Instruct setting (w = 1024)
@@ -71,9 +71,10 @@ def case(method: str, n: int, heads: int, dim: int, decode: bool, device: str = 
 def time_ratios(lengths: list[int], methods: list[str], heads: int, dim: int, rounds: int, decode: bool, kv_heads: int,
                 device: str, dtype: str, batch: int = 1, left_pad: int = 0) -> list[str]:
     """Medians of per-round time ratios against SDPA, SDPA and the method alternating in one process."""
-    rows = ["| method | n | SDPA (s) | median time / SDPA | min / max ratio |", "|---|---|---|---|---|"]
+    rows = ["| method | n | SDPA (s) | SDPA's kernel | median time / SDPA | min / max ratio |", "|---|---|---|---|---|---|"]
     for n in lengths:
         sdpa, _ = case("sdpa", n, heads, dim, decode, device, kv_heads, dtype, batch)
+        sdpa_kernel = busiest_kernel(sdpa, device)
         for method in methods:
             ours, _ = case(method, n, heads, dim, decode, device, kv_heads, dtype, batch, left_pad)
             base, ratios = [], []
@@ -81,7 +82,7 @@ def time_ratios(lengths: list[int], methods: list[str], heads: int, dim: int, ro
                 base.append(timed(sdpa, device))
                 ratios.append(timed(ours, device) / base[-1])
             ratios = ratios[1:]
-            rows.append(f"| {method} | {n} | {statistics.median(base[1:]):.4f} | {statistics.median(ratios):.2f}x | "
+            rows.append(f"| {method} | {n} | {statistics.median(base[1:]):.4f} | {sdpa_kernel} | {statistics.median(ratios):.2f}x | "
                         f"{min(ratios):.2f} / {max(ratios):.2f} |")
             print(rows[-1], flush=True)
     return rows

@@ -9,7 +9,8 @@ import time
 from datetime import date
 from pathlib import Path
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
+RESULTS = Path(os.environ.get("BENCH_RESULTS") or Path(__file__).with_name("RESULTS.md"))
+"""Where sections are written: bench/RESULTS.md, or the file ``$BENCH_RESULTS`` names (``bench/gpu.sh --device cpu``'s dry run)."""
 
 
 def write_section(title: str, body: str) -> None:
@@ -21,16 +22,48 @@ def write_section(title: str, body: str) -> None:
     RESULTS.write_text(text.rstrip("\n") + "\n")
 
 
-def timed(run, device: "str | torch.device" = "cpu") -> float:
-    """Seconds one call of ``run`` takes; on a GPU the queued work is waited for before and after."""
+def timed(run, device: str = "cpu") -> float:
+    """Seconds one call of ``run`` takes; on a GPU, from an idle device, between two CUDA events around it."""
     import torch
 
-    wait = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
-    wait()
-    start = time.perf_counter()
+    if torch.device(device).type != "cuda":
+        start = time.perf_counter()
+        run()
+        return time.perf_counter() - start
+    torch.cuda.synchronize(device)
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
     run()
-    wait()
-    return time.perf_counter() - start
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop) / 1e3
+
+
+def busiest_kernel(run, device: str = "cpu") -> str:
+    """The name of the kernel (CUDA) or operator (CPU) that takes most of one call of ``run``: which of its
+    kernels SDPA picked (flash, memory-efficient, cuDNN, math), as the profiler saw it."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.device(device).type == "cuda"
+    try:
+        return _busiest(run, device, cuda, profile, ProfilerActivity)
+    except (RuntimeError, AttributeError) as error:  # a label, never the reason a benchmark stops
+        return f"unknown ({type(error).__name__})"
+
+
+def _busiest(run, device, cuda, profile, ProfilerActivity) -> str:
+    import torch
+
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as profiler:
+        run()
+        if cuda:
+            torch.cuda.synchronize(device)
+    events = [e for e in profiler.key_averages() if (cuda and getattr(e.device_type, "name", "") == "CUDA") or (not cuda and e.key.startswith("aten::_"))]
+    if not events:
+        return "unknown"
+    time_of = (lambda e: getattr(e, "self_device_time_total", 0)) if cuda else (lambda e: e.self_cpu_time_total)
+    return max(events, key=time_of).key[:80]
 
 
 def machine(device: str) -> str:

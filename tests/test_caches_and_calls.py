@@ -298,3 +298,37 @@ def test_generate_declares_the_prompt_and_remove_gives_back_transformers_own():
     assert twin.generate.args[0] is twin  # a deep copy generates with itself
     longreach.remove(model)
     assert "generate" not in model.__dict__ and "generate" in twin.__dict__
+
+
+@pytest.mark.parametrize("backend", ["auto", "flex"])
+@torch.no_grad()
+def test_a_forward_builds_each_plan_once_whatever_the_number_of_layers(monkeypatch, backend):
+    """Plans, block masks, shift angles and the scan for padding depend on positions alone: the first layer of a
+    forward pass builds them and every other layer reuses them. DCA (three parts, key spans, a per-token key
+    shift) on a left-padded batch, prefill and a decoding step: the same builds for 2 layers as for 5."""
+    from longreach.attention import flex, kernel
+    from longreach.integrations import transformers as integration
+
+    built = []
+    for module, name in ((kernel, "blocks"), (kernel, "padded_keys"), (kernel, "fold_block_key_shifts"),
+                         (kernel.KEY_ROTATIONS, "get"), (integration, "_keys")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *args, real=real, name=name, **kwargs: built.append(name) or real(*args, **kwargs))
+    real_mask = flex.Region.block_mask
+    monkeypatch.setattr(flex.Region, "block_mask", lambda self, *args: built.append("block mask") or real_mask(self, *args))
+    counts = {}
+    for layers in (2, 5):
+        model = tiny_model("llama", num_hidden_layers=layers)
+        longreach.apply(model, "dca", backend=backend, **METHODS["dca"])
+        x, mask = left_padded(n=70, pad=9)
+        built.clear()
+        prefix = model(x[:, :-1], attention_mask=mask[:, :-1], use_cache=True)
+        prefill = sorted(built)
+        built.clear()
+        model(x[:, -1:], attention_mask=mask, past_key_values=prefix.past_key_values)
+        counts[layers] = (prefill, sorted(built))
+    assert counts[2] == counts[5]
+    prefill, step = counts[2]
+    built_plan = "block mask" if backend == "flex" else "blocks"
+    assert prefill.count(built_plan) == 3 and prefill.count("get") == 1 and prefill.count("_keys") == 1  # DCA's three parts, one key shift
+    assert step.count("_keys") == 1 and step.count("fold_block_key_shifts") == 1 and step.count(built_plan) >= 3

@@ -19,6 +19,7 @@ METHODS = [
     ("rope", {}),
     ("string", {"shift": 9, "local_window": 2}),
     ("string", {"shift": 9, "local_window": 2, "mscale": True}),
+    ("string", {"shift": 38, "local_window": 2}),  # a band wide enough for unmasked blocks, its upper squares flipped
     ("rerope", {"window": 12}),
     ("rerope", {"window": 12, "leak": 3.0}),
     ("self_extend", {"group_size": 3, "neighbor_window": 8}),

@@ -170,6 +170,8 @@ def covered(blocks, batch: int, q_len: int, kv_len: int) -> torch.Tensor:
         inside = torch.ones(batch, rows, keys, dtype=torch.bool)
         if b.causal:
             inside &= torch.ones(rows, keys, dtype=torch.bool).tril()
+        if b.flipped:  # causal on rows and keys reversed
+            inside &= torch.ones(rows, keys, dtype=torch.bool).tril().flip(0, 1)
         if b.mask is not None:
             mask = b.mask if b.mask.dim() == 2 else b.mask[:, 0]
             inside &= (mask == 0).expand(batch, rows, keys)
@@ -386,3 +388,4 @@ def test_dca_decoding_turns_the_query_per_chunk_instead_of_the_cached_keys(monke
         got = kernel.attention(q_rot[:, :, -q_len:].float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(),
                                scaling=0.3, key_padding=padding if pads[1] else None, positions=positions)
         assert (got - want)[rows].abs().max() <= 1e-5
+

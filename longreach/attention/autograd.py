@@ -36,10 +36,22 @@ class PartsAttention(torch.autograd.Function):
             q, k = shifted[2 * index], shifted[2 * index + 1]
             grad_q, grad_k = grads[2 * index], grads[2 * index + 1]
             backward = ctx.backward if q.shape[-1] == value.shape[-1] else math_backward
-            for b in plan():
-                dq, dk, dv = backward(grad_out[:, :, b.rows], q[:, :, b.rows], k[:, :, b.keys], value[:, :, b.keys],
-                                          out[:, :, b.rows], lse[:, :, b.rows], b.mask, b.causal, ctx.scaling)
+            for b in plan:
+                dq, dk, dv = _block_backward(backward, b, grad_out, q, k, value, out, lse, ctx.scaling)
                 grad_q[:, :, b.rows] += dq
                 grad_k[:, :, b.keys] += dk
                 grad_value[:, :, b.keys] += dv
         return (None, None, None, grad_value.to(value.dtype), *(g.to(t.dtype) for g, t in zip(grads, shifted)))
+
+
+def _block_backward(backward, b, grad_out, q, k, value, out, lse, scaling):
+    """``(dq, dk, dv)`` of one block's rows and keys; a flipped block (:attr:`.plan.Block.flipped`) is
+    differentiated as the causal call it ran as, and its gradients are turned back."""
+    rows = (grad_out[:, :, b.rows], q[:, :, b.rows], out[:, :, b.rows])
+    keys = (k[:, :, b.keys], value[:, :, b.keys])
+    if not b.flipped:
+        return backward(rows[0], rows[1], *keys, rows[2], lse[:, :, b.rows], b.mask, b.causal, scaling)
+    grad_out, q, out = (t.flip(2) for t in rows)
+    k, value = (t.flip(2) for t in keys)
+    grads = backward(grad_out, q, k, value, out, lse[:, :, b.rows].flip(-1), None, True, scaling)
+    return tuple(g.flip(2) for g in grads)

@@ -26,9 +26,10 @@ from . import flex, rows
 from .autograd import PartsAttention
 from .backends import BACKWARDS, expand_heads, math_block, pick
 from .merge import run
+from .memo import MAX_HELD_MASK_ELEMENTS, Memo
 from .plan import SMALL_QUERY, Block, blocks, padded_keys, upper_bound
 from .rotary import compute_dtype
-from .shifts import augmented, fold_block_key_shifts, pairs_split_groups, prepare, shifted, shifted_keys
+from .shifts import KEY_ROTATIONS, augmented, fold_block_key_shifts, pairs_split_groups, prepare, shift_angles, shifted, shifted_keys
 
 
 def attention(
@@ -45,6 +46,7 @@ def attention(
     drop: torch.Tensor | None = None,
     backend: str = "auto",
     tile: int = 512,
+    memo: Memo | None = None,
 ) -> torch.Tensor:
     """Attention of rotated ``query [B, Hq, Lq, D]`` over rotated ``key``/``value [B, Hkv, Lkv, D]``.
 
@@ -56,6 +58,10 @@ def attention(
     :func:`.rows.drop_below_quantile`); rows from the first dropping one on are computed whole, a tile
     at a time. Grouped-query attention when ``Hq`` is a multiple of ``Hkv``. Accumulates in float32;
     returns ``[B, Lq, Hq, D]`` in the input dtype. Rows that attend no key are 0.
+
+    ``memo``: a :class:`.memo.Memo` shared by the calls of one forward pass (the same positions, padding
+    and parts in every call): what depends on those alone -- plans, block masks, shift angles -- is
+    built by the first call and reused by the others.
     """
     batch, q_heads, q_len, head_dim = query.shape
     kv_len = key.shape[2]
@@ -82,10 +88,15 @@ def attention(
     # backends without a backward of their own run on tiles, differentiated by math_backward (O(tile * n) memory)
     whole_blocks = block is not math_block and not (needs_grad and block not in BACKWARDS)
 
+    memo = Memo() if memo is None else memo
     q_positions = positions[:, offset:]
-    padded = 0 if block is flex.part_attention else padded_keys(key_padding, q_len, kv_len)  # flex masks padding itself
+    geometry = (batch, q_len, kv_len, query.dtype, str(query.device), tile, whole_blocks, block)
+    if block is flex.part_attention:
+        padded = 0  # flex masks padding itself
+    else:
+        padded = memo.get("padded keys", (), geometry, lambda: padded_keys(key_padding, q_len, kv_len))
     if q_len <= SMALL_QUERY:
-        parts = fold_block_key_shifts(parts, positions)
+        parts = memo.get("folded parts", (parts,), geometry, lambda: fold_block_key_shifts(parts, positions))
     plans, inputs, moved_keys = [], [], {}
     for part in parts:
         lo, hi = part.min_distance, upper_bound(part, sliding_window)
@@ -94,18 +105,13 @@ def attention(
         if augment and part.pairs is not None:
             q, k = augmented(query, key, part, q_positions, positions, inv_freq)
         else:
-            q = shifted(query, part.query_shift, q_positions, inv_freq, part.pairs)
+            q = shifted(query, part.query_shift, q_positions, inv_freq, part.pairs, _angles(memo, "query", part.query_shift, q_positions,
+                                                                                            inv_freq, query.dtype, geometry))
             if (k := moved_keys.get((id(part.key_shift), id(part.pairs)))) is None:  # parts sharing a key shift (DCA's three) rotate once
-                k = moved_keys[id(part.key_shift), id(part.pairs)] = shifted_keys(key, part.key_shift, positions, inv_freq, part.pairs)
-        if block is flex.part_attention:
-            span = None if part.key_span is None else (*part.key_span(q_positions), positions)
-            region = flex.Region(lo, hi, offset, key_padding, span)
-            plans.append(lambda region=region: [Block(slice(0, q_len), slice(0, kv_len), region.block_mask(batch, q_len, kv_len, query.device))])
-        else:
-            structured = whole_blocks and part.key_span is None and q_len > SMALL_QUERY
-            span = None if part.key_span is None else (part.key_span, positions)
-            plans.append(lambda lo=lo, hi=hi, span=span, structured=structured: blocks(
-                q_len, kv_len, lo, hi, offset, key_padding, padded, span, tile, structured, query.dtype, query.device))
+                angles = _angles(memo, "key", part.key_shift, positions, inv_freq, key.dtype, geometry)
+                k = moved_keys[id(part.key_shift), id(part.pairs)] = shifted_keys(key, part.key_shift, positions, inv_freq, part.pairs, angles)
+        plans.append(memo.get("plan", (part,), (*geometry, hi), lambda lo=lo, hi=hi, part=part: _plan(
+            part, lo, hi, block, whole_blocks, q_len, kv_len, offset, key_padding, padded, positions, tile, query), keep=_small))
         inputs += [q, k]
     if not inputs:  # the model's sliding window excludes every part
         return torch.zeros(batch, q_len, q_heads, value.shape[-1], dtype=query.dtype, device=query.device)
@@ -114,6 +120,36 @@ def attention(
     else:
         out, _ = run(plans, block, scaling, value, inputs)
     return out.to(query.dtype).transpose(1, 2)
+
+
+def _plan(part, lo, hi, block, whole_blocks, q_len, kv_len, offset, key_padding, padded, positions, tile, query) -> list[Block]:
+    """The calls that cover ``part``'s pairs ``lo <= i - j < hi``: one over every key with the part's block
+    mask for FlexAttention, else the tiles of :func:`.plan.blocks`."""
+    q_positions = positions[:, offset:]
+    if block is flex.part_attention:
+        span = None if part.key_span is None else (*part.key_span(q_positions), positions)
+        region = flex.Region(lo, hi, offset, key_padding, span)
+        return [Block(slice(0, q_len), slice(0, kv_len), region.block_mask(query.shape[0], q_len, kv_len, query.device))]
+    structured = whole_blocks and part.key_span is None and q_len > SMALL_QUERY
+    span = None if part.key_span is None else (part.key_span, positions)
+    return list(blocks(q_len, kv_len, lo, hi, offset, key_padding, padded, span, tile, structured, query.dtype, query.device))
+
+
+def _small(plan: list[Block]) -> bool:
+    """Whether a plan's additive masks are small enough to hold for a whole forward pass."""
+    held = sum(b.mask.numel() for b in plan if isinstance(b.mask, torch.Tensor))
+    return held <= MAX_HELD_MASK_ELEMENTS
+
+
+def _angles(memo: Memo, side: str, shift, positions, inv_freq, dtype, geometry):
+    """``(cos, sin)`` of a per-token shift at ``positions``, once per forward pass (``None`` for a constant shift);
+    a key shift's come from :data:`.shifts.KEY_ROTATIONS`, which a decoding step extends."""
+    if not callable(shift):
+        return None
+    compute = compute_dtype(dtype)
+    if side == "key":
+        return memo.get("key angles", (shift, inv_freq), geometry, lambda: KEY_ROTATIONS.get(shift, positions, inv_freq, compute))
+    return memo.get("query angles", (shift, inv_freq), geometry, lambda: shift_angles(shift, positions, inv_freq, compute))
 
 
 def _attention_with_drop(query, key, value, parts, inv_freq, drop, common, backend, tile):

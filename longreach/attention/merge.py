@@ -38,8 +38,8 @@ def run(plans, block, scaling, value, shifted):
     out = lse = None  # allocated at the first block that covers only some rows; a whole first block is taken as it is
     for plan, q, k in zip(plans, shifted[0::2], shifted[1::2]):
         call = block_for(block, q, value)
-        for b in plan():
-            part_out, part_lse = call(q[:, :, b.rows], k[:, :, b.keys], value[:, :, b.keys], b.mask, b.causal, scaling)
+        for b in plan:
+            part_out, part_lse = run_block(call, b, q, k, value, scaling)
             if isinstance(b.mask, torch.Tensor):
                 part_out, part_lse = with_empty_rows(part_out, part_lse, b.mask)
             whole = b.rows == slice(0, q_len)
@@ -61,3 +61,14 @@ def with_empty_rows(out, lse, mask):
     if bool(empty.any()):
         lse = lse.masked_fill(empty.expand_as(lse), NEG_INF)
     return out, lse
+
+
+def run_block(call, b, q, k, value, scaling):
+    """One block by the backend ``call``: ``(out, lse)`` of its rows; a flipped block runs causal on the
+    rows and keys reversed, and its rows are turned back."""
+    q, k, value = q[:, :, b.rows], k[:, :, b.keys], value[:, :, b.keys]
+    if not b.flipped:
+        return call(q, k, value, b.mask, b.causal, scaling)
+    out, lse = call(q.flip(2), k.flip(2), value.flip(2), None, True, scaling)
+    return out.flip(2), lse.flip(-1)
+

@@ -26,12 +26,16 @@ MIN_BAND_TILE = 32  # narrower bands are computed with masked tiles
 
 class Block(NamedTuple):
     """One call of a backend: the query ``rows`` against the ``keys``, with an additive ``mask`` or a
-    top-left ``causal`` mask (or neither); for the FlexAttention backend, ``mask`` is the part's block mask."""
+    top-left ``causal`` mask (or neither); for the FlexAttention backend, ``mask`` is the part's block mask.
+    ``flipped``: a square whose pairs are key ``u >= `` row ``t`` (the transpose of causal), run as a causal
+    call on the rows and keys in reverse order (softmax does not depend on the order of the keys), so a
+    backend skips the empty half as it does for causal blocks."""
 
     rows: slice
     keys: slice
     mask: object = None  # an additive mask tensor, a FlexAttention BlockMask, or None
     causal: bool = False
+    flipped: bool = False
 
 
 def upper_bound(part: Part, sliding_window: int | None) -> int | None:
@@ -78,26 +82,31 @@ def _band(q_len, lo, hi, offset, tile, dtype, device, first_key=0):
     """Pairs with ``lo <= i - j < hi`` and keys from ``first_key`` on, unpadded, ``tile <= hi - lo - 1``:
     three blocks per query tile.
 
-    For the tile of rows ``i in [a, a + T)`` the reachable keys ``(a - hi, a + T - lo)`` split into
-    an upper block ``[a - hi + 1, +T)`` where the region is ``u >= t`` (one constant T x T mask), a
-    middle block every row sees whole, and a lower block ``[a - lo, +T)`` where the region is
-    top-left causal. Work is the band's own area plus O(T^2) per tile; no n-sized mask.
+    For the tile of ``R`` rows ``i in [a, a + R)`` the reachable keys ``(a - hi, a + R - lo)`` split into
+    an upper square ``[a - hi + 1, +R)`` where the region is ``u >= t`` (a :attr:`Block.flipped` causal
+    call), a middle block every row sees whole, and a lower block ``[a - lo, +R)`` where the region is
+    top-left causal. Where the upper square is cut by the first key, it is a masked block (one constant
+    T x T mask). Work is the band's own area; no n-sized mask.
     """
     upper = torch.ones(tile, tile, dtype=torch.bool, device=device).tril(-1)  # True where u < t: outside
     upper = torch.zeros(upper.shape, dtype=dtype, device=device).masked_fill(upper, NEG_INF)
     for start in range(0, q_len, tile):
         stop = min(q_len, start + tile)
-        a, rows = start + offset, slice(start, stop)
+        a, rows, height = start + offset, slice(start, stop), stop - start
         top = a - hi + 1
-        if top + tile > first_key:  # upper block, clipped at the first key
-            first = max(first_key, top)
-            yield Block(rows, slice(first, top + tile), upper[: stop - start, first - top :])
-        middle = slice(max(first_key, top + tile), max(first_key, a - lo))
+        if top >= first_key:
+            yield Block(rows, slice(top, top + height), flipped=True)
+            middle_first = top + height
+        else:
+            if top + tile > first_key:  # upper block, clipped at the first key
+                yield Block(rows, slice(first_key, top + tile), upper[:height, first_key - top :])
+            middle_first = top + tile
+        middle = slice(max(first_key, middle_first), max(first_key, a - lo))
         if middle.stop > middle.start:
             yield Block(rows, middle)
         skip = max(0, first_key + lo - a)  # rows with i - lo < first_key see nothing in the lower block
-        if skip < stop - start:
-            yield Block(slice(start + skip, stop), slice(a + skip - lo, a - lo + (stop - start)), causal=True)
+        if skip < height:
+            yield Block(slice(start + skip, stop), slice(a + skip - lo, a - lo + height), causal=True)
 
 
 def masked_tiles(q_len, kv_len, lo, hi, offset, key_padding, padded, span, tile, dtype, device):

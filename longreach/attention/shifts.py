@@ -41,11 +41,13 @@ def per_sequence(value: float | torch.Tensor, dtype: torch.dtype, device) -> tor
     return value.view(-1, 1, 1, 1) if value.dim() else value
 
 
-def shifted(x: torch.Tensor, shift, positions: torch.Tensor, inv_freq: torch.Tensor, pairs: torch.Tensor | None = None) -> torch.Tensor:
-    """``x`` moved by a constant shift, or by ``shift(positions)`` per token (``[B, L]`` -> ``[B, 1, L]``);
-    with ``pairs`` (``[query heads, rotary pairs]``), only the marked pairs of each head move."""
+def shifted(x: torch.Tensor, shift, positions: torch.Tensor, inv_freq: torch.Tensor, pairs: torch.Tensor | None = None,
+            angles: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """``x`` moved by a constant shift, or by ``shift(positions)`` per token (``[B, L]`` -> ``[B, 1, L]``;
+    ``angles``: its ``(cos, sin)`` when already computed, see :func:`shift_angles`); with ``pairs``
+    (``[query heads, rotary pairs]``), only the marked pairs of each head move."""
     if callable(shift):
-        moved = apply_rotation(x, *shift_angles(shift, positions, inv_freq, compute_dtype(x.dtype)))
+        moved = apply_rotation(x, *(angles or shift_angles(shift, positions, inv_freq, compute_dtype(x.dtype))))
     else:
         moved = rotate(x, shift, inv_freq) if shift else x
     return moved if pairs is None else torch.where(_pair_dims(pairs, x.shape[1], x.shape[-1], x.device), moved, x)
@@ -103,12 +105,12 @@ def augmented(query, key, part: Part, q_positions, positions, inv_freq) -> tuple
     return q, torch.cat((moved_k, key), dim=-1)
 
 
-def shifted_keys(key: torch.Tensor, shift, positions: torch.Tensor, inv_freq: torch.Tensor, pairs: torch.Tensor | None = None) -> torch.Tensor:
+def shifted_keys(key: torch.Tensor, shift, positions: torch.Tensor, inv_freq: torch.Tensor, pairs: torch.Tensor | None = None,
+                 angles: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """:func:`shifted` for keys, with the angles of a per-token shift taken from :data:`KEY_ROTATIONS`."""
-    if not callable(shift):
-        return shifted(key, shift, positions, inv_freq, pairs)
-    moved = apply_rotation(key, *KEY_ROTATIONS.get(shift, positions, inv_freq, compute_dtype(key.dtype)))
-    return moved if pairs is None else torch.where(_pair_dims(pairs, key.shape[1], key.shape[-1], key.device), moved, key)
+    if callable(shift) and angles is None:
+        angles = KEY_ROTATIONS.get(shift, positions, inv_freq, compute_dtype(key.dtype))
+    return shifted(key, shift, positions, inv_freq, pairs, angles)
 
 
 class KeyRotations:

@@ -23,6 +23,7 @@ import functools
 import math
 import numbers
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -33,6 +34,7 @@ from transformers.masking_utils import AttentionMaskInterface, causal_mask_funct
 
 from .. import methods
 from ..attention import backends, kernel, reference, rows
+from ..attention.memo import Memo
 from ..attention.rotary import find_rotary, inverse_frequencies, rotary_pairs
 from ..methods import drop as drops
 from ..methods.base import PositionMethod, require_int
@@ -57,6 +59,15 @@ class Applied:
     drop: drops.Drop | drops.DynamicDrop | None = None
     replaced_rotary: nn.Module | None = None  # the model's own rotary module, when a frequency method replaced it
     replaced_rope_parameters: dict | None = None
+    passes: Passes = dataclasses.field(default_factory=lambda: Passes(), repr=False, compare=False)
+
+    def layer_parts(self, layer: int | None) -> tuple:
+        """The method's parts of attention layer ``layer``, made once per ``apply`` and shared by every layer unless they
+        differ by layer (their identity keys each pass's memo)."""
+        held = layer if self.method.parts_differ_by_layer else None
+        if held not in self.passes.parts:
+            self.passes.parts[held] = self.method.layer_parts(layer)
+        return self.passes.parts[held]
 
     def describe(self) -> str:
         extras = [x.describe() for x in (self.scaling, self.drop) if x is not None]
@@ -71,6 +82,44 @@ class Applied:
         drop = None if self.drop is None else {"method": self.drop.name, **_jsonable(dataclasses.asdict(self.drop))}
         return {"method": self.method.name, "params": _jsonable(self.method.saved_params()), "training_window": self.window,
                 "scaling": scaling, "drop": drop, "replaced_rope_parameters": self.replaced_rope_parameters}
+
+
+class Passes:
+    """The forward passes in progress: for each attention mask a :class:`~longreach.attention.memo.Memo` and
+    the :class:`Keys`, so that every layer of a pass shares what depends on positions alone (plans, block
+    masks, shift angles, the host syncs that find padding) instead of building it again.
+
+    A pass is known by the objects transformers hands every layer -- the attention mask (one per layer
+    type) and ``position_ids`` -- held by weak reference, so a freed tensor never matches a new one, and by
+    the shapes of the call. The few most recent are kept. Copies start empty (a copied model makes its own).
+    """
+
+    KEPT = 4
+
+    def __init__(self) -> None:
+        self.parts: dict[int | None, tuple] = {}
+        self.recent: list[tuple] = []  # (mask ref, position_ids ref, shapes, memo, keys), the newest last
+
+    def __deepcopy__(self, memo_of_copy) -> "Passes":
+        return Passes()
+
+    def find(self, mask, position_ids, shapes: tuple, build_keys: Callable[[], "Keys"]) -> tuple[Memo, "Keys"]:
+        """The memo and keys of the pass that ``mask`` and ``position_ids`` (tensors or ``None``) belong to."""
+        for entry in self.recent:
+            mask_ref, position_ref, known_shapes, memo, keys = entry
+            if known_shapes == shapes and _same(mask_ref, mask) and _same(position_ref, position_ids):
+                return memo, keys
+        memo, keys = Memo(), build_keys()
+        self.recent = [*self.recent[-(self.KEPT - 1):], (_ref(mask), _ref(position_ids), shapes, memo, keys)]
+        return memo, keys
+
+
+def _ref(tensor: torch.Tensor | None):
+    return None if tensor is None else weakref.ref(tensor)
+
+
+def _same(ref, tensor: torch.Tensor | None) -> bool:
+    return tensor is None if ref is None else ref() is tensor
 
 
 def _jsonable(values: dict) -> dict:
@@ -541,7 +590,10 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     batch, q_len = query.shape[0], query.shape[2]
     if query.device.type == "meta":
         return query.new_empty(batch, q_len, query.shape[1], value.shape[-1]), None
-    keys = _keys(attention_mask, key.shape[2], kwargs.get("position_ids"), batch, query.device)
+    position_ids = kwargs.get("position_ids")
+    shapes = (batch, q_len, key.shape[2], str(query.device))
+    memo, keys = state.passes.find(attention_mask, position_ids, shapes,
+                                   lambda: _keys(attention_mask, key.shape[2], position_ids, batch, query.device))
     key, value = key[:, :, : keys.count], value[:, :, : keys.count]
     inv_freq = inverse_frequencies(state.rotary, getattr(module, "layer_type", None))
     prompt = _declared_prompt(batch, query.device)
@@ -557,8 +609,8 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
         out = _reference(state, module, query, key, value, inv_freq, scaling, keys, sliding_window, logit_scale, rates)
     else:
         out = kernel.attention(
-            query, key, value, state.method.layer_parts(getattr(module, "layer_idx", None)), inv_freq, scaling=scaling, key_padding=keys.padding,
-            sliding_window=sliding_window, logit_scale=logit_scale, positions=keys.positions, drop=rates, backend=state.backend,
+            query, key, value, state.layer_parts(getattr(module, "layer_idx", None)), inv_freq, scaling=scaling, key_padding=keys.padding,
+            sliding_window=sliding_window, logit_scale=logit_scale, positions=keys.positions, drop=rates, backend=state.backend, memo=memo,
         )
     if (importance := _importance.get()) is not None and q_len == keys.count:
         _record_importance(importance, module.layer_idx, query, key, inv_freq.shape[-1], keys.padding)

@@ -74,6 +74,11 @@ class PositionMethod:
         """The parts of attention layer ``layer`` (the same for every layer, but for DPE's per-layer pairs)."""
         return self.parts()
 
+    @property
+    def parts_differ_by_layer(self) -> bool:
+        """Whether :meth:`layer_parts` gives layers different parts (DPE with selected pairs)."""
+        return False
+
     def layer_positions(self, query_positions: torch.Tensor, key_positions: torch.Tensor, layer: int | None) -> torch.Tensor:
         """Dense ``P`` of layer ``layer``: ``[..., Lq, Lkv]``, or ``[B, H, Lq, Lkv, pairs]`` when it differs
         per head and rotary pair (DPE)."""

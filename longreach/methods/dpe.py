@@ -163,6 +163,10 @@ class DPE(PositionMethod):
     def parts(self) -> tuple[Part, ...]:
         return self.layer_parts(None)
 
+    @property
+    def parts_differ_by_layer(self) -> bool:
+        return self._mask is not None
+
     def layer_parts(self, layer: int | None) -> tuple[Part, ...]:
         if self._mask is not None and layer is None:
             raise ValueError("dpe with selected dimensions has parts per layer: use layer_parts(layer)")
