@@ -332,3 +332,54 @@ def test_a_forward_builds_each_plan_once_whatever_the_number_of_layers(monkeypat
     built_plan = "block mask" if backend == "flex" else "blocks"
     assert prefill.count(built_plan) == 3 and prefill.count("get") == 1 and prefill.count("_keys") == 1  # DCA's three parts, one key shift
     assert step.count("_keys") == 1 and step.count("fold_block_key_shifts") == 1 and step.count(built_plan) >= 3
+
+
+COMPILED_STEP = [("llama", name) for name in ["rope", "pi", "ntk", "yarn", "drop", *sorted(METHODS)]] + [
+    ("mistral", "string"), ("mistral", "dca"), ("gemma3", "self_extend"), ("gemma3", "dpe")]
+
+
+@pytest.mark.parametrize("family, name", COMPILED_STEP)
+@torch.no_grad()
+def test_a_decoding_step_with_a_static_cache_compiles_whole(family, name):
+    """``torch.compile(fullgraph=True)`` of a decoding step against a ``StaticCache`` (left-padded batch, empty
+    slots): no graph break -- no host sync, no data-dependent shape -- so CUDA graphs can capture it; the
+    same logits as the eager step. Sliding-window and hybrid caches too."""
+    torch._dynamo.reset()  # each case compiles anew: a fresh model is a new guard on the same code, and PyTorch caps recompiles at 8
+    model = tiny_model(family, **CACHE_FAMILIES[family])
+    params = {"rate": 0.3, "layers": (0, 1)} if name == "drop" else {"factor": 2.0} if name in ("pi", "ntk", "yarn") else METHODS.get(name, {})
+    longreach.apply(model, name, **params)
+    x, mask = left_padded(n=50, pad=7)
+    caches = [StaticCache(config=model.config, max_cache_len=64) for _ in range(2)]
+    for cache in caches:
+        model(x[:, :-1], attention_mask=mask[:, :-1], past_key_values=cache, use_cache=True)
+    position = (mask.long().cumsum(-1) - 1)[:, -1:]
+
+    def step(token, mask, cache, position):
+        return model(token, attention_mask=mask, past_key_values=cache, cache_position=torch.tensor([49]), position_ids=position,
+                     use_cache=True).logits
+
+    eager = step(x[:, -1:], mask, caches[0], position)
+    compiled = torch.compile(step, fullgraph=True, backend="eager")(x[:, -1:], mask, caches[1], position)
+    assert (compiled - eager).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["string", "dca"])
+@torch.no_grad()
+def test_generate_compiles_its_decoding_steps_whole(monkeypatch, name):
+    """The README's recipe: ``generate(cache_implementation="static", compile_config=CompileConfig(fullgraph=True))``,
+    transformers' own compilation of each decoding step (CUDA graphs on a GPU, ``mode="reduce-overhead"``; here
+    the graph alone, on the CPU): no graph break, the tokens of eager generation, a left-padded batch."""
+    torch._dynamo.reset()
+    model = tiny_model("llama")
+    longreach.apply(model, name, **METHODS[name])
+    x, mask = left_padded(n=40, pad=5)
+    settings = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, cache_implementation="static")
+    eager = model.generate(x, **settings)
+    config = transformers.CompileConfig(fullgraph=True, backend="eager")
+    config._compile_all_devices = True  # transformers compiles on accelerators only, unless told
+    from longreach.integrations import transformers as integration
+
+    traced, step = [], integration._compiled_step
+    monkeypatch.setattr(integration, "_compiled_step", lambda *args: traced.append(1) or step(*args))
+    assert torch.equal(model.generate(x, compile_config=config, **settings), eager)
+    assert traced  # the steps ran compiled (the eager steps take the tiled kernel)

@@ -39,7 +39,8 @@ def apply_rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
     ``(x1 cos - x2 sin, x2 cos + x1 sin)``, i.e. ``x cos + rotate_half(x) sin`` without building ``rotate_half``."""
     half = cos.shape[-1]
     x1, x2 = x[..., :half].to(cos.dtype), x[..., half : 2 * half].to(cos.dtype)
-    if torch.is_grad_enabled() and x.requires_grad:  # out= has no autograd: the same formula, out of place
+    if (torch.is_grad_enabled() and x.requires_grad) or torch.compiler.is_compiling():  # out= has no autograd, nor a
+        # compiled graph (views as out=): the same formula, out of place
         rest = [x[..., 2 * half :].to(cos.dtype)] if 2 * half < x.shape[-1] else []
         moved = torch.cat([torch.addcmul(x1 * cos, x2, sin, value=-1), torch.addcmul(x2 * cos, x1, sin), *rest], dim=-1)
         return moved.to(x.dtype)

@@ -33,8 +33,9 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, causal_mask_function
 
 from .. import methods
-from ..attention import backends, kernel, reference, rows
+from ..attention import backends, kernel, reference, rows, static
 from ..attention.memo import Memo
+from ..attention.plan import SMALL_QUERY
 from ..attention.rotary import find_rotary, inverse_frequencies, rotary_pairs
 from ..methods import drop as drops
 from ..methods.base import PositionMethod, require_int
@@ -146,6 +147,7 @@ def probing(rows: torch.Tensor, top_k: int):
 
 
 _prompt_lengths: contextvars.ContextVar = contextvars.ContextVar("longreach_prompt_lengths", default=None)
+_compiled_prompt_lengths: list = [None]  # the same lengths as a plain global, which TorchDynamo can read (a context variable it cannot)
 
 
 @contextlib.contextmanager
@@ -159,11 +161,14 @@ def generation(prompt_lengths: torch.Tensor):
     chunks scores as one forward does. ``prompt_lengths [B]``; a batch ``k`` times larger (beams,
     ``num_return_sequences``) repeats each row ``k`` times, as ``generate`` does.
     """
-    token = _prompt_lengths.set(torch.as_tensor(prompt_lengths).reshape(-1).long())
+    lengths = torch.as_tensor(prompt_lengths).reshape(-1).long()
+    token, outer = _prompt_lengths.set(lengths), _compiled_prompt_lengths[0]
+    _compiled_prompt_lengths[0] = lengths
     try:
         yield
     finally:
         _prompt_lengths.reset(token)
+        _compiled_prompt_lengths[0] = outer
 
 
 def _generate(model: nn.Module, previous, *args, **kwargs):
@@ -197,7 +202,7 @@ def _prompt_lengths_of(model: nn.Module, args: tuple, kwargs: dict) -> torch.Ten
 
 def _declared_prompt(batch: int, device) -> torch.Tensor | None:
     """The declared prompt lengths ``[batch]`` for this forward (see :func:`generation`), if any."""
-    lengths = _prompt_lengths.get()
+    lengths = _compiled_prompt_lengths[0] if torch.compiler.is_compiling() else _prompt_lengths.get()
     if lengths is None:
         return None
     if batch % lengths.shape[0]:
@@ -506,12 +511,14 @@ def key_positions_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
     positions count real tokens (``cumsum(mask) - 1``, as ``generate`` does), also when the caller gave
     no ``position_ids``. ``None`` when every key is real and unpadded.
     """
-    if not _plain_causal(mask_function):
+    if not torch.compiler.is_compiling() and not _plain_causal(mask_function):  # a compiled graph cannot read closures
         raise ValueError(
             "longreach attention supports causal attention with a 2D padding mask only; this call asked for another "
             "mask (packed sequences in one row, or a model-specific mask): unpack the sequences or pass an attention_mask"
         )
     device = attention_mask.device if attention_mask is not None else None
+    if torch.compiler.is_compiling():  # no host sync: the marks always, decided on the device
+        return _marks(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask, device)
     end = q_offset + q_length  # the keys that exist: every cached token and the queries
     index = torch.arange(kv_offset, kv_offset + kv_length, device=device)
     empty = index >= end
@@ -528,6 +535,20 @@ def key_positions_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
         if bool(real.all()):
             return None
         return index.masked_fill(empty, EMPTY).expand(batch_size, -1)[:, None, None, :]
+    positions = full.long().cumsum(-1)[:, kv_offset : kv_offset + kv_length] - 1
+    return positions.masked_fill(~real, PADDING).masked_fill(empty, EMPTY)[:, None, None, :]
+
+
+def _marks(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask, device) -> torch.Tensor:
+    """:func:`key_positions_mask`'s marks as one expression of tensors, never ``None`` (for a compiled step)."""
+    index = torch.arange(kv_offset, kv_offset + kv_length, device=device)
+    empty = index >= q_offset + q_length
+    if attention_mask is None:
+        return index.masked_fill(empty, EMPTY).expand(batch_size, -1)[:, None, None, :]
+    full = attention_mask.bool()
+    if (missing := kv_offset + kv_length - full.shape[-1]) > 0:
+        full = torch.nn.functional.pad(full, (0, missing), value=True)
+    real = full[:, kv_offset : kv_offset + kv_length] & ~empty
     positions = full.long().cumsum(-1)[:, kv_offset : kv_offset + kv_length] - 1
     return positions.masked_fill(~real, PADDING).masked_fill(empty, EMPTY)[:, None, None, :]
 
@@ -590,6 +611,8 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     batch, q_len = query.shape[0], query.shape[2]
     if query.device.type == "meta":
         return query.new_empty(batch, q_len, query.shape[1], value.shape[-1]), None
+    if torch.compiler.is_compiling() and q_len <= SMALL_QUERY and state.backend != "reference":
+        return _compiled_step(state, module, query, key, value, attention_mask, scaling, kwargs.get("sliding_window")), None
     position_ids = kwargs.get("position_ids")
     shapes = (batch, q_len, key.shape[2], str(query.device))
     memo, keys = state.passes.find(attention_mask, position_ids, shapes,
@@ -617,6 +640,28 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     if (probe := _probe.get()) is not None and q_len == keys.count:
         _record(probe, state.method, module, query, key, inv_freq, scaling, keys, sliding_window, logit_scale, rates)
     return out, None
+
+
+def _compiled_step(state, module, query, key, value, attention_mask, scaling, sliding_window) -> torch.Tensor:
+    """A decoding step (a few queries) under ``torch.compile``: every cache slot scored on the device, no host
+    sync and no data-dependent shape (:mod:`longreach.attention.static`), so the step compiles with
+    ``fullgraph=True`` and can be captured in a CUDA graph."""
+    kv_len = key.shape[2]
+    if attention_mask is None:
+        positions = torch.arange(kv_len, device=query.device).expand(query.shape[0], -1)
+    else:
+        positions = attention_mask[:, 0, 0, :].to(query.device)
+    prompt = _declared_prompt(query.shape[0], query.device)
+    tokens = positions.amax(-1) + 1
+    logit_scale = state.method.logit_scale_at(tokens if prompt is None else torch.maximum(tokens, prompt))
+    inv_freq = inverse_frequencies(state.rotary, getattr(module, "layer_type", None))
+    rates = None
+    if state.drop is not None and getattr(module, "layer_idx", None) in state.drop.layers:
+        written = (positions != EMPTY).sum(-1, keepdim=True)
+        query_positions = positions.gather(1, written - query.shape[2] + torch.arange(query.shape[2], device=query.device))
+        rates = state.drop.rates(query_positions, state.window, None if prompt is None else query_positions >= prompt[:, None])
+    return static.attention(query, key, value, state.layer_parts(getattr(module, "layer_idx", None)), inv_freq, positions,
+                            scaling=scaling, sliding_window=sliding_window, logit_scale=logit_scale, drop=rates)
 
 
 def _record(probe, method, module, query, key, inv_freq, scaling, keys, sliding_window, logit_scale, rates) -> None:

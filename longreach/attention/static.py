@@ -1,0 +1,100 @@
+"""Decoding with no host synchronisation and no data-dependent shape: one step compiles whole.
+
+The tiled kernel (:mod:`.kernel`) reads the lengths, the padding and the parts' key ranges on the host to
+call a backend on just the keys a part reaches. Under ``torch.compile(fullgraph=True)`` -- and so for CUDA
+graphs, ``mode="reduce-overhead"`` -- a decoding step must not: here every slot of the cache (a
+``StaticCache`` keeps empty ones) is scored for every part, each part's pairs are chosen by a mask computed
+on the device from the keys' positions, and the chosen scores meet in one softmax. The parts are disjoint
+and cover the causal pairs (SPEC.md section 1), so this is exactly the method's attention. The scores are
+``[B, Hq, Lq, Lkv]`` for the few queries of a step: O(n) memory, as SDPA's own decoding.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+from ..methods.base import Part
+from .backends import expand_heads, grouped_matmul
+from .plan import upper_bound
+from .rotary import compute_dtype
+from .shifts import per_sequence, shift_angles, shifted
+
+NEG_INF = float("-inf")
+
+
+def attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    parts: Sequence[Part],
+    inv_freq: torch.Tensor,
+    positions: torch.Tensor,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    logit_scale: float | torch.Tensor = 1.0,
+    drop: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention of rotated ``query [B, Hq, Lq, D]`` over every cache slot ``key``/``value [B, Hkv, Lkv, D]``.
+
+    ``positions [B, Lkv]``: each slot's absolute position, negative where it holds no token (padding, or a
+    static cache's empty slot). The queries are the last ``Lq`` slots that are not empty (marked -2), i.e.
+    the tokens just written. ``drop [B, Lq]``: Drop Attention's rates (:func:`drop_below_quantile`).
+    Returns ``[B, Lq, Hq, D]`` in the input dtype; rows that attend no key are 0.
+    """
+    batch, q_heads, q_len, _ = query.shape
+    scaling = 1.0 / math.sqrt(query.shape[-1]) if scaling is None else scaling
+    if any(part.pairs is not None for part in parts):  # DPE: keys per query head (checking which groups differ would sync)
+        key, value = expand_heads(key, q_heads), expand_heads(value, q_heads)
+    compute = compute_dtype(query.dtype)
+    written = (positions != -2).sum(-1, keepdim=True)  # [B, 1]: slots holding a token, the queries last
+    q_positions = positions.gather(1, written - q_len + torch.arange(q_len, device=positions.device))  # [B, Lq]
+    real = positions >= 0
+    distance = q_positions[:, :, None] - positions[:, None, :]  # [B, Lq, Lkv]
+    factor = per_sequence(logit_scale, compute, query.device)
+    rotary_dims = 2 * inv_freq.shape[-1]
+    scores = torch.full((batch, q_heads, q_len, key.shape[2]), NEG_INF, dtype=compute, device=query.device)
+    for part in parts:
+        hi = upper_bound(part, sliding_window)
+        allowed = real[:, None, :] & (distance >= part.min_distance)
+        if hi is not None:
+            allowed = allowed & (distance < hi)
+        if part.key_span is not None:
+            first, stop = part.key_span(q_positions)
+            allowed = allowed & (positions[:, None, :] >= first[:, :, None]) & (positions[:, None, :] < stop[:, :, None])
+        q = _moved(query, part.query_shift, q_positions, inv_freq, part.pairs, compute)
+        k = _moved(key, part.key_shift, positions.clamp(min=0), inv_freq, part.pairs, compute)
+        q = torch.cat((q[..., :rotary_dims] * factor, q[..., rotary_dims:]), dim=-1)
+        part_scores = grouped_matmul(q, k.transpose(-1, -2)) * scaling
+        scores = torch.where(allowed[:, None], part_scores, scores)
+    if drop is not None:
+        scores = drop_below_quantile(scores, drop)
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+    weights = torch.exp(scores - torch.where(torch.isfinite(lse), lse, 0.0))
+    out = grouped_matmul(weights, value.to(compute))
+    return out.to(query.dtype).transpose(1, 2)
+
+
+def drop_below_quantile(scores: torch.Tensor, rates: torch.Tensor) -> torch.Tensor:
+    """Drop Attention on whole rows ``[B, H, Lq, Lkv]`` (-inf where not attendable), as
+    :func:`.rows.drop_below_quantile` decides it -- scores below the order statistic ``s_k``, ``k = ceil(rate (m -
+    1))`` of a row's ``m`` attendable scores, become -inf -- with a sort in place of a selection whose size the
+    host would have to know."""
+    attendable = torch.isfinite(scores[:, :1]).sum(-1, keepdim=True)  # [B, 1, Lq, 1]: the same keys for every head
+    rates = rates[:, None, :, None]
+    rank = torch.ceil(rates.double() * (attendable - 1).clamp(min=0) - 1e-9).long()
+    rank = torch.where((rates > 0) & (attendable > 0), rank, 0)
+    ordered = scores.masked_fill(torch.isneginf(scores), float("inf")).sort(dim=-1).values  # unattendable last
+    threshold = ordered.gather(-1, rank.expand(*scores.shape[:-1], 1))
+    return scores.masked_fill(scores < threshold, NEG_INF)
+
+
+def _moved(x, shift, positions, inv_freq, pairs, compute):
+    """``x`` in the compute dtype moved by the part's shift at ``positions`` (angles computed here, never cached:
+    a cache keyed on the host would be a synchronisation)."""
+    x = x.to(compute)
+    angles = shift_angles(shift, positions, inv_freq, compute) if callable(shift) else None
+    return shifted(x, shift, positions, inv_freq, pairs, angles)
+
