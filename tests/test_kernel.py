@@ -119,6 +119,44 @@ def test_flex_block_masks_sort_tiles_into_full_partial_and_empty():
         assert partial.any() and not any_pair[0].any() and (full.any() == (n == 512))  # a cut tile is never full
 
 
+@pytest.mark.parametrize("name, params", [("string", {"shift": 150, "local_window": 20}), ("dca", {"chunk_size": 200, "local_window": 40}),
+                                          ("dca", {"chunk_size": 90, "local_window": 20})])
+@pytest.mark.parametrize("q_len", [700, 300, 1])
+def test_flex_tile_classes_from_arithmetic_are_sound(name, params, q_len):
+    """Block masks come from tile arithmetic (distance ranges, padding and key positions per tile), not a pass
+    over the pairs: no allowed pair lies in a tile classed empty, no other pair in a tile classed full --
+    padded batch, DCA's key spans, a chunk and a decoding step against the cache, a last tile cut short."""
+    from longreach.attention import flex
+
+    kv_len = 700
+    padding = torch.stack([torch.arange(kv_len) >= pad for pad in (0, 130, 300)])
+    positions = (padding.long().cumsum(-1) - 1).masked_fill(~padding, -1)
+    offset = kv_len - q_len
+    q_positions = positions[:, offset:]
+    for part in create(name, training_window=600, **params).parts():
+        span = None if part.key_span is None else (*part.key_span(q_positions), positions)
+        region = flex.Region(part.min_distance, part.max_distance, offset, padding, span)
+        mask = region.block_mask(3, q_len, kv_len, "cpu")
+        b, i, j = torch.arange(3)[:, None, None], torch.arange(q_len)[None, :, None], torch.arange(kv_len)[None, None, :]
+        allowed = region.allowed(b, i, j)  # [3, Lq, Lkv]
+        q_tiles, kv_tiles = -(-q_len // 128), -(-kv_len // 128)
+        grid = torch.zeros(3, q_tiles * 128, kv_tiles * 128, dtype=torch.bool)
+        grid[:, :q_len, :kv_len] = allowed
+        tiles = grid.view(3, q_tiles, 128, kv_tiles, 128)
+        for seq in range(3):
+            for row in range(q_tiles):
+                partial = set(mask.kv_indices[seq, 0, row, : mask.kv_num_blocks[seq, 0, row]].tolist())
+                full = set(mask.full_kv_indices[seq, 0, row, : mask.full_kv_num_blocks[seq, 0, row]].tolist())
+                rows = slice(0, min(128, q_len - row * 128))
+                for col in range(kv_tiles):
+                    cols = slice(0, min(128, kv_len - col * 128))
+                    pairs = tiles[seq, row, rows, col, cols]
+                    if col in full:
+                        assert pairs.all() and col not in partial
+                    elif col not in partial:
+                        assert not pairs.any(), (seq, row, col)
+
+
 def test_dca_tiles_reach_only_their_chunks_and_need_no_mask():
     """Chunk size 48, local window 16 (c = 32), 128 tokens, query tiles of 16 (inside one chunk): each
     tile of each part calls the backend over exactly the keys of its chunk relation, without a mask:

@@ -2,12 +2,12 @@
 A Programming Model for Generating Optimized Attention Kernels", arXiv:2412.05496).
 
 A part's region -- the pairs ``lo <= i - j < hi`` (``hi`` already cut by the model's sliding
-window), DCA's key spans, and key padding -- is one predicate, :meth:`Region.allowed`. It serves
-twice: as the ``mask_mod`` FlexAttention evaluates inside the tiles the region covers only in part,
-and, over a slab of query rows at a time, to sort the 128 x 128 tiles into empty, full and partial
-for :meth:`BlockMask.from_kv_blocks` (memory O(slab x Lkv), never Lq x Lkv, unlike
-``create_block_mask``, which materialises the whole mask). Grouped-query attention is native
-(``enable_gqa``), and the log-sum-exp comes back for the kernel's merge of the parts.
+window), DCA's key spans, and key padding -- is one predicate, :meth:`Region.allowed`: the ``mask_mod``
+FlexAttention evaluates inside the tiles the region covers only in part. Which 128 x 128 tiles are
+empty, full or partial comes from tile arithmetic (each tile's distance range, its keys' padding and
+positions), O(tiles^2), never a pass over the pairs (``create_block_mask`` evaluates every pair).
+Grouped-query attention is native (``enable_gqa``), and the log-sum-exp comes back for the kernel's
+merge of the parts.
 
 Compiled with ``torch.compile`` on CUDA. On CPU, PyTorch runs FlexAttention eagerly, computing the
 full scores matrix, and has no backward there: this path exists on CPU so that the whole backend is
@@ -31,7 +31,6 @@ except ImportError:  # pragma: no cover - depends on the installed PyTorch
     _flex_module = None
 
 TILE = 128  # FlexAttention's default sparse block size
-SLAB_ELEMENTS = 1 << 24  # booleans per step of the tile scan (16 MiB)
 
 
 def available(device: torch.device | str) -> bool:
@@ -89,23 +88,38 @@ def _structured_block_mask(lo, hi, offset, q_len, kv_len, device):
 
 
 def _block_mask(region: Region, batch: int, q_len: int, kv_len: int, device):
-    """Sort the 128 x 128 tiles into full, partial and empty, a slab of query tiles at a time."""
+    """Sort the 128 x 128 tiles into full, partial and empty by tile arithmetic: O(tiles^2) work, no pair scanned.
+
+    A tile's distances lie in ``[q_first + offset - k_last, q_last + offset - k_first]``; it is empty when that
+    range misses ``[lo, hi)``, full when it lies inside (a tile cut short by the sequence's end stays partial).
+    Padding counts per key tile (no real key: empty; some: partial). A key span (DCA) compares the key tile's
+    lowest and highest position with the query tile's widest and narrowest span. Every bound is conservative,
+    so a tile classed empty holds no allowed pair and a full one no other: partial tiles are masked pair by
+    pair by ``mask_mod`` (:meth:`Region.allowed`), which decides exactly.
+    """
     q_tiles, kv_tiles = -(-q_len // TILE), -(-kv_len // TILE)
-    keys = torch.arange(kv_tiles * TILE, device=device)
-    key_valid = keys < kv_len
-    keys = keys.clamp(max=kv_len - 1)
-    b = torch.arange(batch, device=device)[:, None, None]
-    slab = max(1, SLAB_ELEMENTS // (batch * TILE * kv_tiles * TILE))
-    partial, full = [], []
-    for first_tile in range(0, q_tiles, slab):
-        rows = torch.arange(first_tile * TILE, min(q_tiles, first_tile + slab) * TILE, device=device)
-        valid = (rows < q_len)[None, :, None] & key_valid[None, None, :]
-        inside = region.allowed(b, rows.clamp(max=q_len - 1)[None, :, None], keys[None, None, :]) & valid
-        tiles = inside.view(batch, -1, TILE, kv_tiles, TILE)
-        any_pair, all_pairs = tiles.any(4).any(2), tiles.all(4).all(2)
-        partial.append(any_pair & ~all_pairs)
-        full.append(all_pairs)
-    partial, full = torch.cat(partial, 1)[:, None], torch.cat(full, 1)[:, None]  # [B, 1, q tiles, kv tiles]
+    q_first = torch.arange(q_tiles, device=device) * TILE
+    q_last = torch.clamp(q_first + TILE - 1, max=q_len - 1)
+    k_first = torch.arange(kv_tiles, device=device) * TILE
+    k_last = torch.clamp(k_first + TILE - 1, max=kv_len - 1)
+    whole = ((q_last - q_first + 1 == TILE)[:, None] & (k_last - k_first + 1 == TILE)[None, :])[None]  # [1, Q, K]
+    closest = (q_first[:, None] + region.offset - k_last[None, :])[None]  # the tile's smallest distance
+    farthest = (q_last[:, None] + region.offset - k_first[None, :])[None]
+    any_pair, all_pairs = farthest >= region.lo, (closest >= region.lo) & whole
+    if region.hi is not None:
+        any_pair, all_pairs = any_pair & (closest < region.hi), all_pairs & (farthest < region.hi)
+    if region.padding is not None:
+        real = _per_tile(region.padding, kv_tiles)  # [B, K, TILE]
+        any_pair, all_pairs = any_pair & real.any(-1)[:, None], all_pairs & real.all(-1)[:, None]
+    if region.span is not None:
+        first, stop, key_positions = region.span
+        first, stop = _per_tile(first, q_tiles), _per_tile(stop, q_tiles)  # [B, Q, TILE]
+        keys = _per_tile(key_positions, kv_tiles)
+        lowest, highest = keys.amin(-1)[:, None, :], keys.amax(-1)[:, None, :]  # [B, 1, K]
+        any_pair = any_pair & (highest >= first.amin(-1)[..., None]) & (lowest < stop.amax(-1)[..., None])
+        all_pairs = all_pairs & (lowest >= first.amax(-1)[..., None]) & (highest < stop.amin(-1)[..., None])
+    shape = (max(any_pair.shape[0], all_pairs.shape[0]), 1, q_tiles, kv_tiles)
+    partial, full = (any_pair & ~all_pairs).expand(shape[0], -1, -1)[:, None], all_pairs.expand(shape[0], -1, -1)[:, None]
     # the compiled kernel sees the bounds as tensors: new values (a decoding step's offset) reuse it, not recompile it
     as_tensor = lambda x: None if x is None else torch.tensor(x, device=device)
     traced = dataclasses.replace(region, lo=as_tensor(region.lo), hi=as_tensor(region.hi), offset=as_tensor(region.offset))
@@ -116,6 +130,13 @@ def _block_mask(region: Region, batch: int, q_len: int, kv_len: int, device):
     return _flex_module.BlockMask.from_kv_blocks(
         *_tile_lists(partial), *_tile_lists(full), BLOCK_SIZE=TILE, mask_mod=mask_mod, seq_lengths=(q_len, kv_len)
     )
+
+
+def _per_tile(values: torch.Tensor, tiles: int) -> torch.Tensor:
+    """``values [B, L]`` as ``[B, tiles, TILE]``, the last tile filled with its last value (which it repeats
+    only where the sequence ends: a repeated value changes no tile's minimum, maximum, any or all)."""
+    padded = torch.cat((values, values[:, -1:].expand(-1, tiles * TILE - values.shape[-1])), dim=-1)
+    return padded.view(values.shape[0], tiles, TILE)
 
 
 def _tile_lists(selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
