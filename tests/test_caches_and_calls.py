@@ -314,8 +314,9 @@ def test_a_forward_builds_each_plan_once_whatever_the_number_of_layers(monkeypat
                          (kernel.KEY_ROTATIONS, "get"), (integration, "_keys")):
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *args, real=real, name=name, **kwargs: built.append(name) or real(*args, **kwargs))
-    real_mask = flex.Region.block_mask
+    real_mask, real_launch_mask = flex.Region.block_mask, flex.segmented_block_mask
     monkeypatch.setattr(flex.Region, "block_mask", lambda self, *args: built.append("block mask") or real_mask(self, *args))
+    monkeypatch.setattr(flex, "segmented_block_mask", lambda *args: built.append("one launch") or real_launch_mask(*args))
     counts = {}
     for layers in (2, 5):
         model = tiny_model("llama", num_hidden_layers=layers)
@@ -329,9 +330,12 @@ def test_a_forward_builds_each_plan_once_whatever_the_number_of_layers(monkeypat
         counts[layers] = (prefill, sorted(built))
     assert counts[2] == counts[5]
     prefill, step = counts[2]
-    built_plan = "block mask" if backend == "flex" else "blocks"
-    assert prefill.count(built_plan) == 3 and prefill.count("get") == 1 and prefill.count("_keys") == 1  # DCA's three parts, one key shift
-    assert step.count("_keys") == 1 and step.count("fold_block_key_shifts") == 1 and step.count(built_plan) >= 3
+    if backend == "flex":  # prefill: every part in one launch, one block mask; a step: a block mask per folded part
+        assert prefill.count("one launch") == 1 and "block mask" not in prefill and step.count("block mask") >= 3
+    else:
+        assert prefill.count("blocks") == 3 and step.count("blocks") >= 3  # DCA's three parts
+    assert prefill.count("get") == 1 and prefill.count("_keys") == 1  # one key shift, one scan of the mask
+    assert step.count("_keys") == 1 and step.count("fold_block_key_shifts") == 1
 
 
 COMPILED_STEP = [("llama", name) for name in ["rope", "pi", "ntk", "yarn", "drop", *sorted(METHODS)]] + [

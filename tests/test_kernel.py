@@ -456,3 +456,48 @@ def test_the_compiled_steps_drop_attention_equals_the_tiled_one():
     scores[1, :, 2] = float("-inf")  # a row that attends nothing
     rates = torch.tensor([[0.0, 0.3, 0.5, 0.99], [0.2, 0.01, 0.4, 0.7]], dtype=torch.float64)
     assert torch.equal(static.drop_below_quantile(scores, rates), rows.drop_below_quantile(scores, rates))
+
+
+@pytest.mark.parametrize("name, params", [("string", {"shift": 100, "local_window": 10}), ("string", {"shift": 40, "local_window": 5, "mscale": True}),
+                                          ("rope", {})])
+@pytest.mark.parametrize("pads, window", [((0, 0), None), ((0, 37), None), ((0, 37), 70)])
+def test_flex_runs_string_as_one_softmax_over_the_turned_keys(monkeypatch, name, params, pads, window):
+    """FlexAttention prefill of parts that move by constants: one call over ``[K | K_far]`` (K_far turned by
+    S - W, each half tile-aligned, V used twice), no merge; 300 tokens (3 tiles, the last cut), GQA 4:2, left
+    padding, a sliding window that cuts the far part; equal to the float64 reference."""
+    from longreach.attention import flex
+
+    calls = []
+    real = flex._function
+    monkeypatch.setattr(flex, "_function", lambda device: lambda q, k, *args, **kwargs: calls.append(k.shape[2]) or real(device)(q, k, *args, **kwargs))
+    method = create(name, training_window=300, **params)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(300, pads=pads)
+    want, rows = expected(method, q, k, v, positions, padding, inv_freq, 300, scaling=0.3, window=window)
+    got = kernel.attention(q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), scaling=0.3, logit_scale=method.logit_scale,
+                           key_padding=padding if pads[1] else None, sliding_window=window, backend="flex")
+    assert (got - want)[rows].abs().max() <= 1e-5
+    parts = 1 if name == "rope" or (window is not None and window <= params["shift"]) else 2
+    assert calls == [parts * 384]  # one call over every part's keys, each part's segment 3 tiles of 128
+
+
+@pytest.mark.parametrize("name, params", [("rerope", {"window": 40}), ("rerope", {"window": 40, "leak": 4.0}),
+                                          ("self_extend", {"group_size": 3, "neighbor_window": 50}),
+                                          ("dca", {"chunk_size": 160, "local_window": 30}), ("dca", {"chunk_size": 90, "local_window": 20})])
+@pytest.mark.parametrize("q_len", [300, 40])
+def test_flex_runs_every_part_in_one_launch(monkeypatch, name, params, q_len):
+    """ReRoPE, Self-Extend and DCA move their queries by position: each such part has its own query segment
+    against its keys' segment (``[Q; Q_far] x [K; K_far]``), all in one FlexAttention launch, the segments' rows
+    merged by log-sum-exp. 300 keys (3 tiles, the last cut), prefill and a chunk, left padding, GQA 4:2."""
+    from longreach.attention import flex
+
+    calls = []
+    real = flex._function
+    monkeypatch.setattr(flex, "_function", lambda device: lambda q, k, *args, **kwargs: calls.append(k.shape[2]) or real(device)(q, k, *args, **kwargs))
+    method = create(name, training_window=200, **params)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(300, pads=(0, 37))
+    want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
+    got = kernel.attention(q_rot[:, :, -q_len:].float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), scaling=0.3,
+                           logit_scale=method.logit_scale, key_padding=padding, positions=positions, backend="flex")
+    assert (got - want)[rows].abs().max() <= 1e-5
+    assert len(calls) == 1
+

@@ -88,7 +88,23 @@ def _structured_block_mask(lo, hi, offset, q_len, kv_len, device):
 
 
 def _block_mask(region: Region, batch: int, q_len: int, kv_len: int, device):
-    """Sort the 128 x 128 tiles into full, partial and empty by tile arithmetic: O(tiles^2) work, no pair scanned.
+    """The region's block mask: its tiles sorted by :func:`_tile_classes`, its pairs by :meth:`Region.allowed`."""
+    partial, full = _tile_classes(region, q_len, kv_len, device)
+    # the compiled kernel sees the bounds as tensors: new values (a decoding step's offset) reuse it, not recompile it
+    as_tensor = lambda x: None if x is None else torch.tensor(x, device=device)
+    traced = dataclasses.replace(region, lo=as_tensor(region.lo), hi=as_tensor(region.hi), offset=as_tensor(region.offset))
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return traced.allowed(b, q_idx, kv_idx)
+
+    return _flex_module.BlockMask.from_kv_blocks(
+        *_tile_lists(partial), *_tile_lists(full), BLOCK_SIZE=TILE, mask_mod=mask_mod, seq_lengths=(q_len, kv_len)
+    )
+
+
+def _tile_classes(region: Region, q_len: int, kv_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(partial, full)`` ``[B, 1, q tiles, kv tiles]``: the 128 x 128 tiles sorted by tile arithmetic, O(tiles^2)
+    work, no pair scanned.
 
     A tile's distances lie in ``[q_first + offset - k_last, q_last + offset - k_first]``; it is empty when that
     range misses ``[lo, hi)``, full when it lies inside (a tile cut short by the sequence's end stays partial).
@@ -118,18 +134,74 @@ def _block_mask(region: Region, batch: int, q_len: int, kv_len: int, device):
         lowest, highest = keys.amin(-1)[:, None, :], keys.amax(-1)[:, None, :]  # [B, 1, K]
         any_pair = any_pair & (highest >= first.amin(-1)[..., None]) & (lowest < stop.amax(-1)[..., None])
         all_pairs = all_pairs & (lowest >= first.amax(-1)[..., None]) & (highest < stop.amin(-1)[..., None])
-    shape = (max(any_pair.shape[0], all_pairs.shape[0]), 1, q_tiles, kv_tiles)
-    partial, full = (any_pair & ~all_pairs).expand(shape[0], -1, -1)[:, None], all_pairs.expand(shape[0], -1, -1)[:, None]
-    # the compiled kernel sees the bounds as tensors: new values (a decoding step's offset) reuse it, not recompile it
-    as_tensor = lambda x: None if x is None else torch.tensor(x, device=device)
-    traced = dataclasses.replace(region, lo=as_tensor(region.lo), hi=as_tensor(region.hi), offset=as_tensor(region.offset))
+    batch = max(any_pair.shape[0], all_pairs.shape[0])
+    return (any_pair & ~all_pairs).expand(batch, -1, -1)[:, None], all_pairs.expand(batch, -1, -1)[:, None]
+
+
+def segment_length(length: int) -> int:
+    """Rows or keys per segment of :func:`segmented_block_mask`: ``length`` rounded up to whole tiles."""
+    return -(-length // TILE) * TILE
+
+
+def segmented_block_mask(cells: list[tuple[int, int, Region]], q_segments: int, kv_segments: int, q_len: int, kv_len: int,
+                         device) -> "_flex_module.BlockMask":
+    """One block mask over queries and keys laid side by side in tile-aligned segments (``segment_length`` rows or
+    keys each): cell ``(a, c, region)`` gives query segment ``a`` against key segment ``c`` the pairs of ``region``
+    (row ``a s_q + t`` is query ``t`` as a part moves it, key ``c s_k + j`` key ``j``); pairs of no cell are out.
+    The regions share ``offset`` and ``padding``. With one query segment the parts meet in one softmax (SPEC.md
+    "STRING, efficiently", in one call); with several, each query segment's rows are merged by log-sum-exp."""
+    q_segment, kv_segment = segment_length(q_len), segment_length(kv_len)
+    q_tiles, kv_tiles = q_segment // TILE, kv_segment // TILE
+    classes = [(a, c, *_tile_classes(region, q_len, kv_len, device)) for a, c, region in cells]
+    batch = max(partial.shape[0] for *_, partial, _ in classes)
+    partial = torch.zeros(batch, 1, q_segments * q_tiles, kv_segments * kv_tiles, dtype=torch.bool, device=device)
+    full = torch.zeros_like(partial)
+    table = torch.full((q_segments, kv_segments), -1, dtype=torch.int64, device=device)
+    for index, (a, c, cell_partial, cell_full) in enumerate(classes):
+        rows, keys = slice(a * q_tiles, (a + 1) * q_tiles), slice(c * kv_tiles, (c + 1) * kv_tiles)
+        partial[:, :, rows, keys], full[:, :, rows, keys] = cell_partial, cell_full
+        table[a, c] = index
+    regions = [region for *_, region in cells]
+    lows = torch.tensor([r.lo for r in regions], device=device)
+    highs = torch.tensor([torch.iinfo(torch.int64).max if r.hi is None else r.hi for r in regions], device=device)
+    sizes = {name: torch.tensor(value, device=device) for name, value in
+             (("q_segment", q_segment), ("kv_segment", kv_segment), ("q_len", q_len), ("kv_len", kv_len), ("offset", regions[0].offset))}
+    padding = regions[0].padding
+    spans = _stacked_spans(regions, batch, q_len)
 
     def mask_mod(b, h, q_idx, kv_idx):
-        return traced.allowed(b, q_idx, kv_idx)
+        a, c = q_idx // sizes["q_segment"], kv_idx // sizes["kv_segment"]
+        row, key = q_idx - a * sizes["q_segment"], kv_idx - c * sizes["kv_segment"]
+        cell = table[a, c]
+        part = torch.clamp(cell, min=0)
+        row_at, key_at = torch.clamp(row, max=sizes["q_len"] - 1), torch.clamp(key, max=sizes["kv_len"] - 1)
+        distance = row + sizes["offset"] - key
+        inside = (cell >= 0) & (row < sizes["q_len"]) & (key < sizes["kv_len"]) & (distance >= lows[part]) & (distance < highs[part])
+        if padding is not None:
+            inside = inside & padding[b, key_at]
+        if spans is not None:
+            first, stop, key_positions = spans
+            position = key_positions[b, key_at]
+            inside = inside & (position >= first[part, b, row_at]) & (position < stop[part, b, row_at])
+        return inside
 
-    return _flex_module.BlockMask.from_kv_blocks(
-        *_tile_lists(partial), *_tile_lists(full), BLOCK_SIZE=TILE, mask_mod=mask_mod, seq_lengths=(q_len, kv_len)
-    )
+    return _flex_module.BlockMask.from_kv_blocks(*_tile_lists(partial), *_tile_lists(full), BLOCK_SIZE=TILE, mask_mod=mask_mod,
+                                                 seq_lengths=(q_segments * q_segment, kv_segments * kv_segment))
+
+
+def _stacked_spans(regions: list[Region], batch: int, q_len: int):
+    """The regions' key spans as ``(first [parts, B, Lq], stop [parts, B, Lq], key positions [B, Lkv])`` (a region
+    without one: every position), or ``None`` when no region has one."""
+    spanned = [r.span for r in regions if r.span is not None]
+    if not spanned:
+        return None
+    _, _, key_positions = spanned[0]
+    everything = torch.iinfo(torch.int64)
+    first = torch.stack([r.span[0].expand(batch, q_len) if r.span is not None else
+                         torch.full((batch, q_len), everything.min, device=key_positions.device) for r in regions])
+    stop = torch.stack([r.span[1].expand(batch, q_len) if r.span is not None else
+                        torch.full((batch, q_len), everything.max, device=key_positions.device) for r in regions])
+    return first, stop, key_positions
 
 
 def _per_tile(values: torch.Tensor, tiles: int) -> torch.Tensor:

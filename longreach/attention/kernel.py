@@ -25,7 +25,7 @@ from ..methods.base import Part
 from . import flex, rows
 from .autograd import PartsAttention
 from .backends import BACKWARDS, expand_heads, math_block, pick
-from .merge import run
+from .merge import merge, run
 from .memo import MAX_HELD_MASK_ELEMENTS, Memo
 from .plan import SMALL_QUERY, Block, blocks, padded_keys, upper_bound
 from .rotary import compute_dtype
@@ -89,8 +89,11 @@ def attention(
     whole_blocks = block is not math_block and not (needs_grad and block not in BACKWARDS)
 
     memo = Memo() if memo is None else memo
-    q_positions = positions[:, offset:]
     geometry = (batch, q_len, kv_len, query.dtype, str(query.device), tile, whole_blocks, block)
+    if block is flex.part_attention and q_len > SMALL_QUERY and all(part.pairs is None for part in parts):
+        out = _one_launch(query, key, value, parts, inv_freq, scaling, key_padding, sliding_window, positions, memo, geometry)
+        return out.to(query.dtype).transpose(1, 2)
+    q_positions = positions[:, offset:]
     if block is flex.part_attention:
         padded = 0  # flex masks padding itself
     else:
@@ -120,6 +123,62 @@ def attention(
     else:
         out, _ = run(plans, block, scaling, value, inputs)
     return out.to(query.dtype).transpose(1, 2)
+
+
+def _one_launch(query, key, value, parts, inv_freq, scaling, key_padding, sliding_window, positions, memo, geometry) -> torch.Tensor:
+    """Every part in ONE FlexAttention launch over queries and keys laid side by side (:func:`.flex.segmented_block_mask`).
+
+    A part whose query shift is a constant moves its keys instead (RoPE's rotations add: ``(i + s_q) - (j + s_k) =
+    i - (j + s_k - s_q)``), so parts that move by constants share the plain queries and meet in one softmax, no
+    merge: STRING is the query against ``[K | K_far]``, ``K_far`` turned by ``S - W``, V used twice. A part whose
+    query shift depends on the position (ReRoPE, Self-Extend, DCA) has its own query segment against its keys'
+    segment; a query segment's rows are a softmax of their own, merged with the others' by log-sum-exp.
+    Returns ``[B, Hq, Lq, D]`` in the accumulation dtype.
+    """
+    batch, q_len, kv_len = query.shape[0], query.shape[2], key.shape[2]
+    offset = kv_len - q_len
+    q_positions = positions[:, offset:]
+    queries, keys, cells = {}, {}, []
+    for part in parts:
+        lo, hi = part.min_distance, upper_bound(part, sliding_window)
+        if hi is not None and hi <= lo:
+            continue
+        moving_query = callable(part.query_shift)
+        q_id = id(part.query_shift) if moving_query else None
+        if q_id not in queries:
+            angles = _angles(memo, "query", part.query_shift, q_positions, inv_freq, query.dtype, geometry)
+            queries[q_id] = shifted(query, part.query_shift, q_positions, inv_freq, None, angles) if moving_query else query
+        k_id = (id(part.key_shift), 0.0 if moving_query else float(part.query_shift))
+        if k_id not in keys:
+            angles = _angles(memo, "key", part.key_shift, positions, inv_freq, key.dtype, geometry)
+            moved = shifted_keys(key, part.key_shift, positions, inv_freq, None, angles)
+            keys[k_id] = moved if moving_query else shifted(moved, -part.query_shift, None, inv_freq)
+        span = None if part.key_span is None else (*part.key_span(q_positions), positions)
+        cells.append((list(queries).index(q_id), list(keys).index(k_id), flex.Region(lo, hi, offset, key_padding, span)))
+    accumulate = compute_dtype(query.dtype)
+    if not cells:  # the model's sliding window excludes every part
+        return torch.zeros(batch, query.shape[1], q_len, value.shape[-1], dtype=accumulate, device=query.device)
+    mask = memo.get("one launch", tuple(parts), (*geometry, sliding_window),
+                    lambda: flex.segmented_block_mask(cells, len(queries), len(keys), q_len, kv_len, query.device))
+    q_segment, kv_segment = flex.segment_length(q_len), flex.segment_length(kv_len)
+    out, lse = flex.part_attention(_side_by_side(list(queries.values()), q_segment), _side_by_side(list(keys.values()), kv_segment),
+                                   _side_by_side([value] * len(keys), kv_segment), mask, False, scaling)
+    merged, merged_lse = out[:, :, :q_len], lse[:, :, :q_len]
+    for index in range(1, len(queries)):
+        rows = slice(index * q_segment, index * q_segment + q_len)
+        merged, merged_lse = merge(merged, merged_lse, out[:, :, rows], lse[:, :, rows])
+    return merged.to(accumulate)
+
+
+def _side_by_side(tensors: list[torch.Tensor], segment: int) -> torch.Tensor:
+    """``[B, H, L, D]`` tensors along dimension 2, each in a segment of ``segment`` positions (zeros after it)."""
+    if len(tensors) == 1 and tensors[0].shape[2] == segment:
+        return tensors[0]
+    first = tensors[0]
+    out = first.new_zeros(first.shape[0], first.shape[1], len(tensors) * segment, first.shape[-1])
+    for index, tensor in enumerate(tensors):
+        out[:, :, index * segment : index * segment + tensor.shape[2]] = tensor
+    return out
 
 
 def _plan(part, lo, hi, block, whole_blocks, q_len, kv_len, offset, key_padding, padded, positions, tile, query) -> list[Block]:
