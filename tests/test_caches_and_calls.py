@@ -174,6 +174,10 @@ def test_packed_sequences_are_refused_not_mixed():
     packed = torch.cat([torch.arange(20), torch.arange(20)])[None]
     with pytest.raises(ValueError, match="packed sequences"):
         model(ids(40, batch=1), position_ids=packed, use_cache=False)  # transformers detects packing without a cache
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="eager")  # compiled, transformers always adds the packing mask: still refused
+    with pytest.raises(ValueError, match="packed sequences"):
+        compiled(ids(40, batch=1), position_ids=packed, use_cache=False)
 
 
 @pytest.mark.parametrize("name, params", [("string", {**METHODS["string"], "training_window": 90}),

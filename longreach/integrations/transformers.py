@@ -511,7 +511,9 @@ def key_positions_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
     positions count real tokens (``cumsum(mask) - 1``, as ``generate`` does), also when the caller gave
     no ``position_ids``. ``None`` when every key is real and unpadded.
     """
-    if not torch.compiler.is_compiling() and not _plain_causal(mask_function):  # a compiled graph cannot read closures
+    # transformers adds a packed-sequence mask only to calls without a cache (q_length == kv_length); a compiled graph
+    # cannot read a mask function's closures, so a compiled call with a cache (a decoding step) trusts it is causal
+    if (q_length == kv_length or not torch.compiler.is_compiling()) and not _plain_causal(mask_function):
         raise ValueError(
             "longreach attention supports causal attention with a 2D padding mask only; this call asked for another "
             "mask (packed sequences in one row, or a model-specific mask): unpack the sequences or pass an attention_mask"
