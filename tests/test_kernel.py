@@ -501,3 +501,36 @@ def test_flex_runs_every_part_in_one_launch(monkeypatch, name, params, q_len):
     assert (got - want)[rows].abs().max() <= 1e-5
     assert len(calls) == 1
 
+
+
+def test_auto_falls_back_with_one_warning_when_flexattention_fails_to_compile(monkeypatch):
+    """Where ``auto`` chooses FlexAttention (CUDA; simulated here) and compiling it fails, the tiled kernel computes
+    the call, with one warning for the process, never an error; an explicit backend='flex' still raises."""
+    import warnings
+
+    from torch._dynamo.exc import BackendCompilerFailed
+
+    from longreach.attention import backends, flex
+
+    def failing(device):
+        def compile_and_run(*args, **kwargs):
+            raise BackendCompilerFailed(lambda *a: None, RuntimeError("triton: no compiler for this GPU"), None)
+        return compile_and_run
+
+    real_pick = backends.pick
+    monkeypatch.setattr(kernel, "pick", lambda query, backend: (flex.part_attention if backend == "auto" and flex.available(query.device, for_auto=True)
+                                                                else real_pick(query, "cpu_flash" if backend == "auto" else backend)))
+    monkeypatch.setattr(flex, "_function", failing)
+    monkeypatch.setattr(flex, "_compile_failure", [])
+    method = create("string", training_window=60, shift=20, local_window=4)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(40)
+    want, rows = expected(method, q, k, v, positions, padding, inv_freq, 40, scaling=0.3)
+    arguments = (q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float())
+    with pytest.warns(UserWarning, match="compiling FlexAttention failed .*BackendCompilerFailed"):
+        got = kernel.attention(*arguments, scaling=0.3)
+    assert (got - want).abs().max() <= 1e-5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert (kernel.attention(*arguments, scaling=0.3) - want).abs().max() <= 1e-5  # no second warning, no second attempt
+    with pytest.raises(BackendCompilerFailed):
+        kernel.attention(*arguments, scaling=0.3, backend="flex")

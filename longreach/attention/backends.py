@@ -114,7 +114,7 @@ def pick(query: torch.Tensor, backend: str) -> Callable:
         if query.dtype == torch.float64 or (query.device.type == "cuda" and query.shape[2] <= SMALL_QUERY):
             backend = "math"
         elif query.device.type == "cuda":
-            backend = "flex" if flex.available(query.device) else "cuda_efficient"
+            backend = "flex" if flex.available(query.device, for_auto=True) else "cuda_efficient"
         else:
             backend = "cpu_flash" if query.device.type == "cpu" else "math"
     if backend not in BACKENDS:

@@ -33,9 +33,35 @@ except ImportError:  # pragma: no cover - depends on the installed PyTorch
 TILE = 128  # FlexAttention's default sparse block size
 
 
-def available(device: torch.device | str) -> bool:
-    """Whether FlexAttention can run on ``device``: PyTorch has it, and on CUDA Triton is installed to compile it."""
-    if _flex_module is None:
+_compile_failure: list[str] = []  # why compiling FlexAttention failed in this process, once it has
+
+
+def compile_failed(error: BaseException) -> bool:
+    """Whether ``error`` is PyTorch failing to compile FlexAttention (TorchDynamo, Inductor, a C++ or CUDA compiler)."""
+    from torch._dynamo.exc import TorchDynamoException
+
+    failures = (TorchDynamoException,)
+    try:
+        from torch._inductor import exc as inductor
+
+        failures += tuple(getattr(inductor, name) for name in ("InductorError", "CppCompileError", "CUDACompileError") if hasattr(inductor, name))
+    except ImportError:  # pragma: no cover - depends on the installed PyTorch
+        pass
+    return isinstance(error, failures)
+
+
+def give_up(error: BaseException) -> None:
+    """Stop choosing FlexAttention for ``auto`` in this process, with one warning that says why."""
+    if not _compile_failure:
+        _compile_failure.append(f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+        warnings.warn(f"longreach: compiling FlexAttention failed ({_compile_failure[0]}); backend='auto' uses the tiled kernel "
+                      "from now on (slower on GPUs, the same results)", stacklevel=3)
+
+
+def available(device: torch.device | str, for_auto: bool = False) -> bool:
+    """Whether FlexAttention can run on ``device``: PyTorch has it, and on CUDA Triton is installed to compile it
+    (``for_auto``: and compiling it has not failed in this process)."""
+    if _flex_module is None or (for_auto and _compile_failure):
         return False
     if torch.device(device).type != "cuda":
         return True

@@ -61,8 +61,22 @@ def attention(
 
     ``memo``: a :class:`.memo.Memo` shared by the calls of one forward pass (the same positions, padding
     and parts in every call): what depends on those alone -- plans, block masks, shift angles -- is
-    built by the first call and reused by the others.
+    built by the first call and reused by the others. Where ``auto`` chose FlexAttention and compiling it
+    fails, the call is computed by the tiled kernel with one warning (:func:`.flex.give_up`), never an error.
     """
+    arguments = (query, key, value, parts, inv_freq, scaling, key_padding, sliding_window, logit_scale, positions, drop, backend, tile, memo)
+    try:
+        return _attention(*arguments)
+    except Exception as error:
+        if backend != "auto" or not flex.compile_failed(error):
+            raise
+        flex.give_up(error)
+        return _attention(*arguments)
+
+
+def _attention(query, key, value, parts, inv_freq, scaling, key_padding, sliding_window, logit_scale, positions, drop, backend, tile,
+               memo) -> torch.Tensor:
+    """:func:`attention` itself."""
     batch, q_heads, q_len, head_dim = query.shape
     kv_len = key.shape[2]
     if q_len > kv_len:
