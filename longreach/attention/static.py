@@ -23,6 +23,7 @@ from .rotary import compute_dtype
 from .shifts import per_sequence, shift_angles, shifted
 
 NEG_INF = float("-inf")
+EMPTY = -2  # a static cache's empty slot, as the transformers integration marks it
 
 
 def attention(
@@ -49,8 +50,7 @@ def attention(
     if any(part.pairs is not None for part in parts):  # DPE: keys per query head (checking which groups differ would sync)
         key, value = expand_heads(key, q_heads), expand_heads(value, q_heads)
     compute = compute_dtype(query.dtype)
-    written = (positions != -2).sum(-1, keepdim=True)  # [B, 1]: slots holding a token, the queries last
-    q_positions = positions.gather(1, written - q_len + torch.arange(q_len, device=positions.device))  # [B, Lq]
+    q_positions = query_positions(positions, q_len)
     real = positions >= 0
     distance = q_positions[:, :, None] - positions[:, None, :]  # [B, Lq, Lkv]
     factor = per_sequence(logit_scale, compute, query.device)
@@ -75,6 +75,12 @@ def attention(
     weights = torch.exp(scores - torch.where(torch.isfinite(lse), lse, 0.0))
     out = grouped_matmul(weights, value.to(compute))
     return out.to(query.dtype).transpose(1, 2)
+
+
+def query_positions(positions: torch.Tensor, q_len: int) -> torch.Tensor:
+    """``[B, Lq]``: the positions of the last ``q_len`` slots that hold a token (not marked -2, empty), the queries."""
+    written = (positions != EMPTY).sum(-1, keepdim=True)  # [B, 1]
+    return positions.gather(1, written - q_len + torch.arange(q_len, device=positions.device))
 
 
 def drop_below_quantile(scores: torch.Tensor, rates: torch.Tensor) -> torch.Tensor:

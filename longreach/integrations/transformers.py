@@ -659,8 +659,7 @@ def _compiled_step(state, module, query, key, value, attention_mask, scaling, sl
     inv_freq = inverse_frequencies(state.rotary, getattr(module, "layer_type", None))
     rates = None
     if state.drop is not None and getattr(module, "layer_idx", None) in state.drop.layers:
-        written = (positions != EMPTY).sum(-1, keepdim=True)
-        query_positions = positions.gather(1, written - query.shape[2] + torch.arange(query.shape[2], device=query.device))
+        query_positions = static.query_positions(positions, query.shape[2])
         rates = state.drop.rates(query_positions, state.window, None if prompt is None else query_positions >= prompt[:, None])
     return static.attention(query, key, value, state.layer_parts(getattr(module, "layer_idx", None)), inv_freq, positions,
                             scaling=scaling, sliding_window=sliding_window, logit_scale=logit_scale, drop=rates)
