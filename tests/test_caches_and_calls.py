@@ -315,7 +315,7 @@ def test_a_forward_builds_each_plan_once_whatever_the_number_of_layers(monkeypat
 
     built = []
     for module, name in ((kernel, "blocks"), (kernel, "padded_keys"), (kernel, "fold_block_key_shifts"),
-                         (kernel.KEY_ROTATIONS, "get"), (integration, "_keys")):
+                         (kernel.KEY_ROTATIONS, "get"), (integration, "keys_of")):
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *args, real=real, name=name, **kwargs: built.append(name) or real(*args, **kwargs))
     real_mask, real_launch_mask = flex.Region.block_mask, flex.segmented_block_mask
@@ -338,8 +338,8 @@ def test_a_forward_builds_each_plan_once_whatever_the_number_of_layers(monkeypat
         assert prefill.count("one launch") == 1 and "block mask" not in prefill and step.count("block mask") >= 3
     else:
         assert prefill.count("blocks") == 3 and step.count("blocks") >= 3  # DCA's three parts
-    assert prefill.count("get") == 1 and prefill.count("_keys") == 1  # one key shift, one scan of the mask
-    assert step.count("_keys") == 1 and step.count("fold_block_key_shifts") == 1
+    assert prefill.count("get") == 1 and prefill.count("keys_of") == 1  # one key shift, one scan of the mask
+    assert step.count("keys_of") == 1 and step.count("fold_block_key_shifts") == 1
 
 
 COMPILED_STEP = [("llama", name) for name in ["rope", "pi", "ntk", "yarn", "drop", *sorted(METHODS)]] + [
