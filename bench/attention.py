@@ -2,7 +2,7 @@
 
     python bench/attention.py [--lengths 4096,8192,16384] [--heads 8] [--kv-heads 8] [--dim 64] [--rounds 3]
                               [--methods rope,string,...] [--decode] [--memory] [--device cuda] [--dtype bfloat16]
-                              [--batch 4 --left-pad 64] [--write]
+                              [--batch 4 --left-pad 64] [--backend auto] [--write]
 
 Time (default): in one process, SDPA and each method alternate ``--rounds`` times after a warm-up
 round; the table gives the median of the per-round ratios, so a shared machine's drift cancels
@@ -11,6 +11,8 @@ round; the table gives the median of the per-round ratios, so a shared machine's
 ``--batch B --left-pad P``: B sequences, left-padded 0 to P keys (evenly spread), as an evaluation
 batches prompts of one nominal length; SDPA runs the same batch causal and unpadded, so the ratio
 includes what the padding costs.
+``--backend``: the kernel's backend for every method (default ``auto``; ``triton``: the fused kernel,
+compiled on CUDA, under ``TRITON_INTERPRET=1`` on the CPU).
 ``--memory``: each method in a fresh process (peak RSS is its own, warm-up included), peak growth
 over the inputs against SDPA's; on the CPU the children run with a fixed glibc mmap threshold, so RSS
 tracks live memory, unless ``--allocator-as-is``: then it is the RSS a user sees, heap fragmentation
@@ -36,7 +38,7 @@ DROPS = {"drop": {"rate": 0.3}, "dynamic_drop": {}}  # DA at 0.3 on every row; D
 
 
 def case(method: str, n: int, heads: int, dim: int, decode: bool, device: str = "cpu", kv_heads: int | None = None,
-         dtype: str = "float32", batch: int = 1, left_pad: int = 0):
+         dtype: str = "float32", batch: int = 1, left_pad: int = 0, backend: str = "auto"):
     """``(run, input_bytes)``: one call of ``method`` (or causal SDPA for ``"sdpa"``, unpadded) on fixed random
     inputs; ``batch`` sequences whose keys are left-padded 0 to ``left_pad`` (evenly spread)."""
     import torch
@@ -58,25 +60,25 @@ def case(method: str, n: int, heads: int, dim: int, decode: bool, device: str = 
         positions = torch.arange(n - q.shape[2], n, device=device)[None]
         rates = drop.create(method, **DROPS[method]).rates(positions, n // 2, generated=torch.full(positions.shape, decode, device=device))
         parts = create("rope", training_window=n).parts()
-        return (lambda: kernel.attention(q, k, v, parts, inv_freq, drop=rates, key_padding=padding)), inputs
+        return (lambda: kernel.attention(q, k, v, parts, inv_freq, drop=rates, key_padding=padding, backend=backend)), inputs
     if method in DPES:
         pairs, top_k = dim // 2, DPES[method]["top_k"]
         chosen = {"top_k": None} if top_k is None else {"top_k": 3 * pairs // 4, "dimensions": torch.rand(1, heads, pairs, generator=generator)}
         parts = create("dpe", training_window=n, group_scales=LLAMA_3_SCALES, **chosen).layer_parts(0)
-        return (lambda: kernel.attention(q, k, v, parts, inv_freq, key_padding=padding)), inputs
+        return (lambda: kernel.attention(q, k, v, parts, inv_freq, key_padding=padding, backend=backend)), inputs
     parts = create(method, training_window=n, **METHODS[method]).parts()
-    return (lambda: kernel.attention(q, k, v, parts, inv_freq, key_padding=padding)), inputs
+    return (lambda: kernel.attention(q, k, v, parts, inv_freq, key_padding=padding, backend=backend)), inputs
 
 
 def time_ratios(lengths: list[int], methods: list[str], heads: int, dim: int, rounds: int, decode: bool, kv_heads: int,
-                device: str, dtype: str, batch: int = 1, left_pad: int = 0) -> list[str]:
+                device: str, dtype: str, batch: int = 1, left_pad: int = 0, backend: str = "auto") -> list[str]:
     """Medians of per-round time ratios against SDPA, SDPA and the method alternating in one process."""
     rows = ["| method | n | SDPA (s) | SDPA's kernel | median time / SDPA | min / max ratio |", "|---|---|---|---|---|---|"]
     for n in lengths:
         sdpa, _ = case("sdpa", n, heads, dim, decode, device, kv_heads, dtype, batch)
         sdpa_kernel = busiest_kernel(sdpa, device)
         for method in methods:
-            ours, _ = case(method, n, heads, dim, decode, device, kv_heads, dtype, batch, left_pad)
+            ours, _ = case(method, n, heads, dim, decode, device, kv_heads, dtype, batch, left_pad, backend)
             base, ratios = [], []
             for _ in range(rounds + 1):  # the first round warms up (and compiles)
                 base.append(timed(sdpa, device))
@@ -137,6 +139,7 @@ def main() -> None:
     parser.add_argument("--decode", action="store_true", help="one query against n cached keys instead of the causal prefill")
     parser.add_argument("--batch", type=int, default=1, help="sequences per call (timing only)")
     parser.add_argument("--left-pad", type=int, default=0, help="left padding of the last sequence, 0 .. this spread over the batch")
+    parser.add_argument("--backend", default="auto", help="the kernel's backend for every method (timing only)")
     parser.add_argument("--memory", action="store_true", help="peak memory, each method in its own process, instead of time")
     parser.add_argument("--allocator-as-is", action="store_true", help="--memory: the RSS a user sees (heap fragmentation "
                         "included), not live memory under a fixed mmap threshold")
@@ -157,6 +160,8 @@ def main() -> None:
         parser.error("--batch/--left-pad: timing only (--memory measures one sequence)")
     if args.left_pad and args.batch < 2:
         parser.error(f"--left-pad {args.left_pad}: needs --batch 2 or more (one sequence padded 0, the last {args.left_pad})")
+    if args.memory and args.backend != "auto":
+        parser.error("--backend: timing only (--memory measures the auto backend)")
     if args.memory and args.dtype != "float32":
         parser.error("--dtype: timing only (--memory measures float32)")
     what = "decoding step (1 query against n cached keys)" if args.decode else "causal prefill"
@@ -171,7 +176,7 @@ def main() -> None:
         rows = memory_table(lengths, methods, args.heads, args.dim, args.decode, args.device, args.allocator_as_is)
     else:
         rows = time_ratios(lengths, methods, args.heads, args.dim, args.rounds, args.decode, args.kv_heads or args.heads,
-                           args.device, args.dtype, args.batch, args.left_pad)
+                           args.device, args.dtype, args.batch, args.left_pad, args.backend)
     if args.write:
         command = " ".join(["python bench/attention.py", *(a for a in sys.argv[1:] if a != "--write")])
         title = f"Attention, {what}, {'peak memory' if args.memory else 'time'}, n = {args.lengths}, {heads}"
@@ -181,6 +186,8 @@ def main() -> None:
             title += f", {batch}"
         if args.device != "cpu":
             title += f", {args.device} {args.dtype}"
+        if args.backend != "auto":
+            title += f", backend {args.backend}"
         if args.methods != parser.get_default("methods"):
             title += f", {args.methods}"
         write_section(title, f"`{command}`\n\n{header}\n\n" + "\n".join(rows))

@@ -8,7 +8,8 @@
 # Steps: (1) tests/test_cuda.py, junit XML in $OUT/cuda-tests.xml; (2) the attention benchmark, a
 # Llama-8B-shaped layer (32 query / 8 KV heads, head dim 128, bfloat16): prefill at 8K, 32K and 128K and a
 # decoding step at 32K and 128K, every position method, against causal SDPA in the same run (CUDA events,
-# the warm-up round excluded, the kernel SDPA picked recorded); (3) the default model end to end at 16K.
+# the warm-up round excluded, the kernel SDPA picked recorded), and prefill with the fused Triton kernel at 8K and
+# 32K beside FlexAttention's; (3) the default model end to end at 16K.
 # Python: $PYTHON, else the project's .venv, else python3 (the device machine's own torch and transformers).
 # $OUT: where logs and the junit file go (default bench/out).
 set -euo pipefail
@@ -57,6 +58,14 @@ step "attention, causal prefill"
 "$python" bench/attention.py "${layer[@]}" --lengths "$prefill_lengths" --methods "$methods" $write 2>&1 | tee "$out/attention-prefill.log"
 step "attention, decoding step"
 "$python" bench/attention.py "${layer[@]}" --lengths "$decode_lengths" --methods "$methods" --decode $write 2>&1 | tee "$out/attention-decode.log"
+step "attention, causal prefill, the fused Triton kernel (auto takes it for decoding steps only)"
+if [ "$device" = cuda ]; then
+  "$python" bench/attention.py "${layer[@]}" --lengths 8192,32768 --methods "$methods" --backend triton $write 2>&1 | tee "$out/attention-prefill-triton.log"
+elif "$python" -c 'import triton' 2>/dev/null; then  # Triton's interpreter: tiny sizes
+  TRITON_INTERPRET=1 "$python" bench/attention.py "${layer[@]}" --lengths 512 --methods "$methods" --backend triton $write 2>&1 | tee "$out/attention-prefill-triton.log"
+else
+  echo "skipped: Triton is not installed"
+fi
 step "the default model end to end"
 "$python" bench/model.py "${model[@]}" --methods "$methods" $write 2>&1 | tee "$out/model.log"
 echo; echo "bench/gpu.sh: done in $((SECONDS - start)) s; tables in ${BENCH_RESULTS:-bench/RESULTS.md}, logs in $out"

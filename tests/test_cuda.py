@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available()
 
 KERNEL_METHODS = [("rope", {}), ("string", {"shift": 40, "local_window": 5}), ("string", {"shift": 40, "local_window": 5, "mscale": True}),
                   *BASELINES]
-CUDA_BACKENDS = ["auto", "flex", "cuda_efficient", "math"]
+CUDA_BACKENDS = ["auto", "flex", "cuda_efficient", "math", "triton"]
 
 
 @pytest.fixture(autouse=True)
@@ -44,6 +44,8 @@ def on_cuda(*tensors, dtype=torch.float32):
 @pytest.mark.parametrize("backend", CUDA_BACKENDS)
 @pytest.mark.parametrize("pads", [(0, 0), (0, 7)])
 def test_every_method_on_every_cuda_backend_matches_the_reference(name, params, backend, pads):
+    if backend == "triton" and "dimensions" in params:
+        pytest.skip("the fused kernel takes no per-head rotary pairs (DPE with selected pairs)")
     method = create(name, training_window=60, **params)
     n = 300  # three of FlexAttention's tiles
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(n, pads=pads)
@@ -59,8 +61,10 @@ def test_every_method_on_every_cuda_backend_matches_the_reference(name, params, 
 
 
 @pytest.mark.parametrize("name, params", [("string", {"shift": 40, "local_window": 5}), BASELINES[-1]])
-@pytest.mark.parametrize("backend", ["auto", "cuda_efficient"])
+@pytest.mark.parametrize("backend", ["auto", "cuda_efficient", "triton"])
 def test_bfloat16_on_cuda(name, params, backend):
+    if backend == "triton" and "dimensions" in params:
+        pytest.skip("the fused kernel takes no per-head rotary pairs (DPE with selected pairs)")
     method = create(name, training_window=60, **params)
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(300, pads=(0, 7))
     want, rows = expected(method, q, k, v, positions, padding, inv_freq, 300, scaling=0.3)
@@ -166,10 +170,11 @@ def test_additive_masks_have_rows_aligned_for_cuda_efficient_attention():
     assert torch.equal((mask == 0).cpu(), allowed)
 
 
-def test_auto_takes_flex_for_prefill_and_math_for_decoding_steps():
+def test_auto_takes_flex_for_prefill_and_the_fused_kernel_for_decoding_steps():
     many, few = (torch.empty(1, 4, n, 16, device="cuda") for n in (plan.SMALL_QUERY + 1, plan.SMALL_QUERY))
-    assert backends.pick(many, "auto") is flex.part_attention
-    assert backends.pick(few, "auto") is backends.math_block
+    assert backends.pick(many, "auto", fusable=True) is flex.part_attention
+    assert backends.pick(few, "auto", fusable=True) is backends.fused.parts_attention
+    assert backends.pick(few, "auto", fusable=False) is backends.math_block
 
 
 def test_decoding_steps_reuse_the_compiled_flex_kernel():

@@ -518,7 +518,7 @@ def test_auto_falls_back_with_one_warning_when_flexattention_fails_to_compile(mo
         return compile_and_run
 
     real_pick = backends.pick
-    monkeypatch.setattr(kernel, "pick", lambda query, backend: (flex.part_attention if backend == "auto" and flex.available(query.device, for_auto=True)
+    monkeypatch.setattr(kernel, "pick", lambda query, backend, **kwargs: (flex.part_attention if backend == "auto" and flex.available(query.device, for_auto=True)
                                                                 else real_pick(query, "cpu_flash" if backend == "auto" else backend)))
     monkeypatch.setattr(flex, "_function", failing)
     monkeypatch.setattr(flex, "_compile_failure", [])

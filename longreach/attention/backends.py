@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from . import flex
+from . import flex, fused
 from .plan import NEG_INF, SMALL_QUERY
 from .rotary import compute_dtype
 
@@ -100,19 +100,24 @@ def per_kv_head(grad: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return grad if grad.shape[1] == kv_heads else grad.unflatten(1, (kv_heads, -1)).sum(2)
 
 
-BACKENDS: dict[str, Callable] = {"cpu_flash": cpu_flash, "cuda_efficient": cuda_efficient, "flex": flex.part_attention, "math": math_block}
+BACKENDS: dict[str, Callable] = {"cpu_flash": cpu_flash, "cuda_efficient": cuda_efficient, "flex": flex.part_attention, "math": math_block,
+                                 "triton": fused.parts_attention}
+"""Each backend by name; ``triton`` computes every part at once (the kernel calls it on all parts, not per block)."""
 BACKWARDS: dict[Callable, Callable] = {cpu_flash: cpu_flash_backward, math_block: math_backward}
 """Backends with a backward of their own; the others are differentiated tile by tile with :func:`math_backward`."""
 
 
-def pick(query: torch.Tensor, backend: str) -> Callable:
+def pick(query: torch.Tensor, backend: str, fusable: bool = False) -> Callable:
     """``auto``: CPU flash attention on CPU; on CUDA compiled FlexAttention (memory-efficient attention
-    without Triton), and for a decoding step (at most ``SMALL_QUERY`` queries) the math backend, whose
-    one masked tile costs less than building a block mask and launching the compiled kernel; the math
-    backend in float64 and on other devices."""
+    without Triton), and for a decoding step (at most ``SMALL_QUERY`` queries) the fused Triton kernel
+    (:mod:`.fused`, split along the keys) where the call is ``fusable`` -- no gradients, no per-head pairs --
+    else the math backend; the math backend in float64 and on other devices."""
     if backend == "auto":
-        if query.dtype == torch.float64 or (query.device.type == "cuda" and query.shape[2] <= SMALL_QUERY):
+        decoding = query.device.type == "cuda" and query.shape[2] <= SMALL_QUERY
+        if query.dtype == torch.float64:
             backend = "math"
+        elif decoding:
+            backend = "triton" if fusable and fused.available(query.device, for_auto=True) else "math"
         elif query.device.type == "cuda":
             backend = "flex" if flex.available(query.device, for_auto=True) else "cuda_efficient"
         else:
@@ -121,6 +126,10 @@ def pick(query: torch.Tensor, backend: str) -> Callable:
         raise ValueError(f"backend={backend!r} is not one of: auto, {', '.join(BACKENDS)}")
     if backend == "flex" and not flex.available(query.device):
         raise ValueError(f"backend='flex' needs PyTorch's FlexAttention (torch >= 2.5, and Triton on CUDA); not available on {query.device}")
+    if backend == "triton" and not fused.available(query.device):
+        raise ValueError(f"backend='triton' needs Triton on a CUDA device, or TRITON_INTERPRET=1 on the CPU; not available on {query.device}")
+    if backend == "triton" and not fusable:
+        raise ValueError("backend='triton' computes no gradients and no per-head rotary pairs (DPE): use backend='auto' here")
     return BACKENDS[backend]
 
 

@@ -22,7 +22,7 @@ from typing import Sequence
 import torch
 
 from ..methods.base import Part
-from . import flex, rows
+from . import flex, fused, rows
 from .autograd import PartsAttention
 from .backends import BACKWARDS, expand_heads, math_block, pick
 from .merge import merge, run
@@ -61,16 +61,18 @@ def attention(
 
     ``memo``: a :class:`.memo.Memo` shared by the calls of one forward pass (the same positions, padding
     and parts in every call): what depends on those alone -- plans, block masks, shift angles -- is
-    built by the first call and reused by the others. Where ``auto`` chose FlexAttention and compiling it
-    fails, the call is computed by the tiled kernel with one warning (:func:`.flex.give_up`), never an error.
+    built by the first call and reused by the others. Where ``auto`` chose FlexAttention or the fused Triton
+    kernel and compiling it fails, the call is computed by the tiled kernel with one warning
+    (:func:`.flex.give_up`, :func:`.fused.give_up`), never an error.
     """
     arguments = (query, key, value, parts, inv_freq, scaling, key_padding, sliding_window, logit_scale, positions, drop, backend, tile, memo)
     try:
         return _attention(*arguments)
     except Exception as error:
-        if backend != "auto" or not flex.compile_failed(error):
+        failed = next((module for module in (flex, fused) if module.compile_failed(error)), None)
+        if backend != "auto" or failed is None:
             raise
-        flex.give_up(error)
+        failed.give_up(error)
         return _attention(*arguments)
 
 
@@ -94,8 +96,8 @@ def _attention(query, key, value, parts, inv_freq, scaling, key_padding, sliding
                       positions=positions)
         return _attention_with_drop(query, key, value, parts, inv_freq, drop, common, backend, tile)
     query, key, scaling, positions = prepare(query, key, inv_freq, scaling, logit_scale, positions)
-    block = pick(query, backend)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    block = pick(query, backend, fusable=not needs_grad and not split and all(part.pairs is None for part in parts))
     if needs_grad and block is flex.part_attention and query.device.type != "cuda":
         raise ValueError(f"backend='flex' has no backward on {query.device.type} (PyTorch's FlexAttention has one on CUDA only): "
                          "use backend='auto' or 'math' to compute gradients here")
@@ -104,6 +106,9 @@ def _attention(query, key, value, parts, inv_freq, scaling, key_padding, sliding
 
     memo = Memo() if memo is None else memo
     geometry = (batch, q_len, kv_len, query.dtype, str(query.device), tile, whole_blocks, block)
+    if block is fused.parts_attention:
+        out = _fused(query, key, value, parts, inv_freq, scaling, key_padding, sliding_window, positions, memo, geometry)
+        return out.to(query.dtype).transpose(1, 2)
     if block is flex.part_attention and q_len > SMALL_QUERY and all(part.pairs is None for part in parts):
         out = _one_launch(query, key, value, parts, inv_freq, scaling, key_padding, sliding_window, positions, memo, geometry)
         return out.to(query.dtype).transpose(1, 2)
@@ -182,6 +187,46 @@ def _one_launch(query, key, value, parts, inv_freq, scaling, key_padding, slidin
         rows = slice(index * q_segment, index * q_segment + q_len)
         merged, merged_lse = merge(merged, merged_lse, out[:, :, rows], lse[:, :, rows])
     return merged.to(accumulate)
+
+
+def _fused(query, key, value, parts, inv_freq, scaling, key_padding, sliding_window, positions, memo, geometry) -> torch.Tensor:
+    """Every part in one pass of the Triton kernel (:mod:`.fused`): a part's query moved on the host (by its query
+    shift less a constant key shift), a per-token key shift turned inside the kernel from its angle table.
+    Returns ``[B, Hq, Lq, D]`` in the accumulation dtype."""
+    batch, q_len, kv_len = query.shape[0], query.shape[2], key.shape[2]
+    offset = kv_len - q_len
+    q_positions = positions[:, offset:]
+    queries, cells, tables, spans = [], [], {}, []
+    for part in parts:
+        lo, hi = part.min_distance, upper_bound(part, sliding_window)
+        if hi is not None and hi <= lo:
+            continue
+        angles = _angles(memo, "query", part.query_shift, q_positions, inv_freq, query.dtype, geometry)
+        q = shifted(query, part.query_shift, q_positions, inv_freq, None, angles)
+        table = None
+        if callable(part.key_shift):
+            if id(part.key_shift) not in tables:
+                tables[id(part.key_shift)] = _angles(memo, "key", part.key_shift, positions, inv_freq, key.dtype, geometry)
+            table = list(tables).index(id(part.key_shift))
+        elif part.key_shift:
+            q = shifted(q, -part.key_shift, None, inv_freq)  # rotations add: the key's constant shift moves the query back
+        queries.append(q)
+        cells.append(fused.Cell(lo, hi, table, part.key_span is not None))
+        spans.append(None if part.key_span is None else part.key_span(q_positions))
+    if not cells:  # the model's sliding window excludes every part
+        return torch.zeros(batch, query.shape[1], q_len, value.shape[-1], dtype=compute_dtype(query.dtype), device=query.device)
+    cos_sin = None
+    if tables:
+        cos_sin = tuple(torch.stack([angles[side][:, 0] for angles in tables.values()]) for side in (0, 1))
+    key_spans = None
+    if any(span is not None for span in spans):
+        everything = torch.iinfo(torch.int64)
+        fill = lambda value: torch.full((batch, q_len), value, dtype=torch.int64, device=query.device)
+        first = torch.stack([fill(everything.min) if span is None else span[0].expand(batch, q_len) for span in spans])
+        stop = torch.stack([fill(everything.max) if span is None else span[1].expand(batch, q_len) for span in spans])
+        key_spans = (first, stop, positions)
+    out, _ = fused.parts_attention(queries, key, value, cells, scaling, offset, key_padding, cos_sin, key_spans)
+    return out
 
 
 def _side_by_side(tensors: list[torch.Tensor], segment: int) -> torch.Tensor:

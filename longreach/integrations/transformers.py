@@ -33,7 +33,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from .. import methods
-from ..attention import backends, kernel, reference, rows, static
+from ..attention import backends, fused, kernel, reference, rows, static
 from ..attention.memo import Memo
 from ..attention.plan import SMALL_QUERY
 from ..attention.rotary import find_rotary, inverse_frequencies, rotary_pairs
@@ -269,9 +269,9 @@ def apply(model: nn.Module, method: str = "string", *, training_window: int | No
     are accepted as types); ``L`` stays the model's own window unless ``training_window`` says otherwise.
     ``method="drop"`` / ``"dynamic_drop"`` (Drop Attention, Dynamic Drop Attention) with their
     parameters, or ``drop={"method": "dynamic_drop", ...}`` beside another method, drops low scores.
-    ``backend``: ``"auto"`` (CPU flash attention on CPU, compiled FlexAttention on CUDA),
-    ``"cpu_flash"``, ``"cuda_efficient"``, ``"flex"`` (FlexAttention; eager and forward-only on CPU,
-    for checking), ``"math"``, or ``"reference"`` (the dense float64 oracle, O(n^2), for tests). Applying again replaces the previous method; :func:`remove` undoes it.
+    ``backend``: ``"auto"`` (CPU flash attention on CPU; on CUDA compiled FlexAttention, and the fused
+    Triton kernel for decoding steps), ``"cpu_flash"``, ``"cuda_efficient"``, ``"flex"`` (FlexAttention; eager
+    and forward-only on CPU, for checking), ``"triton"`` (the fused kernel, forward only), ``"math"``, or ``"reference"`` (the dense float64 oracle, O(n^2), for tests). Applying again replaces the previous method; :func:`remove` undoes it.
     """
     rotary = find_rotary(model)
     if rotary is None:
@@ -317,6 +317,9 @@ def _check_model(model: nn.Module, backend: str) -> None:
         raise ValueError(f"backend='cuda_efficient' needs a model on a CUDA device; this model is on {device!r}")
     if backend == "cpu_flash" and device not in ("cpu", "meta"):
         raise ValueError(f"backend='cpu_flash' needs a model on the CPU; this model is on {device!r}")
+    if backend == "triton" and device != "meta" and not fused.available(device):
+        raise ValueError(f"backend='triton' needs Triton and a model on a CUDA device (or TRITON_INTERPRET=1 on the CPU); "
+                         f"this model is on {device!r}")
     text = model.config.get_text_config()
     if getattr(text, "attn_logit_softcapping", None) is not None:
         raise ValueError(

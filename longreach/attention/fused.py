@@ -1,0 +1,311 @@
+"""Every part of a method in one Triton kernel: one pass over the keys, one softmax per row.
+
+A method's parts (:class:`~longreach.methods.Part`) are disjoint regions of the causal pairs, each with
+its own view of q and k (SPEC.md section 1). Here they are the kernel's *cells*: cell ``c`` scores its pairs
+``lo_c <= i - j < hi_c`` (and, for DCA, key positions in ``[first_c(i), stop_c(i))``) as ``q_c . k_c``, and all
+cells meet in one online softmax (Dao et al. 2022, FlashAttention, Algorithm 1) -- no log-sum-exp merge. The
+cell's query ``q_c`` is moved on the host (a query is one row per token); its keys are the cached keys,
+either as they are or turned inside the kernel by per-key angles (``cos``, ``sin`` tables of the part's key
+shift, :data:`.shifts.KEY_ROTATIONS`): the cache is read once, never copied or rotated in memory. A tile of
+keys a cell cannot reach (tile arithmetic on distances) skips that cell's dot product, so a STRING or
+ReRoPE tile costs one matrix product except in the band where the parts meet.
+
+Decoding splits the keys between programs (Dao et al. 2023, "Flash-Decoding"): each writes its part's
+output and log-sum-exp, and :func:`_combine` merges the splits. A query tile packs the rows of every query
+head that shares a key/value head (grouped-query attention reads each key once per group).
+
+Runs compiled on CUDA, and on the CPU under Triton's interpreter (``TRITON_INTERPRET=1``, set before
+Triton is imported), which the tests use; there bfloat16 inputs are computed in float32 (the interpreter's
+``tl.dot`` gets bfloat16 wrong). Forward only: gradients take the tiled kernel.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from .rotary import compute_dtype
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the installed packages
+    triton = None
+
+MAX_CELLS = 3  # DCA's three parts; every other method has one or two
+NO_BOUND = 1 << 62  # a cell without an upper distance bound
+
+
+_compile_failure: list[str] = []  # why compiling the kernel failed in this process, once it has
+
+
+def available(device: torch.device | str, for_auto: bool = False) -> bool:
+    """Whether the kernel can run on ``device``: Triton is installed, and the device is CUDA, or the CPU
+    under Triton's interpreter (``TRITON_INTERPRET=1``); ``for_auto``: and compiling it has not failed here."""
+    if triton is None or (for_auto and _compile_failure):
+        return False
+    kind = torch.device(device).type
+    return kind == "cuda" or (kind == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def compile_failed(error: BaseException) -> bool:
+    """Whether ``error`` is Triton failing to compile or launch the kernel (an old GPU, too little shared memory)."""
+    if triton is None:
+        return False
+    from triton.compiler.errors import CompilationError
+    from triton.runtime.errors import OutOfResources
+
+    return isinstance(error, (CompilationError, OutOfResources))
+
+
+def give_up(error: BaseException) -> None:
+    """Stop choosing the kernel for ``auto`` in this process, with one warning that says why."""
+    if not _compile_failure:
+        _compile_failure.append(f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+        warnings.warn(f"longreach: the fused Triton kernel failed ({_compile_failure[0]}); backend='auto' decodes with the "
+                      "tiled kernel from now on (slower, the same results)", stacklevel=3)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One part's pairs: distances ``lo <= d < hi`` (``hi`` None: unbounded), keys turned by angle table
+    ``table`` (None: as cached), and whether a key span limits it (its row of ``first``/``stop``)."""
+
+    lo: int
+    hi: int | None
+    table: int | None = None
+    spanned: bool = False
+
+
+def parts_attention(queries: list[torch.Tensor], key: torch.Tensor, value: torch.Tensor, cells: list[Cell],
+                    scaling: float, offset: int, padding: torch.Tensor | None = None,
+                    tables: tuple[torch.Tensor, torch.Tensor] | None = None,
+                    spans: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                    splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of cell ``c``'s query ``queries[c] [B, Hq, Lq, D]`` over ``key``/``value [B, Hkv, Lkv, D]``.
+
+    Query row ``t`` is at key index ``t + offset``. ``padding [B, Lkv]`` is False at padding keys. ``tables``:
+    ``(cos, sin)`` ``[T, B, Lkv, P]`` (``P`` rotary pairs; dimensions past ``2P`` do not rotate), the angles a
+    cell's keys turn by. ``spans``: ``(first [C, B, Lq], stop [C, B, Lq], key positions [B, Lkv])``.
+    ``splits``: programs per row along the keys (default: one for prefill, enough to fill the device for a
+    decoding step). Returns ``(out [B, Hq, Lq, Dv], lse [B, Hq, Lq])`` in float32 (float64 for float64
+    inputs); rows with no key get 0 and ``-inf``.
+    """
+    if not 1 <= len(cells) <= MAX_CELLS or len(queries) != len(cells):
+        raise ValueError(f"the fused kernel takes 1 to {MAX_CELLS} cells with one query each, got {len(cells)} cells, {len(queries)} queries")
+    batch, q_heads, q_len, dim = queries[0].shape
+    kv_heads, kv_len, value_dim = key.shape[1], key.shape[2], value.shape[-1]
+    group = q_heads // kv_heads
+    accumulate = compute_dtype(key.dtype)
+    if key.device.type == "cpu" and key.dtype == torch.bfloat16:  # Triton's interpreter (3.9) multiplies bfloat16 wrongly
+        key, value = key.float(), value.float()
+    query = torch.stack(queries).to(key.dtype)
+    key, value = _unit_stride(key), _unit_stride(value)
+    pairs = dim // 2 if tables is None else tables[0].shape[-1]
+    dummy = torch.zeros(1, dtype=accumulate, device=key.device)
+    cos, sin = (t.to(accumulate).contiguous() for t in tables) if tables is not None else (dummy, dummy)
+    first, stop, key_positions = (spans[0].contiguous(), spans[1].contiguous(), spans[2].contiguous()) if spans is not None \
+        else (dummy, dummy, dummy)
+    valid = padding.to(torch.int8).contiguous() if padding is not None else dummy
+    bounds = torch.tensor([[c.lo, NO_BOUND if c.hi is None else c.hi] for c in cells], dtype=torch.int64, device=key.device)
+    lo_min = min(c.lo for c in cells)
+    hi_max = None if any(c.hi is None for c in cells) else max(c.hi for c in cells)
+
+    block_m, block_n = _tiles(key.device, group * q_len)
+    m_tiles = triton.cdiv(group * q_len, block_m)
+    splits = _splits(key.device, batch * kv_heads * m_tiles, kv_len, block_n) if splits is None else splits
+    keys_per_split = triton.cdiv(triton.cdiv(kv_len, splits), block_n) * block_n
+    splits = triton.cdiv(kv_len, keys_per_split)
+    out = torch.empty(splits, batch, q_heads, q_len, value_dim, dtype=accumulate, device=key.device)
+    lse = torch.empty(splits, batch, q_heads, q_len, dtype=accumulate, device=key.device)
+    table_of = [(-1 if c.table is None else c.table) for c in cells] + [-1] * (MAX_CELLS - len(cells))
+    spanned = [c.spanned for c in cells] + [False] * (MAX_CELLS - len(cells))
+    _kernel[(m_tiles, batch * kv_heads, splits)](
+        query, key, value, cos, sin, valid, first, stop, key_positions, bounds, out, lse,
+        *query.stride()[:4], *key.stride()[:3], *value.stride()[:3],
+        cos.stride(0) if tables is not None else 0, cos.stride(1) if tables is not None else 0,
+        cos.stride(2) if tables is not None else 0,
+        first.stride(0) if spans is not None else 0, first.stride(1) if spans is not None else 0,
+        valid.stride(0) if padding is not None else 0, key_positions.stride(0) if spans is not None else 0,
+        *out.stride()[:4], *lse.stride()[:3],
+        kv_heads, group, q_len, kv_len, offset, keys_per_split, lo_min, NO_BOUND if hi_max is None else hi_max, scaling,
+        PAIRS=pairs, PAIRS_P=_pow2(pairs), REST=dim - 2 * pairs, REST_P=_pow2(dim - 2 * pairs), VALUE=value_dim,
+        VALUE_P=_pow2(value_dim), CELLS=len(cells), TABLE0=table_of[0], TABLE1=table_of[1], TABLE2=table_of[2],
+        SPAN0=spanned[0], SPAN1=spanned[1], SPAN2=spanned[2], PADDED=padding is not None, BOUNDED=hi_max is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, ACC=tl.float64 if accumulate == torch.float64 else tl.float32,
+    )
+    return _combine(out, lse)
+
+
+def _combine(out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The splits' outputs ``[S, ...]`` weighted by their share of each row's softmax (log-sum-exp)."""
+    if out.shape[0] == 1:
+        return out[0], lse[0]
+    top = lse.amax(0)
+    top = torch.where(torch.isfinite(top), top, 0.0)
+    weights = torch.exp(lse - top)  # 0 for a split that saw no key of the row
+    total = weights.sum(0)
+    merged = (weights[..., None] * out).sum(0) / torch.where(total > 0, total, 1.0)[..., None]
+    return merged, top + torch.log(total)
+
+
+def _unit_stride(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _pow2(n: int) -> int:
+    """``n`` rounded up to a power of two, at least 16 (the smallest side of Triton's ``tl.dot``); 0 stays 0."""
+    return 0 if n == 0 else max(16, triton.next_power_of_2(n))
+
+
+def _tiles(device: torch.device, rows: int) -> tuple[int, int]:
+    """``(BLOCK_M, BLOCK_N)``: small tiles for a decoding step's few rows, 64 x 64 otherwise."""
+    block_m = 16 if rows <= 16 else (32 if rows <= 32 else 64)
+    return block_m, 64
+
+
+def _splits(device: torch.device, programs: int, kv_len: int, block_n: int) -> int:
+    """Key splits per query tile: enough programs for two per streaming multiprocessor (one on the CPU's
+    interpreter, four when there is one program per row anyway, to exercise the combine), none below a tile."""
+    if device.type == "cuda":
+        target = 2 * torch.cuda.get_device_properties(device).multi_processor_count
+    else:
+        target = 4 * programs if programs <= 4 else programs
+    return max(1, min(triton.cdiv(kv_len, block_n), triton.cdiv(target, programs)))
+
+
+if triton is not None:
+
+    @triton.jit
+    def _load_rows(base, rows_ok, PAIRS: tl.constexpr, PAIRS_P: tl.constexpr, REST: tl.constexpr, REST_P: tl.constexpr):
+        """A tile of vectors in three slices: the first and second halves of the rotary pairs, and the rest."""
+        pair = tl.arange(0, PAIRS_P)
+        ok = rows_ok[:, None] & (pair < PAIRS)[None, :]
+        first = tl.load(base[:, None] + pair[None, :], mask=ok, other=0.0)
+        second = tl.load(base[:, None] + PAIRS + pair[None, :], mask=ok, other=0.0)
+        if REST > 0:
+            extra = tl.arange(0, REST_P)
+            rest = tl.load(base[:, None] + 2 * PAIRS + extra[None, :], mask=rows_ok[:, None] & (extra < REST)[None, :], other=0.0)
+        else:
+            rest = first
+        return first, second, rest
+
+    @triton.jit
+    def _cell(scores, c, q1, q2, q3, k1, k2, k3, bounds, distance, d_min, d_max, scale,
+              COS, SIN, table_base, cols, cols_ok, FIRST, STOP, span_base, t, rows_ok, key_at,
+              TABLE: tl.constexpr, SPAN: tl.constexpr, PAIRS: tl.constexpr, PAIRS_P: tl.constexpr, REST: tl.constexpr,
+              ACC: tl.constexpr):
+        """Cell ``c``'s scores written into ``scores`` at its pairs; skipped when the tile's distances miss its range."""
+        lo = tl.load(bounds + 2 * c)
+        hi = tl.load(bounds + 2 * c + 1)
+        if (d_max >= lo) & (d_min < hi):
+            if TABLE >= 0:  # keys turned by per-key angles: (k1 cos - k2 sin, k2 cos + k1 sin), as rotary.apply_rotation
+                pair = tl.arange(0, PAIRS_P)
+                ok = cols_ok[:, None] & (pair < PAIRS)[None, :]
+                cos = tl.load(COS + table_base + pair[None, :], mask=ok, other=1.0).to(ACC)
+                sin = tl.load(SIN + table_base + pair[None, :], mask=ok, other=0.0).to(ACC)
+                a, b = k1.to(ACC), k2.to(ACC)
+                k1 = (a * cos - b * sin).to(q1.dtype)
+                k2 = (b * cos + a * sin).to(q1.dtype)
+            qk = tl.dot(q1, tl.trans(k1), input_precision="ieee", out_dtype=ACC)
+            qk += tl.dot(q2, tl.trans(k2), input_precision="ieee", out_dtype=ACC)
+            if REST > 0:
+                qk += tl.dot(q3, tl.trans(k3), input_precision="ieee", out_dtype=ACC)
+            inside = (distance >= lo) & (distance < hi)
+            if SPAN:
+                first = tl.load(FIRST + span_base + t, mask=rows_ok, other=0)
+                stop = tl.load(STOP + span_base + t, mask=rows_ok, other=0)
+                inside = inside & (key_at[None, :] >= first[:, None]) & (key_at[None, :] < stop[:, None])
+            scores = tl.where(inside, qk * scale, scores)
+        return scores
+
+    @triton.jit
+    def _kernel(Q, K, V, COS, SIN, VALID, FIRST, STOP, KEYPOS, BOUNDS, OUT, LSE,
+                stride_qc, stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kj, stride_vb, stride_vh, stride_vj,
+                stride_tt, stride_tb, stride_tj, stride_fc, stride_fb, stride_pb, stride_kpb,
+                stride_os, stride_ob, stride_oh, stride_ot, stride_ls, stride_lb, stride_lh,
+                kv_heads, group, q_len, kv_len, offset, keys_per_split, lo_min, hi_max, scale,
+                PAIRS: tl.constexpr, PAIRS_P: tl.constexpr, REST: tl.constexpr, REST_P: tl.constexpr,
+                VALUE: tl.constexpr, VALUE_P: tl.constexpr, CELLS: tl.constexpr,
+                TABLE0: tl.constexpr, TABLE1: tl.constexpr, TABLE2: tl.constexpr,
+                SPAN0: tl.constexpr, SPAN1: tl.constexpr, SPAN2: tl.constexpr, PADDED: tl.constexpr, BOUNDED: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACC: tl.constexpr):
+        """One program: a tile of query rows (a group's heads packed) against one split of the keys."""
+        tile, head_of_batch, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        b, kv_head = head_of_batch // kv_heads, head_of_batch % kv_heads
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        rows_ok = rows < group * q_len
+        t = rows % q_len
+        head = kv_head * group + rows // q_len
+        t_lo = tl.min(tl.where(rows_ok, t, q_len), axis=0)
+        t_hi = tl.max(tl.where(rows_ok, t, -1), axis=0)
+
+        q_rows = Q + b * stride_qb + head * stride_qh + t * stride_qt
+        q1a, q2a, q3a = _load_rows(q_rows, rows_ok, PAIRS, PAIRS_P, REST, REST_P)
+        q1b, q2b, q3b = q1a, q2a, q3a
+        q1c, q2c, q3c = q1a, q2a, q3a
+        if CELLS > 1:
+            q1b, q2b, q3b = _load_rows(q_rows + stride_qc, rows_ok, PAIRS, PAIRS_P, REST, REST_P)
+        if CELLS > 2:
+            q1c, q2c, q3c = _load_rows(q_rows + 2 * stride_qc, rows_ok, PAIRS, PAIRS_P, REST, REST_P)
+
+        begin = split * keys_per_split
+        end = tl.minimum(tl.minimum(kv_len, begin + keys_per_split), t_hi + offset - lo_min + 1)
+        if BOUNDED:  # keys below every cell's reach are skipped (tile aligned)
+            begin = tl.maximum(begin, (t_lo + offset - hi_max + 1) // BLOCK_N * BLOCK_N)
+
+        m_i = tl.full([BLOCK_M], float("-inf"), ACC)
+        l_i = tl.zeros([BLOCK_M], ACC)
+        acc = tl.zeros([BLOCK_M, VALUE_P], ACC)
+        value_dims = tl.arange(0, VALUE_P)
+        for start in range(begin, end, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            cols_ok = cols < end
+            k1, k2, k3 = _load_rows(K + b * stride_kb + kv_head * stride_kh + cols * stride_kj, cols_ok, PAIRS, PAIRS_P, REST, REST_P)
+            distance = t[:, None] + offset - cols[None, :]
+            d_min = t_lo + offset - (start + BLOCK_N - 1)
+            d_max = t_hi + offset - start
+            key_at = cols
+            if SPAN0 | SPAN1 | SPAN2:
+                key_at = tl.load(KEYPOS + b * stride_kpb + cols, mask=cols_ok, other=0)
+            table_base = b * stride_tb + cols[:, None] * stride_tj
+            scores = tl.full([BLOCK_M, BLOCK_N], float("-inf"), ACC)
+            scores = _cell(scores, 0, q1a, q2a, q3a, k1, k2, k3, BOUNDS, distance, d_min, d_max, scale,
+                           COS + TABLE0 * stride_tt, SIN + TABLE0 * stride_tt, table_base, cols, cols_ok,
+                           FIRST, STOP, b * stride_fb, t, rows_ok, key_at,
+                           TABLE0, SPAN0, PAIRS, PAIRS_P, REST, ACC)
+            if CELLS > 1:
+                scores = _cell(scores, 1, q1b, q2b, q3b, k1, k2, k3, BOUNDS, distance, d_min, d_max, scale,
+                               COS + TABLE1 * stride_tt, SIN + TABLE1 * stride_tt, table_base, cols, cols_ok,
+                               FIRST, STOP, stride_fc + b * stride_fb, t, rows_ok, key_at,
+                               TABLE1, SPAN1, PAIRS, PAIRS_P, REST, ACC)
+            if CELLS > 2:
+                scores = _cell(scores, 2, q1c, q2c, q3c, k1, k2, k3, BOUNDS, distance, d_min, d_max, scale,
+                               COS + TABLE2 * stride_tt, SIN + TABLE2 * stride_tt, table_base, cols, cols_ok,
+                               FIRST, STOP, 2 * stride_fc + b * stride_fb, t, rows_ok, key_at,
+                               TABLE2, SPAN2, PAIRS, PAIRS_P, REST, ACC)
+            allowed = rows_ok[:, None] & cols_ok[None, :]
+            if PADDED:
+                real = tl.load(VALID + b * stride_pb + cols, mask=cols_ok, other=0)
+                allowed = allowed & (real != 0)[None, :]
+            scores = tl.where(allowed, scores, float("-inf"))
+
+            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp(scores - m_safe[:, None])
+            alpha = tl.exp(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(V + b * stride_vb + kv_head * stride_vh + cols[:, None] * stride_vj + value_dims[None, :],
+                        mask=cols_ok[:, None] & (value_dims < VALUE)[None, :], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee", out_dtype=ACC)
+            m_i = m_new
+
+        seen = l_i > 0
+        out = acc / tl.where(seen, l_i, 1.0)[:, None]
+        lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
+        out_rows = OUT + split * stride_os + b * stride_ob + head * stride_oh + t * stride_ot
+        tl.store(out_rows[:, None] + value_dims[None, :], out, mask=rows_ok[:, None] & (value_dims < VALUE)[None, :])
+        tl.store(LSE + split * stride_ls + b * stride_lb + head * stride_lh + t, lse, mask=rows_ok)

@@ -1,0 +1,123 @@
+"""The fused Triton kernel (longreach.attention.fused) against the float64 dense reference.
+
+Without a GPU it runs under Triton's interpreter (conftest sets ``TRITON_INTERPRET=1``); on a CUDA
+machine the same tests run compiled (tests/test_cuda.py adds bfloat16 there).
+"""
+
+import pytest
+import torch
+from conftest import tiny_model
+from test_kernel import BASELINES, case, expected
+
+import longreach
+from longreach.attention import backends, fused, kernel
+from longreach.methods import create
+
+pytestmark = pytest.mark.skipif(not fused.available("cpu"), reason="needs Triton (TRITON_INTERPRET=1 on the CPU)")
+
+FUSABLE = [("rope", {}), ("string", {"shift": 40, "local_window": 5}), ("string", {"shift": 40, "local_window": 5, "mscale": True}),
+           *[(name, params) for name, params in BASELINES if "dimensions" not in params]]
+
+
+@pytest.mark.parametrize("name, params", FUSABLE)
+@pytest.mark.parametrize("pads", [(0, 0), (3, 29)])
+def test_every_method_matches_the_reference_in_prefill_chunks_and_decoding(name, params, pads):
+    """Two key tiles of 64 and more; GQA 4:2; left padding; one and five queries against the cache (split keys)."""
+    method = create(name, training_window=60, **params)
+    n = 150
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(n, pads=pads)
+    for q_len in (n, 1, 5):
+        want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
+        for dtype, tolerance in ((torch.float32, 1e-5), (torch.float64, 1e-12)):
+            got = kernel.attention(q_rot[:, :, -q_len:].to(dtype), k_rot.to(dtype), v.to(dtype), method.layer_parts(0), inv_freq.to(dtype),
+                                   scaling=0.3, key_padding=padding if pads[1] else None, positions=positions, backend="triton",
+                                   logit_scale=method.logit_scale)
+            assert got.dtype == dtype and not got.isnan().any()
+            assert (got - want)[rows].abs().max() <= tolerance, (q_len, dtype)
+
+
+@pytest.mark.parametrize("name, params", [("string", {"shift": 40, "local_window": 5}), ("dca", {"chunk_size": 16, "local_window": 4})])
+def test_partial_rotary_a_sliding_window_and_one_key_head(name, params):
+    """Dimensions past the rotary pairs keep their values (Phi-3); the model's window cuts every part; GQA 4:1."""
+    method = create(name, training_window=60, **params)
+    n, window = 140, 70
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(n, pads=(0, 11), rotary_dims=10, kv_heads=1)
+    for q_len in (n, 2):
+        want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3, window=window)
+        got = kernel.attention(q_rot[:, :, -q_len:].float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), scaling=0.3,
+                               key_padding=padding, positions=positions, backend="triton", sliding_window=window)
+        assert (got - want)[rows].abs().max() <= 1e-5
+
+
+def test_key_splits_merge_to_the_one_pass_result(monkeypatch):
+    """Flash-Decoding's splits, including splits that hold no key of a row (padding, the causal end), merge exactly."""
+    method = create("rerope", training_window=60, window=12)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(200, pads=(0, 90))
+    want, rows = expected(method, q, k, v, positions, padding, inv_freq, 3, scaling=0.3)
+    launched = []
+    real_combine = fused._combine
+    monkeypatch.setattr(fused, "_combine", lambda out, lse: launched.append(out.shape[0]) or real_combine(out, lse))
+    for splits in (1, 2, 4):
+        monkeypatch.setattr(fused, "_splits", lambda *args, splits=splits: splits)
+        out = kernel.attention(q_rot[:, :, -3:], k_rot, v, method.parts(), inv_freq, scaling=0.3, key_padding=padding,
+                               positions=positions, backend="triton")
+        assert (out - want)[rows].abs().max() <= 1e-12
+    assert launched == [1, 2, 4]
+
+
+def test_bfloat16_inputs_give_bfloat16_outputs_close_to_float32():
+    method = create("string", training_window=200, shift=70, local_window=9)
+    g = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(1, 4, 130, 32, generator=g), torch.randn(1, 2, 130, 32, generator=g), torch.randn(1, 2, 130, 32, generator=g)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 32, 2) / 32))
+    for q_len in (130, 1):
+        got = kernel.attention(q[:, :, -q_len:].bfloat16(), k.bfloat16(), v.bfloat16(), method.parts(), inv_freq, backend="triton")
+        want = kernel.attention(*(x.bfloat16().float() for x in (q[:, :, -q_len:], k, v)), method.parts(), inv_freq, backend="math")
+        assert got.dtype == torch.bfloat16
+        assert (got.float() - want).abs().max() <= 2e-2
+
+
+def test_the_kernel_refuses_what_it_cannot_compute_in_one_line():
+    method = create("string", training_window=60, shift=20, local_window=4)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(30)
+    q_rot = q_rot.float().requires_grad_()
+    with pytest.raises(ValueError, match="backend='triton' computes no gradients"):
+        kernel.attention(q_rot, k_rot.float(), v.float(), method.parts(), inv_freq.float(), backend="triton")
+    dpe = create("dpe", training_window=60, group_scales=(2, 3, 1, 4), local_window=10, top_k=5,
+                 dimensions=torch.rand(1, 4, 8, generator=torch.Generator().manual_seed(3)))
+    with pytest.raises(ValueError, match="no per-head rotary pairs"):
+        kernel.attention(q_rot.detach(), k_rot.float(), v.float(), dpe.layer_parts(0), inv_freq.float(), backend="triton")
+
+
+def test_auto_decodes_with_the_kernel_on_cuda_and_keeps_the_tiled_kernel_elsewhere(monkeypatch):
+    """The choice itself (a CUDA query is simulated: this machine has none)."""
+
+    class CudaQuery:
+        device, dtype = torch.device("cuda"), torch.bfloat16
+
+        def __init__(self, length):
+            self.shape = (1, 32, length, 128)
+
+    monkeypatch.setattr(fused, "available", lambda device, for_auto=False: True)
+    monkeypatch.setattr(backends.flex, "available", lambda device, for_auto=False: True)
+    assert backends.pick(CudaQuery(1), "auto", fusable=True) is fused.parts_attention
+    assert backends.pick(CudaQuery(1), "auto", fusable=False) is backends.math_block  # gradients or DPE's per-head pairs
+    assert backends.pick(CudaQuery(4096), "auto", fusable=True) is backends.flex.part_attention
+    cpu = torch.zeros(1, 4, 1, 16)
+    assert backends.pick(cpu, "auto", fusable=True) is backends.cpu_flash
+
+
+def test_a_model_generates_the_same_tokens_with_the_kernel_and_with_the_tiled_kernel():
+    model = tiny_model("llama")
+    x = torch.randint(3, 97, (2, 40), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(x)
+    mask[1, :6] = 0  # left padding
+    settings = dict(attention_mask=mask, max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    outputs = {}
+    for backend in ("math", "triton"):
+        longreach.apply(model, "dca", backend=backend, chunk_size=24, local_window=4)
+        with torch.no_grad():
+            outputs[backend] = (model(x, attention_mask=mask).logits, model.generate(x, **settings))
+        longreach.remove(model)
+    assert (outputs["triton"][0] - outputs["math"][0])[mask.bool()].abs().max() <= 1e-4
+    assert torch.equal(outputs["triton"][1], outputs["math"][1])
