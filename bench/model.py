@@ -1,13 +1,15 @@
 """End-to-end speed of every position method against stock attention, on the default model.
 
     python bench/model.py [--length 8192] [--steps 15] [--rounds 1] [--new-tokens 64] [--device cuda] [--dtype bfloat16] [--write]
+                          [--methods rope,string,rerope+kept,...]
 
 One process, one model. Decoding: a cache of ``--length`` tokens is filled once; each round runs one
 step with stock ``sdpa`` and one with each method against it (the cache is cropped back after each
 step: a step's time depends on the shapes, not on what the cache holds); medians of ``--steps``
 rounds. Prefill and ``generate(--new-tokens)``: methods and stock alternate, ``--rounds`` times,
 medians (on a GPU each method first prefills once untimed, which compiles its FlexAttention
-kernels). Ratios are against stock measured in the same run.
+kernels). Ratios are against stock measured in the same run. A method named with ``+kept`` (``rerope+kept``)
+is applied with ``keep_moved_keys=True``.
 """
 
 from __future__ import annotations
@@ -27,12 +29,17 @@ METHODS = ["rope", "string", "rerope", "self_extend", "dca"]
 STOCK = "sdpa (stock)"
 
 
+KEPT = "+kept"  # a method name's suffix: apply it with keep_moved_keys=True
+
+
 def switch(model, method: str) -> None:
-    """Stock attention, or a method as the command line writes it (``dpe:group_scales=2;4,...``)."""
+    """Stock attention, or a method as the command line writes it (``dpe:group_scales=2;4,...``; ``rerope+kept``:
+    with ``keep_moved_keys``)."""
     if method == STOCK:
         longreach.remove(model)
     else:
-        MethodSpec.parse(method).apply(model, longreach.training_window(model.config))
+        name = method.removesuffix(KEPT)
+        MethodSpec.parse(name).apply(model, longreach.training_window(model.config), keep_moved_keys=name != method)
 
 
 @torch.no_grad()
@@ -44,6 +51,9 @@ def decoding(model, ids, methods, steps) -> dict[str, list[float]]:
     for _ in range(steps + 1):  # the first round warms up
         for method in methods:
             switch(model, method)
+            if method.endswith(KEPT):  # switching dropped the kept keys: one untimed step keeps them, as a decoding loop would
+                model(token, past_key_values=cache, use_cache=True)
+                cache.crop(n - cache.get_seq_length())
             times[method].append(timed(lambda: model(token, past_key_values=cache, use_cache=True), ids.device))
             cache.crop(n - cache.get_seq_length())  # transformers 5: a negative count of tokens to drop
     return {m: t[1:] for m, t in times.items()}

@@ -391,3 +391,42 @@ def test_generate_compiles_its_decoding_steps_whole(monkeypatch, name):
     monkeypatch.setattr(integration, "_compiled_step", lambda *args: traced.append(1) or step(*args))
     assert torch.equal(model.generate(x, compile_config=config, **settings), eager)
     assert traced  # the steps ran compiled (the eager steps take the tiled kernel)
+
+
+@pytest.mark.parametrize("name", ["rerope", "self_extend"])
+def test_kept_moved_keys_give_the_same_tokens_and_move_only_new_keys(monkeypatch, name):
+    """``keep_moved_keys``: a decoding step moves its new key only; generate (greedy, beams, a static cache), a cropped
+    cache given other tokens, and a second prompt all give what moving every key gives."""
+    from longreach.attention import shifts
+
+    model = tiny_model("llama")
+    x, mask = left_padded(40)
+    settings = dict(attention_mask=mask, max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    want = {}
+    longreach.apply(model, name, **METHODS[name])
+    with torch.no_grad():
+        want["greedy"], want["beams"] = model.generate(x, **settings), model.generate(x, num_beams=2, **settings)
+        want["other"] = model.generate(ids(33, seed=5), **settings | {"attention_mask": None})
+    longreach.apply(model, name, keep_moved_keys=True, **METHODS[name])
+    moved = []
+    real = shifts.shifted_keys
+    monkeypatch.setattr(shifts, "shifted_keys", lambda key, *args, **kwargs: moved.append(key.shape[2]) or real(key, *args, **kwargs))
+    with torch.no_grad():
+        assert torch.equal(model.generate(x, **settings), want["greedy"])
+        assert moved[:2] == [40, 40] and set(moved[2:]) == {1}  # the prompt in each of 2 layers, then one key per step and layer
+        assert torch.equal(model.generate(x, num_beams=2, **settings), want["beams"])
+        assert torch.equal(model.generate(ids(33, seed=5), **settings | {"attention_mask": None}), want["other"])
+        assert torch.equal(model.generate(x, cache_implementation="static", **settings), want["greedy"])
+        cache = transformers.DynamicCache(config=model.config)
+        model(x, attention_mask=mask, past_key_values=cache)
+        cache.crop(-32)  # the cache now ends at 8 tokens; other tokens follow, in the slots of kept moved keys
+        follow, follow_mask = ids(40, seed=9), torch.cat((mask[:, :8], torch.ones(2, 40, dtype=torch.long)), dim=1)
+        got = model(follow, attention_mask=follow_mask, past_key_values=cache).logits
+    longreach.apply(model, name, **METHODS[name])
+    with torch.no_grad():
+        cache = transformers.DynamicCache(config=model.config)
+        model(x[:, :8], attention_mask=mask[:, :8], past_key_values=cache)
+        expected = model(follow, attention_mask=follow_mask, past_key_values=cache).logits
+    assert (got - expected).abs().max() <= 1e-5
+    with pytest.raises(ValueError, match="keep_moved_keys must be True or False, got 'yes'"):
+        longreach.apply(model, name, keep_moved_keys="yes", **METHODS[name])

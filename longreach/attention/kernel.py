@@ -29,7 +29,7 @@ from .merge import merge, run
 from .memo import MAX_HELD_MASK_ELEMENTS, Memo
 from .plan import SMALL_QUERY, Block, blocks, padded_keys, upper_bound
 from .rotary import compute_dtype
-from .shifts import KEY_ROTATIONS, augmented, fold_block_key_shifts, pairs_split_groups, prepare, shift_angles, shifted, shifted_keys
+from .shifts import KEY_ROTATIONS, MovedKeys, augmented, fold_block_key_shifts, pairs_split_groups, prepare, shift_angles, shifted, shifted_keys
 
 
 def attention(
@@ -47,6 +47,7 @@ def attention(
     backend: str = "auto",
     tile: int = 512,
     memo: Memo | None = None,
+    kept_keys: MovedKeys | None = None,
 ) -> torch.Tensor:
     """Attention of rotated ``query [B, Hq, Lq, D]`` over rotated ``key``/``value [B, Hkv, Lkv, D]``.
 
@@ -64,8 +65,12 @@ def attention(
     built by the first call and reused by the others. Where ``auto`` chose FlexAttention or the fused Triton
     kernel and compiling it fails, the call is computed by the tiled kernel with one warning
     (:func:`.flex.give_up`, :func:`.fused.give_up`), never an error.
+
+    ``kept_keys``: this layer's :class:`.shifts.MovedKeys`, which keeps the keys moved by per-token key shifts
+    across decoding steps (the tiled kernel; the fused kernel turns keys as it reads them).
     """
-    arguments = (query, key, value, parts, inv_freq, scaling, key_padding, sliding_window, logit_scale, positions, drop, backend, tile, memo)
+    arguments = (query, key, value, parts, inv_freq, scaling, key_padding, sliding_window, logit_scale, positions, drop, backend, tile, memo,
+                 kept_keys)
     try:
         return _attention(*arguments)
     except Exception as error:
@@ -77,7 +82,7 @@ def attention(
 
 
 def _attention(query, key, value, parts, inv_freq, scaling, key_padding, sliding_window, logit_scale, positions, drop, backend, tile,
-               memo) -> torch.Tensor:
+               memo, kept_keys) -> torch.Tensor:
     """:func:`attention` itself."""
     batch, q_heads, q_len, head_dim = query.shape
     kv_len = key.shape[2]
@@ -130,8 +135,12 @@ def _attention(query, key, value, parts, inv_freq, scaling, key_padding, sliding
             q = shifted(query, part.query_shift, q_positions, inv_freq, part.pairs, _angles(memo, "query", part.query_shift, q_positions,
                                                                                             inv_freq, query.dtype, geometry))
             if (k := moved_keys.get((id(part.key_shift), id(part.pairs)))) is None:  # parts sharing a key shift (DCA's three) rotate once
-                angles = _angles(memo, "key", part.key_shift, positions, inv_freq, key.dtype, geometry)
-                k = moved_keys[id(part.key_shift), id(part.pairs)] = shifted_keys(key, part.key_shift, positions, inv_freq, part.pairs, angles)
+                if kept_keys is not None and callable(part.key_shift) and part.pairs is None and not needs_grad:
+                    k = kept_keys.get(part.key_shift, key, positions, inv_freq)
+                else:
+                    angles = _angles(memo, "key", part.key_shift, positions, inv_freq, key.dtype, geometry)
+                    k = shifted_keys(key, part.key_shift, positions, inv_freq, part.pairs, angles)
+                moved_keys[id(part.key_shift), id(part.pairs)] = k
         plans.append(memo.get("plan", (part,), (*geometry, hi), lambda lo=lo, hi=hi, part=part: _plan(
             part, lo, hi, block, whole_blocks, q_len, kv_len, offset, key_padding, padded, positions, tile, query), keep=_small))
         inputs += [q, k]

@@ -156,6 +156,48 @@ class KeyRotations:
 KEY_ROTATIONS = KeyRotations()
 
 
+class MovedKeys:
+    """One attention layer's keys moved by each per-token key shift (ReRoPE, Self-Extend), kept across decoding
+    steps: a step moves its new keys only, instead of every cached key (opt-in: ``apply(..., keep_moved_keys=True)``).
+
+    Costs one more copy of the keys per shift (ReRoPE, Self-Extend: +50% of the key/value cache), with room
+    for 1,024 more keys before it grows. The kept keys are used only where they still describe the cache: the
+    same shift, ``inv_freq``, batch, dtype and device, the same positions up to their length, and the same
+    last key there (a cropped, reordered or rewritten cache gives another key at that slot); else they are
+    computed again in full.
+    """
+
+    ROOM = 1024
+
+    def __init__(self) -> None:
+        self.entries: dict[int, tuple] = {}
+
+    def get(self, shift, key: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+        """``key [B, H, Lkv, D]`` moved by ``shift`` at ``positions [B, Lkv]``."""
+        length = key.shape[2]
+        entry = self.entries.get(id(shift))
+        if entry is not None and self._extends(entry, shift, key, positions, inv_freq):
+            _, known, _, last, moved = entry
+            kept = known.shape[1]
+            if length > moved.shape[2]:
+                moved = torch.cat((moved[:, :, :kept], moved.new_empty(*moved.shape[:2], length - kept + self.ROOM, moved.shape[-1])), dim=2)
+            moved[:, :, kept:length] = shifted_keys(key[:, :, kept:], shift, positions[:, kept:], inv_freq)
+        else:
+            moved = key.new_empty(*key.shape[:2], length + self.ROOM, key.shape[-1])
+            moved[:, :, :length] = shifted_keys(key, shift, positions, inv_freq)
+        self.entries[id(shift)] = (shift, positions.clone(), inv_freq.detach().clone(), key[:, :, -1].clone(), moved)
+        return moved[:, :, :length]
+
+    @staticmethod
+    def _extends(entry, shift, key, positions, inv_freq) -> bool:
+        held_shift, known, held_inv_freq, last, moved = entry
+        kept = known.shape[1]
+        return (held_shift is shift and moved.dtype == key.dtype and moved.device == key.device and moved.shape[:2] == key.shape[:2]
+                and moved.shape[-1] == key.shape[-1] and 0 < kept <= key.shape[2] and held_inv_freq.shape == inv_freq.shape
+                and torch.equal(held_inv_freq, inv_freq.to(held_inv_freq.device)) and torch.equal(known, positions[:, :kept])
+                and torch.equal(last, key[:, :, kept - 1]))
+
+
 def fold_block_key_shifts(parts: Sequence[Part], positions: torch.Tensor) -> list[Part]:
     """Decoding: a part whose key shift is constant on aligned blocks of key positions (DCA's chunks)
     becomes one part per block, the block's shift moved to the query side.

@@ -73,12 +73,13 @@ class MethodSpec:
         rescale = {"rope_type": frequency, **{k: v for k, v in params.items() if k in names}}
         return position, {"scaling": rescale, **{k: v for k, v in params.items() if k not in names}}
 
-    def apply(self, model, training_window: int) -> None:
-        """Apply this method to ``model`` with ``L = training_window``, unless the spec names its own."""
+    def apply(self, model, training_window: int, **options) -> None:
+        """Apply this method to ``model`` with ``L = training_window``, unless the spec names its own; ``options``
+        are :func:`longreach.apply`'s own (``backend``, ``keep_moved_keys``)."""
         import longreach
 
         method, kwargs = self.arguments(training_window)
-        longreach.apply(model, method, **{"training_window": training_window, **kwargs})
+        longreach.apply(model, method, **{"training_window": training_window, **kwargs}, **options)
 
     @property
     def label(self) -> str:

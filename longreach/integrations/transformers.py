@@ -37,8 +37,9 @@ from ..attention import backends, fused, kernel, reference, rows, static
 from ..attention.memo import Memo
 from ..attention.plan import SMALL_QUERY
 from ..attention.rotary import find_rotary, inverse_frequencies, rotary_pairs
+from ..attention.shifts import MovedKeys
 from ..methods import drop as drops
-from ..methods.base import PositionMethod, require_int
+from ..methods.base import PositionMethod, require_bool, require_int
 from ..methods.scaling import ALIASES as FREQUENCY_METHODS
 from ..methods.scaling import Scaling
 from .positions import Keys, key_positions_mask, keys_of
@@ -61,7 +62,15 @@ class Applied:
     drop: drops.Drop | drops.DynamicDrop | None = None
     replaced_rotary: nn.Module | None = None  # the model's own rotary module, when a frequency method replaced it
     replaced_rope_parameters: dict | None = None
+    keep_moved_keys: bool = False
     passes: Passes = dataclasses.field(default_factory=lambda: Passes(), repr=False, compare=False)
+    kept_keys: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)  # layer -> MovedKeys
+
+    def kept_keys_of(self, layer: int | None) -> MovedKeys | None:
+        """Layer ``layer``'s moved keys kept across decoding steps, with ``keep_moved_keys`` (else None)."""
+        if not self.keep_moved_keys:
+            return None
+        return self.kept_keys.setdefault(layer, MovedKeys())
 
     def layer_parts(self, layer: int | None) -> tuple:
         """The method's parts of attention layer ``layer``, made once per ``apply`` and shared by every layer unless they
@@ -258,7 +267,7 @@ _model_window = training_window  # apply's keyword argument of the same name hid
 
 
 def apply(model: nn.Module, method: str = "string", *, training_window: int | None = None, scaling: dict | None = None,
-          drop: dict | None = None, backend: str = "auto", **params) -> nn.Module:
+          drop: dict | None = None, backend: str = "auto", keep_moved_keys: bool = False, **params) -> nn.Module:
     """Switch ``model``'s attention to ``method`` (see ``longreach.methods.available()``); returns the model.
 
     ``method`` is a position method (``rope``, ``string``, ``rerope``, ``self_extend``, ``dca``) or a
@@ -271,7 +280,10 @@ def apply(model: nn.Module, method: str = "string", *, training_window: int | No
     parameters, or ``drop={"method": "dynamic_drop", ...}`` beside another method, drops low scores.
     ``backend``: ``"auto"`` (CPU flash attention on CPU; on CUDA compiled FlexAttention, and the fused
     Triton kernel for decoding steps), ``"cpu_flash"``, ``"cuda_efficient"``, ``"flex"`` (FlexAttention; eager
-    and forward-only on CPU, for checking), ``"triton"`` (the fused kernel, forward only), ``"math"``, or ``"reference"`` (the dense float64 oracle, O(n^2), for tests). Applying again replaces the previous method; :func:`remove` undoes it.
+    and forward-only on CPU, for checking), ``"triton"`` (the fused kernel, forward only), ``"math"``, or ``"reference"``
+    (the dense float64 oracle, O(n^2), for tests). ``keep_moved_keys=True`` keeps, per layer, the cached keys
+    moved by a per-token key shift (ReRoPE's and Self-Extend's far part: +50% of the key/value cache), so that a
+    decoding step moves its new keys only (:class:`~longreach.attention.shifts.MovedKeys`; the tiled kernel). Applying again replaces the previous method; :func:`remove` undoes it.
     """
     rotary = find_rotary(model)
     if rotary is None:
@@ -280,6 +292,7 @@ def apply(model: nn.Module, method: str = "string", *, training_window: int | No
             f"longreach's methods work on RoPE models: {SUPPORTED_FAMILIES}"
         )
     _check_model(model, backend)
+    require_bool("keep_moved_keys", keep_moved_keys)
     if training_window is None:
         window = _model_window(model.config)  # a frequency method changes rope_parameters, never this
     else:
@@ -290,7 +303,8 @@ def apply(model: nn.Module, method: str = "string", *, training_window: int | No
     position_method.check_model(text.num_hidden_layers, text.num_attention_heads, rotary_pairs(rotary))
     rescaled = _rescaled_rotary(model, frequency) if frequency else None  # may still refuse: before any change
     remove(model)
-    applied = Applied(position_method, model.config._attn_implementation, window, find_rotary(model), backend, frequency, dropping)
+    applied = Applied(position_method, model.config._attn_implementation, window, find_rotary(model), backend, frequency, dropping,
+                      keep_moved_keys=keep_moved_keys)
     if rescaled:
         _install_rotary(model, applied, *rescaled)
     _attach(model, applied)
@@ -536,6 +550,7 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
         out = kernel.attention(
             query, key, value, state.layer_parts(getattr(module, "layer_idx", None)), inv_freq, scaling=scaling, key_padding=keys.padding,
             sliding_window=sliding_window, logit_scale=logit_scale, positions=keys.positions, drop=rates, backend=state.backend, memo=memo,
+            kept_keys=state.kept_keys_of(getattr(module, "layer_idx", None)),
         )
     if (importance := _importance.get()) is not None and q_len == keys.count:
         _record_importance(importance, module.layer_idx, query, key, inv_freq.shape[-1], keys.padding)
