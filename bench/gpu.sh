@@ -9,7 +9,8 @@
 # Llama-8B-shaped layer (32 query / 8 KV heads, head dim 128, bfloat16): prefill at 8K, 32K and 128K and a
 # decoding step at 32K and 128K, every position method, against causal SDPA in the same run (CUDA events,
 # the warm-up round excluded, the kernel SDPA picked recorded), and prefill with the fused Triton kernel at 8K and
-# 32K beside FlexAttention's; (3) the default model end to end at 16K.
+# 32K beside FlexAttention's, and PyTorch's FlashAttention one call per part with a window (cuda_flash);
+# (3) the default model end to end at 16K.
 # Python: $PYTHON, else the project's .venv, else python3 (the device machine's own torch and transformers).
 # $OUT: where logs and the junit file go (default bench/out).
 set -euo pipefail
@@ -65,6 +66,13 @@ elif "$python" -c 'import triton' 2>/dev/null; then  # Triton's interpreter: tin
   TRITON_INTERPRET=1 "$python" bench/attention.py "${layer[@]}" --lengths 512 --methods "$methods" --backend triton $write 2>&1 | tee "$out/attention-prefill-triton.log"
 else
   echo "skipped: Triton is not installed"
+fi
+step "attention, PyTorch's FlashAttention one call per part with a window (cuda_flash, the official STRING algorithm)"
+if [ "$device" = cuda ]; then
+  "$python" bench/attention.py "${layer[@]}" --lengths 8192,32768 --methods rope,string,rerope,self_extend --backend cuda_flash $write 2>&1 | tee "$out/attention-prefill-cuda-flash.log"
+  "$python" bench/attention.py "${layer[@]}" --lengths "$decode_lengths" --methods rope,string,rerope,self_extend --backend cuda_flash --decode $write 2>&1 | tee "$out/attention-decode-cuda-flash.log"
+else
+  echo "skipped: FlashAttention needs CUDA"
 fi
 step "the default model end to end"
 "$python" bench/model.py "${model[@]}" --methods "$methods" $write 2>&1 | tee "$out/model.log"

@@ -61,7 +61,7 @@ def test_every_method_on_every_cuda_backend_matches_the_reference(name, params, 
 
 
 @pytest.mark.parametrize("name, params", [("string", {"shift": 40, "local_window": 5}), BASELINES[-1]])
-@pytest.mark.parametrize("backend", ["auto", "cuda_efficient", "triton"])
+@pytest.mark.parametrize("backend", ["auto", "cuda_efficient", "triton", "cuda_flash"])
 def test_bfloat16_on_cuda(name, params, backend):
     if backend == "triton" and "dimensions" in params:
         pytest.skip("the fused kernel takes no per-head rotary pairs (DPE with selected pairs)")
@@ -191,3 +191,16 @@ def test_decoding_steps_reuse_the_compiled_flex_kernel():
         kernel.attention(q[:, :, n - 1 : n], k[:, :, :n], v[:, :, :n], parts, inv_freq, backend="flex")
     assert counters["stats"]["unique_graphs"] == compiled
 
+
+
+@pytest.mark.parametrize("name, params", [("rope", {}), ("string", {"shift": 40, "local_window": 5}), *BASELINES[:3]])
+def test_the_windowed_flash_backend_on_cuda(name, params):
+    """PyTorch's own FlashAttention, one call per part with a window (unpadded: no tiled fallback), bfloat16."""
+    method = create(name, training_window=60, **params)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(300)
+    for q_len in (300, 1, 20):
+        want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
+        got = kernel.attention(*on_cuda(q_rot[:, :, -q_len:], k_rot, v, dtype=torch.bfloat16), method.parts(), inv_freq.float().cuda(),
+                               scaling=0.3, positions=positions.cuda(), backend="cuda_flash")
+        assert got.dtype == torch.bfloat16
+        assert (got.cpu().double() - want)[rows].abs().max() <= 0.05, q_len

@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from . import flex, fused
+from . import flex, fused, windows
 from .plan import NEG_INF, SMALL_QUERY
 from .rotary import compute_dtype
 
@@ -101,8 +101,9 @@ def per_kv_head(grad: torch.Tensor, kv_heads: int) -> torch.Tensor:
 
 
 BACKENDS: dict[str, Callable] = {"cpu_flash": cpu_flash, "cuda_efficient": cuda_efficient, "flex": flex.part_attention, "math": math_block,
-                                 "triton": fused.parts_attention}
-"""Each backend by name; ``triton`` computes every part at once (the kernel calls it on all parts, not per block)."""
+                                 "triton": fused.parts_attention, "cuda_flash": windows.bands}
+"""Each backend by name; ``triton`` and ``cuda_flash`` take every part at once (the kernel calls them on all parts,
+not per block)."""
 BACKWARDS: dict[Callable, Callable] = {cpu_flash: cpu_flash_backward, math_block: math_backward}
 """Backends with a backward of their own; the others are differentiated tile by tile with :func:`math_backward`."""
 
@@ -128,6 +129,9 @@ def pick(query: torch.Tensor, backend: str, fusable: bool = False) -> Callable:
         raise ValueError(f"backend='flex' needs PyTorch's FlexAttention (torch >= 2.5, and Triton on CUDA); not available on {query.device}")
     if backend == "triton" and not fused.available(query.device):
         raise ValueError(f"backend='triton' needs Triton on a CUDA device, or TRITON_INTERPRET=1 on the CPU; not available on {query.device}")
+    if backend == "cuda_flash" and not windows.available(query):
+        raise ValueError(f"backend='cuda_flash' needs PyTorch's FlashAttention: a CUDA device and float16 or bfloat16 inputs "
+                         f"(head dim <= 256); got {query.device.type} {str(query.dtype).removeprefix('torch.')}")
     if backend == "triton" and not fusable:
         raise ValueError("backend='triton' computes no gradients and no per-head rotary pairs (DPE): use backend='auto' here")
     return BACKENDS[backend]

@@ -22,9 +22,9 @@ from typing import Sequence
 import torch
 
 from ..methods.base import Part
-from . import flex, fused, rows
+from . import flex, fused, rows, windows
 from .autograd import PartsAttention
-from .backends import BACKWARDS, expand_heads, math_block, pick
+from .backends import BACKENDS, BACKWARDS, expand_heads, math_block, pick
 from .merge import merge, run
 from .memo import MAX_HELD_MASK_ELEMENTS, Memo
 from .plan import SMALL_QUERY, Block, blocks, padded_keys, upper_bound
@@ -103,6 +103,10 @@ def _attention(query, key, value, parts, inv_freq, scaling, key_padding, sliding
     query, key, scaling, positions = prepare(query, key, inv_freq, scaling, logit_scale, positions)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     block = pick(query, backend, fusable=not needs_grad and not split and all(part.pairs is None for part in parts))
+    if block is windows.bands:
+        if key_padding is None and not needs_grad and all(part.key_span is None and part.pairs is None for part in parts):
+            return _windowed(query, key, value, parts, inv_freq, scaling, sliding_window, positions).to(query.dtype).transpose(1, 2)
+        block = BACKENDS["cuda_efficient"]  # padding, key spans, per-head pairs, gradients: the tiled kernel
     if needs_grad and block is flex.part_attention and query.device.type != "cuda":
         raise ValueError(f"backend='flex' has no backward on {query.device.type} (PyTorch's FlexAttention has one on CUDA only): "
                          "use backend='auto' or 'math' to compute gradients here")
@@ -196,6 +200,22 @@ def _one_launch(query, key, value, parts, inv_freq, scaling, key_padding, slidin
         rows = slice(index * q_segment, index * q_segment + q_len)
         merged, merged_lse = merge(merged, merged_lse, out[:, :, rows], lse[:, :, rows])
     return merged.to(accumulate)
+
+
+def _windowed(query, key, value, parts, inv_freq, scaling, sliding_window, positions) -> torch.Tensor:
+    """Each part one FlashAttention call with a window (:mod:`.windows`), on the query and keys its shifts move."""
+    q_positions = positions[:, key.shape[2] - query.shape[2]:]
+    calls = []
+    for part in parts:
+        lo, hi = part.min_distance, upper_bound(part, sliding_window)
+        if hi is None or hi > lo:
+            calls.append((shifted(query, part.query_shift, q_positions, inv_freq), shifted_keys(key, part.key_shift, positions, inv_freq), lo, hi))
+    if not calls:  # the model's sliding window excludes every part
+        return torch.zeros(*query.shape[:3], value.shape[-1], dtype=torch.float32, device=query.device)
+    (out, lse), *others = windows.bands(calls, value, scaling)
+    for part_out, part_lse in others:
+        out, lse = merge(out, lse, part_out, part_lse)
+    return out
 
 
 def _fused(query, key, value, parts, inv_freq, scaling, key_padding, sliding_window, positions, memo, geometry) -> torch.Tensor:

@@ -279,7 +279,8 @@ def apply(model: nn.Module, method: str = "string", *, training_window: int | No
     ``method="drop"`` / ``"dynamic_drop"`` (Drop Attention, Dynamic Drop Attention) with their
     parameters, or ``drop={"method": "dynamic_drop", ...}`` beside another method, drops low scores.
     ``backend``: ``"auto"`` (CPU flash attention on CPU; on CUDA compiled FlexAttention, and the fused
-    Triton kernel for decoding steps), ``"cpu_flash"``, ``"cuda_efficient"``, ``"flex"`` (FlexAttention; eager
+    Triton kernel for decoding steps), ``"cpu_flash"``, ``"cuda_efficient"``, ``"cuda_flash"`` (each part one
+    FlashAttention call with a window, as the official STRING code; unpadded batches), ``"flex"`` (FlexAttention; eager
     and forward-only on CPU, for checking), ``"triton"`` (the fused kernel, forward only), ``"math"``, or ``"reference"``
     (the dense float64 oracle, O(n^2), for tests). ``keep_moved_keys=True`` keeps, per layer, the cached keys
     moved by a per-token key shift (ReRoPE's and Self-Extend's far part: +50% of the key/value cache), so that a
@@ -327,8 +328,8 @@ def _check_model(model: nn.Module, backend: str) -> None:
     if backend not in valid_backends:
         raise ValueError(f"backend={backend!r} is not one of: {', '.join(valid_backends)}")
     device = next(model.parameters()).device.type
-    if backend == "cuda_efficient" and device != "cuda":
-        raise ValueError(f"backend='cuda_efficient' needs a model on a CUDA device; this model is on {device!r}")
+    if backend in ("cuda_efficient", "cuda_flash") and device != "cuda":
+        raise ValueError(f"backend={backend!r} needs a model on a CUDA device; this model is on {device!r}")
     if backend == "cpu_flash" and device not in ("cpu", "meta"):
         raise ValueError(f"backend='cpu_flash' needs a model on the CPU; this model is on {device!r}")
     if backend == "triton" and device != "meta" and not fused.available(device):

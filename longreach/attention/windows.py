@@ -1,0 +1,66 @@
+"""Each part one FlashAttention call with a window: the official STRING code's algorithm, as a CUDA backend.
+
+A part's pairs ``lo <= i - j < hi`` are a causal band. FlashAttention-2 (Dao 2023) aligns its causal mask to
+the bottom right when there are fewer queries than keys and takes a left window, so the rows ``i >= lo``
+against the keys ``j < Lkv - lo`` with ``window_size_left = hi - lo - 1`` (-1: unbounded) are exactly the
+part: row ``i`` meets ``i - hi < j <= i - lo``. STRING is then two calls -- the band ``d < S`` at the
+original positions and the far triangle with the queries moved back by ``S - W`` -- and one log-sum-exp
+merge, as in the official code (``string_flash_forward`` in HKUNLP/STRING's ``string_for_llama.py``: a
+``flash_attn_func`` call with ``window_size=[S - 1, 0]`` and one on the shifted rows). PyTorch ships the
+kernel as ``aten._flash_attention_forward`` (CUDA, float16/bfloat16); no flash-attn package is needed.
+
+For parts given by distance alone, on unpadded batches (FlashAttention has no mask); anything else --
+key padding, DCA's key spans, DPE's per-head pairs, gradients -- is computed by the tiled kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .plan import NEG_INF
+
+
+def _flash_forward(*args, **kwargs):
+    """PyTorch's FlashAttention-2 forward on ``[B, L, H, D]`` tensors: ``(out, lse [B, H, Lq], ...)``."""
+    return torch.ops.aten._flash_attention_forward(*args, **kwargs)
+
+
+def available(query: torch.Tensor) -> bool:
+    """Whether PyTorch's FlashAttention kernel takes ``query``: CUDA, float16 or bfloat16, head dim <= 256."""
+    return (query.device.type == "cuda" and query.dtype in (torch.float16, torch.bfloat16) and query.shape[-1] <= 256
+            and hasattr(torch.ops.aten, "_flash_attention_forward"))
+
+
+def bands(calls: list[tuple[torch.Tensor, torch.Tensor, int, int | None]], value: torch.Tensor,
+          scaling: float) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``calls``: per part ``(q [B, Hq, Lq, D], k [B, Hkv, Lkv, D], lo, hi)``, the query and keys moved by the
+    part's shifts; the queries are the last ``Lq`` keys. Returns each part's ``(out [B, Hq, Lq, D], lse [B, Hq, Lq])``
+    in float32, for the kernel's log-sum-exp merge."""
+    return [_band(q, k, value, lo, hi, scaling) for q, k, lo, hi in calls]
+
+
+def _band(q, k, value, lo: int, hi: int | None, scaling: float):
+    """The pairs ``lo <= i - j < hi`` in one call: rows ``i >= lo`` (the others are empty) against keys ``j < Lkv - lo``."""
+    batch, heads, q_len, _ = q.shape
+    kv_len = k.shape[2]
+    first = max(0, lo - (kv_len - q_len))  # the first row that reaches a key of the part
+    out = torch.zeros(batch, heads, q_len, value.shape[-1], dtype=torch.float32, device=q.device)
+    lse = torch.full((batch, heads, q_len), NEG_INF, dtype=torch.float32, device=q.device)
+    if first >= q_len or kv_len - lo <= 0:
+        return out, lse
+    window = -1 if hi is None else hi - lo - 1
+    rows_out, rows_lse = flash(q[:, :, first:], k[:, :, : kv_len - lo], value[:, :, : kv_len - lo], window, scaling)
+    out[:, :, first:], lse[:, :, first:] = rows_out, rows_lse
+    return out, lse
+
+
+def flash(q, k, v, window_left: int, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten._flash_attention_forward``, causal (bottom-right) with a left window, on ``[B, H, L, D]`` tensors:
+    ``(out [B, Hq, Lq, D], lse [B, Hq, Lq])`` in float32. FlashAttention reports a row with no key as
+    ``lse = +inf``; here it is ``-inf`` (and 0), what :func:`.merge.merge` reads as empty."""
+    out, lse, *_ = _flash_forward(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, None, q.shape[2], k.shape[2], 0.0, True, False,
+        scale=scaling, window_size_left=window_left, window_size_right=0,
+    )
+    empty = ~torch.isfinite(lse)
+    return out.transpose(1, 2).float().masked_fill(empty[..., None], 0.0), lse.float().masked_fill(empty, NEG_INF)
