@@ -28,7 +28,7 @@ from .backends import BACKENDS, BACKWARDS, expand_heads, math_block, pick
 from .merge import merge, run
 from .memo import MAX_HELD_MASK_ELEMENTS, Memo
 from .plan import SMALL_QUERY, Block, blocks, padded_keys, upper_bound
-from .rotary import compute_dtype
+from .rotary import compute_dtype, rotation
 from .shifts import KEY_ROTATIONS, MovedKeys, augmented, fold_block_key_shifts, pairs_split_groups, prepare, shift_angles, shifted, shifted_keys
 
 
@@ -133,6 +133,10 @@ def _attention(query, key, value, parts, inv_freq, scaling, key_padding, sliding
         lo, hi = part.min_distance, upper_bound(part, sliding_window)
         if hi is not None and hi <= lo:
             continue
+        plan = memo.get("plan", (part,), (*geometry, hi), lambda lo=lo, hi=hi, part=part: _plan(
+            part, lo, hi, block, whole_blocks, q_len, kv_len, offset, key_padding, padded, positions, tile, query), keep=_small)
+        if not plan:  # no pair of the part here (a decoding step's other chunks): nothing to move
+            continue
         if augment and part.pairs is not None:
             q, k = augmented(query, key, part, q_positions, positions, inv_freq)
         else:
@@ -145,10 +149,9 @@ def _attention(query, key, value, parts, inv_freq, scaling, key_padding, sliding
                     angles = _angles(memo, "key", part.key_shift, positions, inv_freq, key.dtype, geometry)
                     k = shifted_keys(key, part.key_shift, positions, inv_freq, part.pairs, angles)
                 moved_keys[id(part.key_shift), id(part.pairs)] = k
-        plans.append(memo.get("plan", (part,), (*geometry, hi), lambda lo=lo, hi=hi, part=part: _plan(
-            part, lo, hi, block, whole_blocks, q_len, kv_len, offset, key_padding, padded, positions, tile, query), keep=_small))
+        plans.append(plan)
         inputs += [q, k]
-    if not inputs:  # the model's sliding window excludes every part
+    if not inputs:  # the model's sliding window excludes every part, or no part reaches a key
         return torch.zeros(batch, q_len, q_heads, value.shape[-1], dtype=query.dtype, device=query.device)
     if needs_grad and block is not flex.part_attention:  # FlexAttention differentiates itself
         out, _ = PartsAttention.apply(plans, block, scaling, value, *inputs)
@@ -289,11 +292,12 @@ def _small(plan: list[Block]) -> bool:
 
 
 def _angles(memo: Memo, side: str, shift, positions, inv_freq, dtype, geometry):
-    """``(cos, sin)`` of a per-token shift at ``positions``, once per forward pass (``None`` for a constant shift);
-    a key shift's come from :data:`.shifts.KEY_ROTATIONS`, which a decoding step extends."""
-    if not callable(shift):
-        return None
+    """``(cos, sin)`` of a shift, once per forward pass (``None`` for no shift): of a constant, or of a per-token
+    shift at ``positions``; a key shift's come from :data:`.shifts.KEY_ROTATIONS`, which a decoding step extends."""
     compute = compute_dtype(dtype)
+    if not callable(shift):
+        return memo.get("constant angles", (inv_freq,), (shift, compute, str(positions.device)),
+                        lambda: rotation(shift, inv_freq, compute, positions.device)) if shift else None
     if side == "key":
         return memo.get("key angles", (shift, inv_freq), geometry, lambda: KEY_ROTATIONS.get(shift, positions, inv_freq, compute))
     return memo.get("query angles", (shift, inv_freq), geometry, lambda: shift_angles(shift, positions, inv_freq, compute))

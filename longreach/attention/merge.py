@@ -25,33 +25,53 @@ def merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: 
     return out_a * weight_a + out_b.to(out_a.dtype) * weight_b, torch.logaddexp(lse_a, lse_b)
 
 
+def merge_into(out: torch.Tensor, lse: torch.Tensor, part_out: torch.Tensor, part_lse: torch.Tensor) -> None:
+    """:func:`merge` written into ``out`` and ``lse`` (views of the running result): the same weights, two passes
+    over the output and no new tensor of its size (no autograd: the forward of a backend without one)."""
+    both_empty = torch.isneginf(lse) & torch.isneginf(part_lse)
+    weight = torch.sigmoid(torch.where(both_empty, 0.0, lse - part_lse))
+    weight, part_weight = (torch.where(both_empty, 0.0, w)[..., None] for w in (weight, 1 - weight))
+    out.mul_(weight).addcmul_(part_out, part_weight)
+    lse.copy_(torch.logaddexp(lse, part_lse.to(lse.dtype)))
+
+
 def run(plans, block, scaling, value, shifted):
-    """Every part's blocks, merged by log-sum-exp: ``(out, lse)`` in the accumulation dtype."""
+    """Every part's blocks, merged by log-sum-exp: ``(out, lse)`` in the accumulation dtype.
+
+    Rows that no earlier block reached take a block's result as it is; the others merge with it, in place
+    where nothing is differentiated through this function."""
     q0 = shifted[0]
     batch, heads, q_len = q0.shape[:3]
     accumulate = compute_dtype(q0.dtype)
+    in_place = not (torch.is_grad_enabled() and any(x.requires_grad for x in (value, *shifted)))
 
     def nothing_attended():
         return (torch.zeros(batch, heads, q_len, value.shape[-1], dtype=accumulate, device=q0.device),
                 torch.full((batch, heads, q_len), NEG_INF, dtype=accumulate, device=q0.device))
 
     out = lse = None  # allocated at the first block that covers only some rows; a whole first block is taken as it is
+    reached = []  # the row ranges some block has reached
     for plan, q, k in zip(plans, shifted[0::2], shifted[1::2]):
         call = block_for(block, q, value)
         for b in plan:
             part_out, part_lse = run_block(call, b, q, k, value, scaling)
             if isinstance(b.mask, torch.Tensor):
                 part_out, part_lse = with_empty_rows(part_out, part_lse, b.mask)
-            whole = b.rows == slice(0, q_len)
-            if out is None and whole:
+            rows = range(q_len)[b.rows]
+            if out is None and len(rows) == q_len:
                 out, lse = part_out.to(accumulate), part_lse.to(accumulate)
-                continue
-            if out is None:
+            elif out is None:
                 out, lse = nothing_attended()
-            if whole:  # not in place: FlexAttention's autograd keeps its outputs
+                out[:, :, b.rows], lse[:, :, b.rows] = part_out, part_lse
+            elif not in_place and len(rows) == q_len:  # FlexAttention's autograd keeps its outputs: merged out of place
                 out, lse = merge(out, lse, part_out, part_lse)
-            else:
+            elif not in_place:
                 out[:, :, b.rows], lse[:, :, b.rows] = merge(out[:, :, b.rows], lse[:, :, b.rows], part_out, part_lse)
+            elif any(rows.start < stop and start < rows.stop for start, stop in reached):
+                merge_into(out[:, :, b.rows], lse[:, :, b.rows], part_out, part_lse)
+            else:  # rows no block has reached yet
+                out[:, :, b.rows], lse[:, :, b.rows] = part_out, part_lse
+            reached.append((rows.start, rows.stop))
     return (out, lse) if out is not None else nothing_attended()  # no part reaches any key
 
 

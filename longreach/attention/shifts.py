@@ -44,10 +44,12 @@ def per_sequence(value: float | torch.Tensor, dtype: torch.dtype, device) -> tor
 def shifted(x: torch.Tensor, shift, positions: torch.Tensor, inv_freq: torch.Tensor, pairs: torch.Tensor | None = None,
             angles: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """``x`` moved by a constant shift, or by ``shift(positions)`` per token (``[B, L]`` -> ``[B, 1, L]``;
-    ``angles``: its ``(cos, sin)`` when already computed, see :func:`shift_angles`); with ``pairs``
+    ``angles``: its ``(cos, sin)`` when already computed, see :func:`shift_angles` and :func:`.rotary.rotation`); with ``pairs``
     (``[query heads, rotary pairs]``), only the marked pairs of each head move."""
-    if callable(shift):
-        moved = apply_rotation(x, *(angles or shift_angles(shift, positions, inv_freq, compute_dtype(x.dtype))))
+    if angles is not None:
+        moved = apply_rotation(x, *angles)
+    elif callable(shift):
+        moved = apply_rotation(x, *shift_angles(shift, positions, inv_freq, compute_dtype(x.dtype)))
     else:
         moved = rotate(x, shift, inv_freq) if shift else x
     return moved if pairs is None else torch.where(_pair_dims(pairs, x.shape[1], x.shape[-1], x.device), moved, x)
