@@ -22,13 +22,13 @@ FUSABLE = [("rope", {}), ("string", {"shift": 40, "local_window": 5}), ("string"
 @pytest.mark.parametrize("name, params", FUSABLE)
 @pytest.mark.parametrize("pads", [(0, 0), (3, 29)])
 def test_every_method_matches_the_reference_in_prefill_chunks_and_decoding(name, params, pads):
-    """Two key tiles of 64 and more; GQA 4:2; left padding; one and five queries against the cache (split keys)."""
+    """Three key tiles of 64; GQA 4:2; left padding; one and five queries against the cache (split keys); float64 in prefill."""
     method = create(name, training_window=60, **params)
-    n = 150
+    n = 130
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(n, pads=pads)
     for q_len in (n, 1, 5):
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
-        for dtype, tolerance in ((torch.float32, 1e-5), (torch.float64, 1e-12)):
+        for dtype, tolerance in ((torch.float32, 1e-5), (torch.float64, 1e-12))[: 2 if q_len == n else 1]:
             got = kernel.attention(q_rot[:, :, -q_len:].to(dtype), k_rot.to(dtype), v.to(dtype), method.layer_parts(0), inv_freq.to(dtype),
                                    scaling=0.3, key_padding=padding if pads[1] else None, positions=positions, backend="triton",
                                    logit_scale=method.logit_scale)
