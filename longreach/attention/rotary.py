@@ -44,7 +44,10 @@ def apply_rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
         rest = [x[..., 2 * half :].to(cos.dtype)] if 2 * half < x.shape[-1] else []
         moved = torch.cat([torch.addcmul(x1 * cos, x2, sin, value=-1), torch.addcmul(x2 * cos, x1, sin), *rest], dim=-1)
         return moved.to(x.dtype)
-    shape = torch.broadcast_shapes(x.shape[:-1], cos.shape[:-1]) + x.shape[-1:]
+    lead, angles = x.shape[:-1], cos.shape[:-1]
+    if len(angles) > len(lead) or any(a not in (1, b) for a, b in zip(reversed(angles), reversed(lead))):
+        lead = torch.broadcast_shapes(lead, angles)  # the angles widen x (a Python function: slow, so only then)
+    shape = lead + x.shape[-1:]
     moved = torch.empty(shape, dtype=cos.dtype, device=x.device)  # written in place: no temporaries, no concatenation
     first, second = moved[..., :half], moved[..., half : 2 * half]
     torch.mul(x1, cos, out=first).addcmul_(x2, sin, value=-1)
