@@ -41,16 +41,30 @@ def default_gguf() -> Path:
 
 def load(name: str = DEFAULT, dtype: torch.dtype = torch.float32, device: str = "cpu", trust_remote_code: bool = False,
          tp: bool = False):
-    """Return ``(model, tokenizer)`` in eval mode with SDPA attention (the stock baseline).
+    """Load a model and its tokenizer, in eval mode with SDPA attention (the stock baseline).
 
-    ``tp=True`` shards the model over the processes of ``torchrun`` with transformers' tensor
-    parallelism (``tp_plan="auto"``: each process holds some heads of every layer; ``device`` is then
-    chosen by transformers, one GPU per process or the CPU with gloo). longreach's attention runs on
-    each process's heads as it is. Every process must run the same forward passes.
+    Weights are read from safetensors (or the default model's GGUF) only; a folder holding only
+    ``pytorch_model.bin`` is refused. A model saved with ``save_pretrained`` after
+    [`apply`][longreach.apply] comes back with the same method applied (its config records it; plain
+    ``from_pretrained`` keeps only a frequency method, which lives in ``rope_parameters``).
 
-    A model saved with ``save_pretrained`` after ``longreach.apply`` comes back with the same method
-    applied (its config records it; plain ``from_pretrained`` keeps only a frequency method, which
-    lives in ``rope_parameters``).
+    Args:
+        name: ``"default"`` (the bundled SmolLM2-135M-Instruct, converted from GGUF once and cached),
+            a local folder, or a Hugging Face id (when the hub can be reached).
+        dtype: the weights' and activations' precision.
+        device: where to put the model.
+        trust_remote_code: transformers' option, off unless asked for.
+        tp: shard the model over the processes of ``torchrun`` with transformers' tensor parallelism
+            (``tp_plan="auto"``: each process holds some heads of every layer; the device is then chosen
+            by transformers). Every process must run the same forward passes.
+
+    Returns:
+        ``(model, tokenizer)``.
+
+    Raises:
+        RuntimeError: a missing default model or folder, a folder without ``config.json`` or without
+            safetensors weights, a hub id while offline, key/value heads that do not split over the
+            processes.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 

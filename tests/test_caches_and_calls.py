@@ -374,7 +374,7 @@ def test_a_decoding_step_with_a_static_cache_compiles_whole(family, name):
 @pytest.mark.parametrize("name", ["string", "dca"])
 @torch.no_grad()
 def test_generate_compiles_its_decoding_steps_whole(monkeypatch, name):
-    """The README's recipe: ``generate(cache_implementation="static", compile_config=CompileConfig(fullgraph=True))``,
+    """The documented recipe (docs/integrations.md): ``generate(cache_implementation="static", compile_config=CompileConfig(fullgraph=True))``,
     transformers' own compilation of each decoding step (CUDA graphs on a GPU, ``mode="reduce-overhead"``; here
     the graph alone, on the CPU): no graph break, the tokens of eager generation, a left-padded batch."""
     torch._dynamo.reset()

@@ -100,7 +100,7 @@ def test_the_training_window_is_max_position_embeddings_not_the_original_one():
     assert longreach.training_window(model.config) == 131072
     longreach.apply(model, "string")
     assert longreach.applied(model).shift == 43691
-    longreach.apply(model, "string", shift=40_000)  # the README's line
+    longreach.apply(model, "string", shift=40_000)  # the Python API guide's line
     assert longreach.applied(model).shift == 40_000
 
 

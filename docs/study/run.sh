@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The study of the README's "Measured" section: the STRING paper's comparison in miniature on the default
+# The study of docs/results.md: the STRING paper's comparison in miniature on the default
 # model (SmolLM2-135M-Instruct, L = 8192), every method, n and interval per cell. `make study` runs it.
 #
 # Every step resumes its results folder (runs/study_*), so the script can be stopped and started again
@@ -50,7 +50,7 @@ $LONGREACH eval passkey $RUN --lengths 12k --samples 20 --out runs/study_beyond 
 # bfloat16 matrix product is some 40 times slower than float32's) after 80 of its 120 cases had run in bfloat16;
 # those 80 stay as they ran, in runs/study_beyond_bfloat16_partial (published, not rerun: the precision check).
 # One case at a time: there a left-padded batch of 8 took 220 s per case against 106 s for a lone case, same
-# answers (the model's MLP over 8 x 16K activations outgrows the CPU's cache; README, "Precision").
+# answers (the model's MLP over 8 x 16K activations outgrows the CPU's cache; docs/results.md).
 $LONGREACH eval passkey $RUN_FLOAT32 --lengths 16k --samples 20 --out runs/study_beyond_float32 "${BEYOND[@]}"
 
 .venv/bin/python -m longreach.eval.study publish "${PARTS[@]/#/runs/study_}" --to docs/study

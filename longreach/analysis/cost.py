@@ -69,6 +69,18 @@ def kv_cache_bytes(shape: Shape, n: int, dtype_bytes: int = 2) -> int:
 
 
 def table(shape: Shape, lengths: list[int], dtype_bytes: int = 2, window: int = 4096) -> list[dict]:
+    """Attention FLOPs, KV-cache and weight bytes per length (``longreach cost``).
+
+    Args:
+        shape: the model's shape (``shape_of(config)``; built on the meta device, nothing downloaded).
+        lengths: lengths in tokens.
+        dtype_bytes: bytes per weight and cache element.
+        window: the sliding window of the ``sliding`` row.
+
+    Returns:
+        One dict per length: ``tokens``, ``full_flops``, ``causal_flops``, ``sliding_flops``,
+        ``kv_bytes``, ``weight_bytes`` and whether weights and cache fit in 24, 80 and 141 GB.
+    """
     weights = shape.parameters * dtype_bytes
     rows = []
     for n in lengths:

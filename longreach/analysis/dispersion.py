@@ -21,7 +21,20 @@ from .. import plots
 
 @torch.no_grad()
 def measure(model, tokenizer, text: str, length: int, points: int = 24, top_k: int = 1) -> dict:
-    """``{"positions": [...], "layers": {layer: [value per position]}}`` for the first ``length`` tokens of ``text``."""
+    """Attention dispersion (the DDA paper's Figures 1 and 6) with whatever method is applied to ``model``.
+
+    Args:
+        model: a causal language model.
+        tokenizer: its tokenizer.
+        text: the text; its first ``length`` tokens are read in one prefill.
+        length: tokens.
+        points: how many query positions to sample, evenly spread.
+        top_k: how many of a query's largest attention probabilities to sum.
+
+    Returns:
+        ``{"positions": [...], "layers": {layer: [value per position]}}``: per layer the mean over heads
+        of each sampled query's top-k probability.
+    """
     if points < 2:
         raise ValueError(f"points={points} is out of range: at least 2")
     if top_k < 1:

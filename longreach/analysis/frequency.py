@@ -23,7 +23,20 @@ MAX_DOCUMENTS = 10_000_000  # synthetic documents: 80 MB of lengths
 
 
 def frequency(lengths, window: int, packing: str = "natural") -> np.ndarray:
-    """``f(i)`` for ``i = 0 .. window-1`` (float64, exact integers up to 2^53)."""
+    """Position frequency ``f(i) = sum_s max(|s| - i, 0)`` (STRING paper, Eq. 1).
+
+    Args:
+        lengths: the documents' lengths in tokens.
+        window: the training window ``L``.
+        packing: ``natural`` (one document per sequence, truncated at ``L``), ``uniform`` or
+            ``concatenated`` (documents joined and cut into windows of ``L``).
+
+    Returns:
+        ``f(i)`` for ``i = 0 .. window-1``, float64 (exact integers up to 2^53).
+
+    Raises:
+        ValueError: an unknown packing, a window < 1, no lengths or a negative one.
+    """
     if packing not in PACKINGS:
         raise ValueError(f"packing={packing!r} is not one of: {', '.join(PACKINGS)}")
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
@@ -48,7 +61,14 @@ def frequency(lengths, window: int, packing: str = "natural") -> np.ndarray:
 
 
 def shares(f: np.ndarray) -> dict[str, float]:
-    """The share of occurrences at ``i < L/2`` and at ``i >= 3L/4`` (the paper: >80% and <5% at L = 2048)."""
+    """The share of occurrences at ``i < L/2`` and at ``i >= 3L/4`` (the paper: >80% and <5% at L = 2048).
+
+    Args:
+        f: [`frequency`][longreach.analysis.frequency.frequency]'s result.
+
+    Returns:
+        ``{"i < L/2": share, "i >= 3L/4": share}``.
+    """
     L, total = len(f), f.sum()
     return {"i < L/2": float(f[: L // 2].sum() / total), "i >= 3L/4": float(f[(3 * L + 3) // 4 :].sum() / total)}
 

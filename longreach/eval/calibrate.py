@@ -100,10 +100,30 @@ def _spec(scales: list[int], local_window: int, top_k: int | None, dimensions: P
 def calibrate(model_name: str, target: int, out: Path, samples: int, local_window: int = 1024, top_k: int | None = None,
               importance_samples: int = 10, task: str = PROBE, groups: int = GROUPS, training_window: int | None = None,
               batch_size: int = 1, loaded=None) -> dict:
-    """Both measurements and the check of their combination; writes ``calibration.{md,json,png}`` in ``out``.
+    """DPE's two measurements and a check of their combination (``longreach calibrate dpe``).
 
-    ``top_k`` defaults to three quarters of the rotary pairs (the paper's 48 of 64); ``top_k=0`` changes
-    every pair and skips the importance measurement.
+    Measures each rotary pair's importance, sweeps each frequency group's scale, then runs the
+    combination beside ``rope`` on the same cases. Resumable; writes ``calibration.{md,json,png}`` and
+    ``dimensions.safetensors`` in ``out``.
+
+    Args:
+        model_name: ``default``, a local folder or a hub id.
+        target: the length to calibrate for, in tokens.
+        out: the results folder.
+        samples: cases per swept setting.
+        local_window: DPE's ``w``.
+        top_k: pairs changed per head; default three quarters of the rotary pairs (the paper's 48 of
+            64); 0 changes every pair and skips the importance measurement.
+        importance_samples: texts per length for the importance measurement.
+        task: the probe each setting is scored on.
+        groups: frequency groups.
+        training_window: ``L``; default the model's.
+        batch_size: cases decoded together.
+        loaded: a ``(model, tokenizer)`` already loaded.
+
+    Returns:
+        The calibration: the chosen scales, ``top_k``, the sweeps and the combination's paired
+        difference from ``rope``.
     """
     import longreach
     from longreach import models

@@ -98,7 +98,15 @@ def _slug(text: str, limit: int = 60) -> str:
 
 
 def build(out: Path, threshold: float = RULER_THRESHOLD) -> str:
-    """Write ``summary.md``, ``summary.json`` and the PNGs in ``out`` from ``out/results.jsonl``; return the markdown."""
+    """Write ``summary.md``, ``summary.json`` and the plots of a results folder (what ``longreach report`` does).
+
+    Args:
+        out: the results folder; its ``results.jsonl`` is read.
+        threshold: the score an effective length must reach at every length up to it (RULER's 85.6).
+
+    Returns:
+        The markdown of ``summary.md``.
+    """
     records = read_results(out / RESULTS)
     if not records:
         raise ValueError(f"no results in {out / RESULTS}")

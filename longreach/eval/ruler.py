@@ -14,7 +14,7 @@ documents, ...) until it fits -- so many cases end a step short of the length, a
 ``ruler-tight:*`` packs every case to the largest haystack that fits (searched per case): about 20%
 longer QA prompts at 4K, and harder; not comparable with published RULER tables.
 
-Where this differs on purpose (the README lists it too): every case has its own random stream
+Where this differs on purpose (docs/measuring.md lists it too): every case has its own random stream
 (``random.Random("<task>/<length>/<seed>/<n>")``, so cases are independent and resumable) where
 RULER draws samples one after another from one seeded stream, and the size search draws its own
 stream; essay sentences are split by a regular expression (RULER uses nltk's punkt, a separate

@@ -29,8 +29,9 @@ MAX_SAMPLES = 10_000  # cases per (task, length, method): a pass rate's 95% inte
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """A method and its parameters as written on the command line: ``string:shift=2731,local_window=128``
-    (lists with ``;``: ``drop:rate=0.3,layers=0;1;2``)."""
+    """A method and its parameters as written on the command line: ``string:shift=2731,local_window=128``.
+
+    Lists take ``;``: ``drop:rate=0.3,layers=0;1;2``. ``MethodSpec.parse(text)`` reads one."""
 
     name: str
     params: tuple[tuple[str, object], ...] = ()
@@ -140,8 +141,16 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: the checkpoint's ow
 class Grid:
     """Every case of an evaluation: ``samples`` cases per (task, length, method).
 
-    A task with a depth grid (``niah``) cycles through ``depths``: case ``i`` sits at
-    ``depths[i % len(depths)]``; every other task draws its own needle positions, as upstream.
+    Args:
+        model: ``default``, a local folder or a hub id.
+        tasks: task names (``niah4``, ``passkey``, ``ruler:vt``, ...).
+        methods: the methods, each run on the same cases.
+        lengths: lengths in tokens, everything included (prompt, template, tokens to generate).
+        depths: for a task with a depth grid (``niah``): case ``i`` sits at ``depths[i % len(depths)]``;
+            every other task draws its own needle positions, as upstream.
+        samples: cases per task, length and method.
+        training_window: ``L``; default the model's.
+        dtype: ``auto`` (the checkpoint's own), ``float32``, ``bfloat16`` or ``float16``.
     """
 
     model: str
@@ -179,13 +188,25 @@ class Grid:
 
 def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, batch_size: int = 1, tp: bool = False,
         prefill_tokens: int | None = None) -> Path:
-    """Run the grid's missing cases, appending to ``out/results.jsonl``; returns that path.
+    """Run the grid's missing cases (what ``longreach eval`` does), appending each to ``out/results.jsonl``.
 
-    Cases of one (task, length) are built once for every method; ``batch_size`` of them decode as one
-    left-padded batch per method (the answers equal batch size 1's), its prompts read in chunks of at most
-    ``prefill_tokens`` tokens over the batch (0: in one forward; ``None``: :func:`.generate.prefill_budget`'s
-    default). Under ``torchrun`` the cases are shared out over the processes, or with ``tp`` the model is
-    (see :mod:`.distributed`); ``limit`` then caps each process's new cases.
+    Cases already in the file are skipped, so a rerun resumes. Cases of one (task, length) are built
+    once for every method. Under ``torchrun`` the cases are shared out over the processes, or with
+    ``tp`` the model is (``longreach.eval.distributed``).
+
+    Args:
+        grid: every case to run.
+        out: the results folder.
+        limit: at most this many new cases (per process under ``torchrun``).
+        loaded: a ``(model, tokenizer)`` already loaded, instead of ``grid.model``.
+        batch_size: cases of one task, length and method decoded as one left-padded batch (the answers
+            equal batch size 1's).
+        tp: shard the model over the ``torchrun`` processes (tensor parallelism).
+        prefill_tokens: read the prompts in chunks of at most this many tokens over the batch (0: in one
+            forward; ``None``: 4096 for a batch, one forward for a lone case).
+
+    Returns:
+        The path of ``results.jsonl``.
     """
     import torch
 

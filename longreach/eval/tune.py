@@ -3,7 +3,7 @@ at one length through the ordinary resumable runner, scored with intervals, the 
 ``apply`` line to use.
 
 The table keeps every setting with its n and 95% interval, and names the settings whose interval
-overlaps the best one's: at small n these cannot be told apart, and the README says so wherever a
+overlaps the best one's: at small n these cannot be told apart, and the documentation says so wherever a
 "best" setting is quoted.
 """
 
@@ -130,9 +130,30 @@ def plot(table: list[Row], title: str, path: Path) -> Path:
 def run(model: str, method: str, grid: dict[str, list], task: str, length: int, samples: int, out: Path,
         fixed: dict | None = None, baseline: str | None = "rope", training_window: int | None = None,
         batch_size: int = 1, limit: int | None = None, loaded=None) -> tuple[list[Row], Row, str]:
-    """Run the grid (resuming ``out``), write ``tune_METHOD.md``, ``.json`` and ``.png``; return (rows, best, markdown).
+    """Score every combination of a method's parameters on one task at one length (``longreach tune``).
 
-    Several methods may share one folder: their ``rope`` cases are then run once."""
+    Resumes ``out``; writes ``tune_METHOD.md``, ``.json`` and ``.png``. Several methods may share one
+    folder: their ``rope`` cases are then run once.
+
+    Args:
+        model: ``default``, a local folder or a hub id.
+        method: a position method.
+        grid: each parameter's values, e.g. ``{"shift": [1024, 2048]}``.
+        task: the task to score on.
+        length: the length in tokens.
+        samples: cases per setting.
+        out: the results folder.
+        fixed: parameters held fixed, e.g. ``{"local_window": 128}``.
+        baseline: the method every setting is paired with on the same cases (``None``: none).
+        training_window: ``L``; default the model's.
+        batch_size: cases decoded together.
+        limit: at most this many new cases.
+        loaded: a ``(model, tokenizer)`` already loaded.
+
+    Returns:
+        ``(rows, best, markdown)``: a row per setting (score, interval, n, paired difference), the best
+        one, and the report.
+    """
     specs = settings(method, grid, fixed)
     extra = [MethodSpec.parse(baseline)] if baseline else []
     evaluation = runner.Grid(model, [task], specs + extra, [length], [0.5], samples, training_window)

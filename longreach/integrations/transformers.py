@@ -143,10 +143,15 @@ _probe: contextvars.ContextVar = contextvars.ContextVar("longreach_probe", defau
 
 @contextlib.contextmanager
 def probing(rows: torch.Tensor, top_k: int):
-    """Record, per layer, the mean (over heads) of the ``top_k`` largest attention probabilities of the
-    queries at absolute indices ``rows`` during prefill, with whatever method is applied.
+    """Record attention dispersion during the prefill inside this context, with whatever method is applied.
 
-    Yields a dict ``{layer index: [batch, len(rows)] tensor}`` filled by the forward pass.
+    Args:
+        rows: the absolute indices of the queries to record.
+        top_k: how many of each query's largest attention probabilities to sum.
+
+    Yields:
+        A dict ``{layer index: [batch, len(rows)] tensor}``, filled by the forward pass: per layer, the
+        mean over heads of the ``top_k`` largest probabilities of each recorded query.
     """
     record: dict[int, torch.Tensor] = {}
     token = _probe.set((rows, top_k, record))
@@ -162,14 +167,17 @@ _compiled_prompt_lengths: list = [None]  # the same lengths as a plain global, w
 
 @contextlib.contextmanager
 def generation(prompt_lengths: torch.Tensor):
-    """Declare where each prompt ends: queries at positions ``>= prompt_lengths[row]`` (counting the row's
-    real tokens) are generated tokens. ``model.generate`` of an applied model declares it by itself; a
-    decoding loop of your own can declare it with this. Outside it, every token is prompt text.
+    """Declare where each prompt ends, for a decoding loop of your own.
 
-    Two things depend on it: Dynamic Drop Attention's ``generated_rate``, and DCA's ``mscale``, whose
-    temperature then takes the whole prompt's length for every prompt token, so that a prompt read in
-    chunks scores as one forward does. ``prompt_lengths [B]``; a batch ``k`` times larger (beams,
-    ``num_return_sequences``) repeats each row ``k`` times, as ``generate`` does.
+    Queries at positions ``>= prompt_lengths[row]`` (counting the row's real tokens) are generated
+    tokens. ``model.generate`` of an applied model declares it by itself; outside both, every token is
+    prompt text. Two things depend on it: Dynamic Drop Attention's ``generated_rate``, and DCA's
+    ``mscale``, whose temperature then takes the whole prompt's length for every prompt token, so that
+    a prompt read in chunks scores as one forward does.
+
+    Args:
+        prompt_lengths: ``[B]``, each row's prompt length. A batch ``k`` times larger (beams,
+            ``num_return_sequences``) repeats each row ``k`` times, as ``generate`` does.
     """
     lengths = torch.as_tensor(prompt_lengths).reshape(-1).long()
     token, outer = _prompt_lengths.set(lengths), _compiled_prompt_lengths[0]
@@ -254,10 +262,17 @@ def _record_importance(record: dict, layer: int, query: torch.Tensor, key: torch
 
 
 def training_window(config) -> int:
-    """``L``: the text config's ``max_position_embeddings``, what the model was trained or tuned for.
+    """``L``, the training window every default derives from.
 
-    Not ``original_max_position_embeddings``: on Llama 3.1 that is the window before its long-context
-    stage (8192); the model was trained to 131072 and the STRING paper uses L = 128K for it.
+    It is the text config's ``max_position_embeddings``, what the model was trained or tuned for. Not
+    ``original_max_position_embeddings``: on Llama 3.1 that is the window before its long-context stage
+    (8192); the model was trained to 131072 and the STRING paper uses L = 128K for it.
+
+    Args:
+        config: a transformers model config (a multimodal one's text config is read).
+
+    Returns:
+        ``L`` in tokens.
     """
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
     return int(config.max_position_embeddings)
@@ -268,23 +283,46 @@ _model_window = training_window  # apply's keyword argument of the same name hid
 
 def apply(model: nn.Module, method: str = "string", *, training_window: int | None = None, scaling: dict | None = None,
           drop: dict | None = None, backend: str = "auto", keep_moved_keys: bool = False, **params) -> nn.Module:
-    """Switch ``model``'s attention to ``method`` (see ``longreach.methods.available()``); returns the model.
+    """Switch ``model``'s attention to ``method``, in place; every forward and ``generate`` then uses it.
 
-    ``method`` is a position method (``rope``, ``string``, ``rerope``, ``self_extend``, ``dca``) or a
-    frequency method (``pi``, ``ntk``, ``dynamic``, ``yarn``, ``llama3``), each with its parameters.
-    ``training_window=N`` overrides ``L`` (default: the config's ``max_position_embeddings``), from
-    which every default is derived. ``scaling={"rope_type": "yarn", "factor": 2.0, ...}`` adds a
-    frequency method to a position method (transformers' ``rope_parameters`` keys; ``pi`` and ``ntk``
-    are accepted as types); ``L`` stays the model's own window unless ``training_window`` says otherwise.
-    ``method="drop"`` / ``"dynamic_drop"`` (Drop Attention, Dynamic Drop Attention) with their
-    parameters, or ``drop={"method": "dynamic_drop", ...}`` beside another method, drops low scores.
-    ``backend``: ``"auto"`` (CPU flash attention on CPU; on CUDA compiled FlexAttention, and the fused
-    Triton kernel for decoding steps), ``"cpu_flash"``, ``"cuda_efficient"``, ``"cuda_flash"`` (each part one
-    FlashAttention call with a window, as the official STRING code; unpadded batches), ``"flex"`` (FlexAttention; eager
-    and forward-only on CPU, for checking), ``"triton"`` (the fused kernel, forward only), ``"math"``, or ``"reference"``
-    (the dense float64 oracle, O(n^2), for tests). ``keep_moved_keys=True`` keeps, per layer, the cached keys
-    moved by a per-token key shift (ReRoPE's and Self-Extend's far part: +50% of the key/value cache), so that a
-    decoding step moves its new keys only (:class:`~longreach.attention.shifts.MovedKeys`; the tiled kernel). Applying again replaces the previous method; :func:`remove` undoes it.
+    Everything is validated before the model changes: a refused call leaves the method applied before
+    in place. Applying again replaces the previous method; [`remove`][longreach.remove] undoes it.
+
+    Args:
+        model: a transformers causal language model with rotary position embeddings (Llama, Qwen,
+            Mistral, Gemma 3, Phi-3, SmolLM, ...), on any device, in any dtype.
+        method: a position method (``rope``, ``string``, ``rerope``, ``self_extend``, ``dca``, ``dpe``),
+            a frequency method (``pi``, ``ntk``, ``dynamic``, ``yarn``, ``llama3``) or a drop method
+            (``drop``, ``dynamic_drop``); [`available`][longreach.available] lists them all.
+        training_window: ``L``, from which every default derives; default: the text config's
+            ``max_position_embeddings`` ([`training_window`][longreach.training_window]).
+        scaling: a frequency method composed with a position method, in transformers'
+            ``rope_parameters`` keys, e.g. ``{"rope_type": "yarn", "factor": 2.0}`` (``pi`` and ``ntk``
+            are accepted as types). ``L`` stays the model's own unless ``training_window`` says otherwise.
+        drop: a drop method beside another method, e.g. ``{"method": "dynamic_drop", "max_rate": 0.3}``.
+        backend: ``"auto"`` (CPU flash attention on a CPU; on CUDA compiled FlexAttention for prefill and
+            the fused Triton kernel for decoding steps), ``"cpu_flash"``, ``"cuda_efficient"``,
+            ``"cuda_flash"`` (each part one FlashAttention call with a window, as the official STRING
+            code), ``"flex"``, ``"triton"`` (forward only), ``"math"``, or ``"reference"`` (the dense
+            float64 oracle, O(n^2), for tests).
+        keep_moved_keys: keep, per layer, the cached keys moved by a per-token key shift (ReRoPE's and
+            Self-Extend's far part: +50% of the key/value cache), so that a decoding step moves only its
+            new keys.
+        **params: the method's own parameters, e.g. ``shift=2048, local_window=64`` for ``string``.
+
+    Returns:
+        The same ``model``.
+
+    Raises:
+        ValueError: one line naming the parameter, its value and what is allowed: an unknown method or
+            parameter, a value out of range, a model without RoPE or with logit softcapping, a backend
+            its device cannot run.
+
+    Example:
+        ```python
+        longreach.apply(model, "string")                     # S = round(L/3), W = 128
+        longreach.apply(model, "dca", scaling={"rope_type": "yarn", "factor": 2.0})
+        ```
     """
     rotary = find_rotary(model)
     if rotary is None:
@@ -385,7 +423,16 @@ def reapply(model: nn.Module, record: dict) -> nn.Module:
 
 
 def remove(model: nn.Module) -> nn.Module:
-    """Restore the attention (and RoPE frequencies) the model had before :func:`apply`; a no-op on an untouched model."""
+    """Restore the attention and RoPE frequencies ``model`` had before [`apply`][longreach.apply].
+
+    A no-op on a model nothing was applied to.
+
+    Args:
+        model: a model, applied or not.
+
+    Returns:
+        The same ``model``.
+    """
     state = _state(model)
     if state is None:
         return model
@@ -407,7 +454,15 @@ def remove(model: nn.Module) -> nn.Module:
 
 
 def describe(model: nn.Module) -> str:
-    """What is applied to ``model``, with the ``L`` it used: ``"rope"`` for an untouched model."""
+    """What is applied to ``model``, with every resolved parameter and the ``L`` it used.
+
+    Args:
+        model: a model, applied or not.
+
+    Returns:
+        e.g. ``"string(shift=2731, local_window=128, mscale=False) [L=8192]"``; ``"rope"`` for a model
+        nothing was applied to.
+    """
     state = _state(model)
     return state.describe() if state else "rope"
 
@@ -421,7 +476,14 @@ def one_case_per_forward(model: nn.Module) -> bool:
 
 
 def applied(model: nn.Module) -> PositionMethod | None:
-    """The position method currently applied to ``model``, if any."""
+    """The position method applied to ``model``.
+
+    Args:
+        model: a model, applied or not.
+
+    Returns:
+        The method's dataclass (e.g. a [`String`][longreach.methods.string.String]), or ``None``.
+    """
     state = _state(model)
     return state.method if state else None
 

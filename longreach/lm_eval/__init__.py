@@ -54,7 +54,31 @@ def _claim(name: str | None, role: str, arguments: dict) -> dict:
 
 @register_model("longreach")
 class LongreachLM(HFLM):
-    """lm-eval's ``HFLM`` with a longreach method applied after loading (see the module docstring)."""
+    """lm-eval's ``HFLM`` with a longreach method applied after loading.
+
+    Every request type (``generate_until``, ``loglikelihood``, ``loglikelihood_rolling``) runs batched
+    and padded through longreach's attention. Weights load from safetensors only unless a ``gguf_file``
+    is given; ``trust_remote_code`` stays off unless asked for.
+
+    Args:
+        pretrained: as ``HFLM``'s: a path or a hub id.
+        method: the method to apply (``longreach.available()``).
+        training_window: ``L``; default the config's ``max_position_embeddings``.
+        scaling: a frequency method to compose (e.g. ``yarn``); its parameters (e.g. ``factor``) go in
+            ``kwargs``.
+        drop: ``drop`` or ``dynamic_drop``; their parameters go in ``kwargs``.
+        attention_backend: ``longreach.apply``'s ``backend`` (lm-eval's own ``backend`` keeps its meaning).
+        **kwargs: every ``HFLM`` argument, and the method's own parameters by name (``shift``, ...).
+
+    Raises:
+        ValueError: an unknown method or parameter; a batch size above 1 with dynamic NTK.
+
+    Example:
+        ```python
+        lm = LongreachLM(pretrained="path/to/model", method="string", max_length=32768, batch_size=4)
+        lm_eval.simple_evaluate(model=lm, tasks=["ruler"])
+        ```
+    """
 
     def __init__(self, pretrained, method: str = "string", training_window: int | None = None, scaling: str | None = None,
                  drop: str | None = None, attention_backend: str = "auto", **kwargs) -> None:

@@ -29,7 +29,12 @@ def create(name: str, training_window: int, **params) -> PositionMethod:
 
 
 def available() -> list[dict]:
-    """One row per method: name, kind, paper, what it changes, parameters with defaults and ranges."""
+    """Every method longreach has, as ``longreach methods`` prints them.
+
+    Returns:
+        One dict per method: ``name``, ``kind`` (position, frequency, drop), ``paper``, ``changes`` (what
+        it changes), ``parameters`` (name to default) and ``ranges`` (name to what is allowed).
+    """
     rows = []
     for name, cls in METHODS.items():
         params = {f.name: (None if f.default is MISSING else f.default) for f in fields(cls) if f.name != "training_window"}
@@ -48,13 +53,23 @@ def available() -> list[dict]:
 
 
 def paper_baseline(name: str, training_window: int) -> dict:
-    """The STRING paper's protocol for extrapolation baselines (section 4.1): set up as if the
-    training window were ``2L/3``, with scale factor ``3/2``. Returns the parameters to pass.
+    """The STRING paper's protocol for extrapolation baselines (section 4.1), as ``apply`` parameters.
 
-    Position methods get the defaults they would have at ``2L/3`` (Self-Extend: group size 2, the
-    smallest integer >= 3/2); frequency methods get ``factor=1.5`` and, where they take it,
-    ``original_max_position_embeddings=2L/3``. ``rope`` and ``string`` are not extrapolation
-    methods: they get no parameters.
+    A baseline is set up as if the training window were ``2L/3``, with scale factor ``3/2``. Position
+    methods get the defaults they would have at ``2L/3`` (Self-Extend: group size 2, the smallest
+    integer >= 3/2); frequency methods get ``factor=1.5`` and, where they take it,
+    ``original_max_position_embeddings=2L/3``. ``rope`` and ``string`` are not extrapolation methods:
+    they get no parameters.
+
+    Args:
+        name: a method name.
+        training_window: the model's ``L``.
+
+    Returns:
+        The parameters, e.g. ``apply(model, "dca", **paper_baseline("dca", 8192))``.
+
+    Raises:
+        ValueError: a method the protocol has no set-up for.
     """
     short = 2 * training_window // 3
     if name in scaling.ALIASES:

@@ -56,7 +56,12 @@ class Part:
 
 
 class PositionMethod:
-    """Base of the methods registry; subclasses are frozen dataclasses of their parameters."""
+    """A position method: a rule ``P(i, j)`` and the parts that compute it.
+
+    Subclasses are frozen dataclasses of their parameters, validated when built. ``parts()`` feeds the
+    attention kernel; ``relative_positions`` is the dense rule written from the paper, for the float64
+    reference and the pictures.
+    """
 
     name: ClassVar[str]
     paper: ClassVar[str]
@@ -64,6 +69,7 @@ class PositionMethod:
     ranges: ClassVar[dict[str, str]]
 
     def parts(self) -> tuple[Part, ...]:
+        """The disjoint regions of the causal triangle, each with its position shifts, that make up ``P``."""
         raise NotImplementedError
 
     def relative_positions(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
@@ -101,6 +107,7 @@ class PositionMethod:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "training_window"}
 
     def describe(self) -> str:
+        """The method with every parameter, e.g. ``string(shift=2731, local_window=128, mscale=False)``."""
         values = ", ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self) if f.name != "training_window")
         return f"{self.name}({values})" if values else self.name
 

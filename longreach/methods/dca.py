@@ -29,7 +29,15 @@ from .base import Part, PositionMethod, causal_distance, require_bool, require_i
 
 @dataclass(frozen=True)
 class DualChunk(PositionMethod):
-    """DCA with chunk size ``s`` (default 3L/4) and local window ``l`` (default L/8), ``0 < l < s``."""
+    """Dual Chunk Attention (An et al. 2024): keys at ``j mod c`` (``c = s - l``), queries by chunk relation.
+
+    Args:
+        training_window: the model's ``L``.
+        chunk_size: ``s``, an integer > ``l``; default ``3L/4``.
+        local_window: ``l``, an integer with ``0 < l < s``; default ``L/8`` (the official code: ``L/16``).
+        mscale: the official code's temperature: cos and sin multiplied by ``0.05 ln(n / L) + 1`` once a
+            sequence has ``n > L`` tokens; off by default.
+    """
 
     name = "dca"
     paper = "An et al. 2024, Training-Free Long-Context Scaling of LLMs (DCA, arXiv:2402.17463)"

@@ -101,8 +101,18 @@ def load_dimensions(source) -> torch.Tensor:
 
 @dataclass(frozen=True, eq=False)
 class DPE(PositionMethod):
-    """DPE with ``group_scales`` (one integer per frequency group, required), local window ``w`` (1024),
-    and the ``top_k`` most important pairs per layer and head changed (``None``: every pair)."""
+    """DPE (Lu et al. 2025): Self-Extend per frequency group, in each head's most important rotary pairs.
+
+    Args:
+        training_window: the model's ``L``.
+        group_scales: ``s_g``, one integer >= 1 per frequency group (required; ``longreach calibrate
+            dpe`` finds them, ``longreach.methods.dpe.PUBLISHED`` has the paper's).
+        local_window: ``w``, an integer > 0.
+        top_k: how many pairs change per layer and head, the most important first (the paper: 48 of
+            64); ``None`` changes every pair and needs no ``dimensions``.
+        dimensions: the pairs' importances: a ``dimensions.safetensors`` written by ``longreach
+            calibrate dpe``, or a ``[layers, query heads, pairs]`` tensor of importances or a boolean mask.
+    """
 
     name = "dpe"
     paper = "Lu et al. 2025, Dimension-Wise Positional Embeddings Manipulation, DPE (arXiv:2504.18857)"

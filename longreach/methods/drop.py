@@ -38,7 +38,12 @@ def _check_layers(layers) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class Drop:
-    """Drop Attention: every query drops the scores below its ``rate``-quantile, on ``layers``."""
+    """Drop Attention (DA): every query drops the scores below its ``rate``-quantile.
+
+    Args:
+        rate: the quantile, ``0 <= rate < 1``.
+        layers: the layers that drop (the paper: the first three).
+    """
 
     name: ClassVar[str] = "drop"
     paper: ClassVar[str] = "Dynamic Drop Attention paper, Drop Attention (DA), Eq. 1"
@@ -61,7 +66,16 @@ class Drop:
 
 @dataclass(frozen=True)
 class DynamicDrop:
-    """Dynamic Drop Attention: a rate growing chunk by chunk beyond the training window."""
+    """Dynamic Drop Attention (DDA): no dropping inside the training window, a rate growing chunk by chunk beyond it.
+
+    Args:
+        initial_rate: the first chunk's rate beyond the window.
+        step: added per chunk.
+        max_rate: the largest rate, ``initial_rate <= max_rate < 1``.
+        chunk: tokens per chunk.
+        generated_rate: the rate of tokens the model generates (the paper found 0 best).
+        layers: the layers that drop (the paper: the first three).
+    """
 
     name: ClassVar[str] = "dynamic_drop"
     paper: ClassVar[str] = "Dynamic Drop Attention paper, DDA, Eq. 3 (best: 0.15, +0.05, max 0.3)"

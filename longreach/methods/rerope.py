@@ -18,7 +18,13 @@ from .base import Part, PositionMethod, causal_distance, require_int, require_nu
 
 @dataclass(frozen=True)
 class ReRope(PositionMethod):
-    """ReRoPE with window ``w`` (default L/2); ``leak`` = k > 1 gives Leaky ReRoPE (default: none)."""
+    """ReRoPE (Su 2023): ``P = d`` for ``d < w``, else ``w``; Leaky ReRoPE: ``w + (d - w) / k``.
+
+    Args:
+        training_window: the model's ``L``.
+        window: ``w``, an integer with ``0 < w <= L``; default ``L/2``.
+        leak: ``k > 1`` for Leaky ReRoPE; ``None`` (default) for plain ReRoPE.
+    """
 
     name = "rerope"
     paper = "Su 2023, Rectified Rotary Position Embeddings (ReRoPE)"

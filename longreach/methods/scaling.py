@@ -58,7 +58,12 @@ STATIC_TYPES = ("linear", "yarn", "llama3")  # a model's own scalings whose freq
 
 @dataclass(frozen=True)
 class Scaling:
-    """A validated frequency method: its name and parameters (defaults filled, ``None``: from the model)."""
+    """A validated frequency method, built by ``apply(model, "yarn", ...)`` or ``scaling={...}``.
+
+    Args:
+        name: ``pi``, ``ntk``, ``dynamic``, ``yarn`` or ``llama3``.
+        params: its parameters, defaults filled in (``None``: taken from the model, e.g. ``L``).
+    """
 
     name: str
     params: dict = field(default_factory=dict)

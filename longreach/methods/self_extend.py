@@ -22,7 +22,13 @@ from .base import Part, PositionMethod, causal_distance, require_int
 
 @dataclass(frozen=True)
 class SelfExtend(PositionMethod):
-    """Self-Extend with group size ``G`` (default 4) and neighbour window ``W_n`` (default L/4)."""
+    """Self-Extend (Jin et al. 2024): ``P = d`` for ``d < Wn``, else ``i//G - j//G + Wn - Wn//G``.
+
+    Args:
+        training_window: the model's ``L``.
+        group_size: ``G``, an integer >= 1.
+        neighbor_window: ``Wn``, an integer > 0; default ``L/4``.
+    """
 
     name = "self_extend"
     paper = "Jin et al. 2024, LLM Maybe LongLM: Self-Extend (arXiv:2401.01325)"

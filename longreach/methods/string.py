@@ -26,10 +26,14 @@ OFFICIAL_MSCALE = 1 + 0.1 * math.log(2)
 
 @dataclass(frozen=True)
 class String(PositionMethod):
-    """STRING with shift ``S`` (default ``round(L/3)``) and local window ``W`` (default 128).
+    """STRING (An et al. 2025, Eq. 4): ``P = d`` for ``d < S``, else ``d - S + W``.
 
-    ``mscale=True`` reproduces the official code's ``1 + 0.1 ln 2`` factor on cos and sin, i.e.
-    rotary logits multiplied by ``(1 + 0.1 ln 2)^2 ~ 1.143``; off by default (SPEC.md section 1).
+    Args:
+        training_window: the model's ``L``.
+        shift: ``S``, an integer with ``W < S < L``; default ``round(L/3)``.
+        local_window: ``W``, an integer with ``0 < W < S``.
+        mscale: the official code's ``1 + 0.1 ln 2`` factor on cos and sin, i.e. rotary logits multiplied
+            by ``(1 + 0.1 ln 2)^2 ~ 1.143``; off by default, as the paper's equation.
     """
 
     name = "string"
