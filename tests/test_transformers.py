@@ -274,7 +274,8 @@ def test_a_frequency_method_composes_over_the_models_own_scaling(own, tmp_path):
     stock, own_freq = model(x).logits, model.model.rotary_emb.inv_freq.clone()
     own_scaling = model.model.rotary_emb.attention_scaling
     longreach.apply(model, "yarn", factor=1.0)  # the identity: nothing moves
-    assert torch.equal(model.model.rotary_emb.inv_freq, own_freq) and torch.equal(model(x).logits, stock)
+    assert torch.equal(model.model.rotary_emb.inv_freq, own_freq)
+    assert torch.allclose(model(x).logits, stock, rtol=0, atol=1e-6)  # the same frequencies (a rebuilt module may round cos/sin apart: PyTorch 2.7)
     longreach.apply(model, "dca", chunk_size=30, local_window=6, scaling={"rope_type": "yarn", "factor": 2.0})
     freq = model.model.rotary_emb.inv_freq
     assert freq[0] == own_freq[0] and freq[-1] == pytest.approx(own_freq[-1].item() / 2)  # the lowest one halves
@@ -291,7 +292,8 @@ def test_a_frequency_method_composes_over_the_models_own_scaling(own, tmp_path):
     longreach.integrations.transformers.reapply(loaded, loaded.config.longreach)
     assert torch.allclose(loaded(x).logits, want, atol=1e-5)
     longreach.remove(model)
-    assert torch.equal(model.model.rotary_emb.inv_freq, own_freq) and torch.equal(model(x).logits, stock)
+    assert torch.equal(model.model.rotary_emb.inv_freq, own_freq)
+    assert torch.allclose(model(x).logits, stock, rtol=0, atol=1e-6)  # the same frequencies (a rebuilt module may round cos/sin apart: PyTorch 2.7)
 
 
 @pytest.mark.parametrize("name, params, transformers_parameters", [

@@ -11,13 +11,17 @@ from typing import Callable
 
 import torch
 
+from .. import compat
 from . import flex, fused, windows
 from .plan import NEG_INF, SMALL_QUERY
 from .rotary import compute_dtype
 
 
 def cpu_flash(q, k, v, mask, causal, scaling):
-    """PyTorch's CPU flash attention, which also returns the log-sum-exp."""
+    """PyTorch's CPU flash attention, which also returns the log-sum-exp (grouped-query natively where the
+    release can, :func:`~longreach.compat.cpu_flash_takes_grouped_heads`; else keys and values repeated per head)."""
+    if not compat.cpu_flash_takes_grouped_heads():
+        k, v = expand_heads(k, q.shape[1]), expand_heads(v, q.shape[1])
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, is_causal=causal, attn_mask=mask, scale=scaling)
     return out.float(), lse
 
@@ -75,12 +79,15 @@ def _scores(q, k, mask, causal, scaling, compute: torch.dtype) -> torch.Tensor:
 
 
 def cpu_flash_backward(grad_out, q, k, v, out, lse, mask, causal, scaling):
-    """PyTorch's CPU flash-attention backward, given the merged output and log-sum-exp (grouped-query natively)."""
-    dtype = q.dtype
-    grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+    """PyTorch's CPU flash-attention backward, given the merged output and log-sum-exp (grouped-query natively,
+    or on keys and values repeated per head and their gradients summed back, as :func:`cpu_flash`)."""
+    dtype, kv_heads = q.dtype, k.shape[1]
+    if not compat.cpu_flash_takes_grouped_heads():
+        k, v = expand_heads(k, q.shape[1]), expand_heads(v, q.shape[1])
+    grad_q, grad_k, grad_v = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
         grad_out.to(dtype), q, k, v, out.to(dtype), lse.to(compute_dtype(dtype)), 0.0, causal, attn_mask=mask, scale=scaling
     )
-    return tuple(g.to(out.dtype) for g in grads)
+    return tuple(g.to(out.dtype) for g in (grad_q, per_kv_head(grad_k, kv_heads), per_kv_head(grad_v, kv_heads)))
 
 
 def math_backward(grad_out, q, k, v, out, lse, mask, causal, scaling):

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import compat
 from .rotary import compute_dtype
 
 try:  # PyTorch >= 2.5
@@ -248,11 +249,7 @@ def part_attention(q, k, v, mask, causal, scaling):
     """One part: ``flex_attention`` with the part's block mask (``mask``), returning ``(out, lse)`` in float32
     (float64 for float64 inputs). ``causal`` is never set: the block mask holds the whole region."""
     kwargs = {"block_mask": mask, "scale": scaling, "enable_gqa": q.shape[1] != k.shape[1]}
-    if hasattr(_flex_module, "AuxRequest"):
-        out, aux = _function(q.device.type)(q, k, v, return_aux=_flex_module.AuxRequest(lse=True), **kwargs)
-        lse = aux.lse
-    else:  # pragma: no cover - PyTorch < 2.9
-        out, lse = _function(q.device.type)(q, k, v, return_lse=True, **kwargs)
+    out, lse = compat.flex_attention_with_lse(_function(q.device.type), _flex_module, q, k, v, **kwargs)
     return out.to(compute_dtype(q.dtype)), lse.to(compute_dtype(q.dtype))
 
 
@@ -267,10 +264,9 @@ def _function(device_type: str):
     if device_type == "cuda":
         compiled = torch.compile(_flex_module.flex_attention)
         config = torch._dynamo.config
-        name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # renamed in PyTorch 2.6
 
         def with_more_variants(*args, **kwargs):
-            with config.patch({name: max(RECOMPILE_LIMIT, getattr(config, name))}):
+            with config.patch(recompile_limit=max(RECOMPILE_LIMIT, config.recompile_limit)):
                 return compiled(*args, **kwargs)
 
         return with_more_variants
