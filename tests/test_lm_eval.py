@@ -87,22 +87,27 @@ def assert_same(ours: dict, theirs: dict, tolerance: float) -> None:
         assert loglikelihoods(ours[task]) == pytest.approx(loglikelihoods(theirs[task]), abs=tolerance, rel=0)
 
 
-def test_rope_reproduces_lm_evals_own_hf_model(setup):
+@pytest.fixture(scope="module")
+def evaluated(setup):
+    """Every task's responses with ``LongreachLM`` under ``rope`` and under STRING, evaluated once for the tests below."""
+    folder, tasks = setup
+    string = LongreachLM(pretrained=str(folder), **STRING, **COMMON)
+    assert longreach.describe(string.model).startswith("string(shift=16, local_window=4")
+    return {"rope": samples(LongreachLM(pretrained=str(folder), method="rope", **COMMON), tasks), "string": samples(string, tasks)}
+
+
+def test_rope_reproduces_lm_evals_own_hf_model(setup, evaluated):
     folder, tasks = setup
     plain = samples(HFLM(pretrained=str(folder), **COMMON), tasks)
-    ours = samples(LongreachLM(pretrained=str(folder), method="rope", **COMMON), tasks)
-    assert_same(ours, plain, 1e-4)
+    assert_same(evaluated["rope"], plain, 1e-4)
 
 
-def test_string_equals_longreachs_own_api_and_changes_the_answers(setup):
+def test_string_equals_longreachs_own_api_and_changes_the_answers(setup, evaluated):
     folder, tasks = setup
-    lm = LongreachLM(pretrained=str(folder), **STRING, **COMMON)
-    assert longreach.describe(lm.model).startswith("string(shift=16, local_window=4")
-    ours = samples(lm, tasks)
+    ours, rope = evaluated["string"], evaluated["rope"]
     model, _ = longreach.load(str(folder))
     direct = samples(HFLM(pretrained=longreach.apply(model, **STRING), **COMMON), tasks)
     assert_same(ours, direct, 1e-5)
-    rope = samples(LongreachLM(pretrained=str(folder), method="rope", **COMMON), tasks)
     changes = [abs(a - b) for a, b in zip(loglikelihoods(ours["lr_tiny_choice"]), loglikelihoods(rope["lr_tiny_choice"]))]
     assert changes[:3] == pytest.approx([0.0] * 3, abs=1e-5)  # the first prompt fits in the local window: STRING is RoPE there
     assert max(changes) > 5e-4  # a random tiny model is nearly uniform, yet the long prompts move 50x the tolerance
@@ -139,18 +144,18 @@ def run_cli(*args: str, cwd) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "longreach.lm_eval", *args], capture_output=True, text=True, cwd=cwd, env=env)
 
 
-def test_command_line_is_lm_evals_with_the_longreach_model(setup, tmp_path):
+def test_command_line_is_lm_evals_with_the_longreach_model(setup, evaluated, tmp_path):
     folder, tasks = setup
     model_args = f"pretrained={folder},method=string,shift=16,local_window=4,max_length=256,dtype=float32"
     done = run_cli("--model_args", model_args, "--tasks", "lr_tiny_choice", "--include_path", str(tasks), "--device", "cpu",
-                   "--batch_size", "2", "--output_path", str(tmp_path / "out"), cwd=tmp_path)
+                   "--batch_size", "2", "--output_path", str(tmp_path / "out"), "--log_samples", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     [result] = list((tmp_path / "out").rglob("results_*.json"))
-    cli_acc = json.loads(result.read_text())["results"]["lr_tiny_choice"]["acc,none"]
-    manager = TaskManager(include_path=str(tasks))
-    api = lm_eval.simple_evaluate(model=LongreachLM(pretrained=str(folder), **STRING, **COMMON), tasks=["lr_tiny_choice"],
-                                  task_manager=manager)
-    assert cli_acc == api["results"]["lr_tiny_choice"]["acc,none"]
+    cli_samples = [json.loads(line) for path in (tmp_path / "out").rglob("samples_lr_tiny_choice_*.jsonl")
+                   for line in path.read_text().splitlines()]
+    cli = [s["resps"] for s in sorted(cli_samples, key=lambda s: s["doc_id"])]
+    assert loglikelihoods(cli) == pytest.approx(loglikelihoods(evaluated["string"]["lr_tiny_choice"]), abs=1e-5, rel=0)
+    assert json.loads(result.read_text())["results"]["lr_tiny_choice"]["acc,none"] is not None
 
 
 def test_command_line_errors_are_one_line(setup, tmp_path):
