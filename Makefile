@@ -40,19 +40,27 @@ COMPAT_TESTS := tests/test_kernel.py tests/test_caches_and_calls.py tests/test_t
 # Pinned by torch or transformers themselves, so left to them in the compat environments.
 COMPAT_FREE := torch|transformers|triton|sympy|mpmath|nvidia-[a-z0-9-]*|huggingface[-_]hub|tokenizers|hf[-_]xet
 
-.venv-oldest/.installed: TORCH := $(TORCH_OLDEST)
-.venv-oldest/.installed: TRANSFORMERS := $(TRANSFORMERS_OLDEST)
-.venv-newest/.installed: TORCH := $(TORCH_NEWEST)
-.venv-newest/.installed: TRANSFORMERS := $(TRANSFORMERS_NEWEST)
-.venv-oldest/.installed .venv-newest/.installed: pyproject.toml Makefile constraints.txt
+.venv-oldest/.torch: TORCH := $(TORCH_OLDEST)
+.venv-oldest/.torch: TRANSFORMERS := $(TRANSFORMERS_OLDEST)
+.venv-newest/.torch: TORCH := $(TORCH_NEWEST)
+.venv-newest/.torch: TRANSFORMERS := $(TRANSFORMERS_NEWEST)
+# torch and transformers first, the two environments side by side (their ~3 GB downloads overlap) ...
+.venv-oldest/.torch .venv-newest/.torch: pyproject.toml Makefile constraints.txt
 	test -x $(@D)/bin/python || $(PYTHON) -m venv $(@D)
 	$(@D)/bin/pip install --quiet --upgrade pip
 	grep -v -i -E '^($(COMPAT_FREE))==' constraints.txt > $(@D)/constraints.txt
-	PIP_CONSTRAINT=/dev/null $(@D)/bin/pip install --quiet -c $(@D)/constraints.txt torch==$(TORCH) transformers==$(TRANSFORMERS) -e ".[test]"
+	PIP_CONSTRAINT=/dev/null $(@D)/bin/pip install --quiet -c $(@D)/constraints.txt torch==$(TORCH) transformers==$(TRANSFORMERS)
+	touch $@
+
+# ... then the project itself, one at a time (an editable install writes into the source tree).
+.venv-%/.installed: .venv-%/.torch
+	PIP_CONSTRAINT=/dev/null $(@D)/bin/pip install --quiet -c $(@D)/constraints.txt -e ".[test]"
 	$(@D)/bin/pip install --quiet --no-deps $(ASSETS)
 	touch $@
 
-test-compat: .venv-oldest/.installed .venv-newest/.installed
+test-compat:
+	$(MAKE) --no-print-directory -j2 .venv-oldest/.torch .venv-newest/.torch
+	$(MAKE) --no-print-directory .venv-oldest/.installed .venv-newest/.installed
 	for venv in .venv-oldest .venv-newest; do \
 		$$venv/bin/python -c "import torch, transformers; print('$$venv: torch', torch.__version__, 'transformers', transformers.__version__)" && \
 		$$venv/bin/python -m pytest -q -p no:cacheprovider -m "not slow and not distributed" $(COMPAT_TESTS) || exit 1; \
