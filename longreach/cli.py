@@ -262,6 +262,7 @@ TRAINING_WINDOW_HELP = "the training window L every default derives from (defaul
 def build_parser() -> argparse.ArgumentParser:
     from .eval import runner
     from .eval.report import RULER_THRESHOLD
+    from .probe import cli as probe_cli
 
     parser = argparse.ArgumentParser(prog="longreach", description="Measure and extend the context RoPE models really use.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -365,36 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     calibration.add_argument("--out", help="results folder; a rerun resumes it (default runs/calibrate_dpe_LENGTH)")
     calibration.set_defaults(run=_calibrate)
 
-    probing = commands.add_parser("probe", help="the STRING paper's probing experiment in miniature: train small RoPE models on "
-                                  "a synthetic corpus, measure effective length by distance, report (resumable)")
-    actions = probing.add_subparsers(dest="action", required=True)
-    training = actions.add_parser("train", help="train a small Llama on documents of a chosen length distribution (CPU)")
-    training.add_argument("--window", type=positive, default=256, help="the training window L in tokens (default 256)")
-    training.add_argument("--distribution", choices=("natural", "uniform", "concat"), default="natural",
-                          help="document lengths: natural (log-normal, one per row), uniform, concat (packed) (default natural)")
-    training.add_argument("--steps", type=positive, default=2000, help="optimizer steps (default 2000)")
-    training.add_argument("--rows", type=positive, default=16, help="windows per step (default 16)")
-    training.add_argument("--save-every", type=positive, default=250, help="checkpoint every N steps (default 250)")
-    training.add_argument("--layers", type=positive, default=2)
-    training.add_argument("--hidden", type=positive, default=128)
-    training.add_argument("--heads", type=positive, default=4)
-    training.add_argument("--kv-heads", type=positive, default=2)
-    training.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
-    training.add_argument("--seed", type=int, default=0)
-    training.add_argument("--out", help="run folder; a rerun resumes it (default runs/probe/DISTRIBUTION_WINDOW)")
-    training.set_defaults(run=_probe_train)
-    measuring = actions.add_parser("measure", help="retrieval accuracy by distance of every checkpoint of a run, per method")
-    measuring.add_argument("folder", metavar="RUN", help="a folder written by `longreach probe train`")
-    measuring.add_argument("--method", action="append", help="method[:param=value,...], repeatable (default: rope and string)")
-    measuring.add_argument("--cases", type=positive, default=100, help="cases per distance and method (default 100)")
-    measuring.add_argument("--distances", type=positive, default=16, help="distances tested, evenly spread (default 16)")
-    measuring.add_argument("--final-only", action="store_true", help="the last checkpoint only (default: every one)")
-    measuring.set_defaults(run=_probe_measure)
-    reporting = actions.add_parser("report", help="effective length vs tokens seen and vs position frequency; accuracy by distance")
-    reporting.add_argument("folders", nargs="+", metavar="RUN", help="measured run folders")
-    reporting.add_argument("--out", default="runs/probe/report", help="report folder (default runs/probe/report)")
-    reporting.add_argument("--threshold", type=threshold, default=RULER_THRESHOLD, help="effective-length threshold (RULER: 85.6)")
-    reporting.set_defaults(run=_probe_report)
+    probe_cli.add_commands(commands)
 
     listing = commands.add_parser("methods", help="every method: paper, what it changes, parameters with defaults and ranges")
     listing.set_defaults(run=_methods)
@@ -408,36 +380,6 @@ def build_parser() -> argparse.ArgumentParser:
     common(demo, "runs/demo", DEMO_SAMPLES)
     demo.set_defaults(run=_demo)
     return parser
-
-
-def _probe_train(args: argparse.Namespace) -> None:
-    from .probe import corpus, train
-
-    data = corpus.Corpus(args.window, args.distribution)
-    shape = train.Shape(args.layers, args.hidden, args.heads, args.kv_heads)
-    schedule = train.Schedule(args.steps, args.rows, args.lr, min(100, args.steps // 10), args.save_every, args.seed)
-    out = writable_folder(args.out or f"runs/probe/{args.distribution}_{args.window}")
-    print(f"last checkpoint: {train.train(data, out, shape, schedule)}")
-
-
-def _probe_measure(args: argparse.Namespace) -> None:
-    from .eval import runner
-    from .probe import measure
-
-    methods = args.method or ["rope", "string"]
-    for method in methods:
-        runner.MethodSpec.parse(method)  # a malformed one fails before any measuring
-    measure.measure_run(Path(args.folder), methods, args.cases, args.distances, final_only=args.final_only)
-    print(f"{Path(args.folder) / measure.RESULTS} holds {', '.join(methods)} at every checkpoint")
-
-
-def _probe_report(args: argparse.Namespace) -> None:
-    from .probe import report
-
-    out = writable_folder(args.out)
-    summary = report.build([Path(run) for run in args.folders], out, args.threshold)
-    print((out / "summary.md").read_text(encoding="utf-8"))
-    print(f"summary.md, summary.json, effective_length.png and {len(summary['runs'])} accuracy_RUN.png in {out}/")
 
 
 def main(argv: list[str] | None = None) -> None:
