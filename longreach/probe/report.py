@@ -15,7 +15,7 @@ import numpy as np
 
 from ..eval import stats
 from . import measure
-from .train import STATE, checkpoints, position_frequency
+from .train import checkpoints, position_frequency, state_of
 
 BASELINE = "rope"
 
@@ -37,8 +37,7 @@ def build(runs: list[Path], out: Path, threshold: float = stats.RULER_THRESHOLD)
 
 def _run_summary(run: Path, threshold: float) -> dict:
     results = json.loads((run / measure.RESULTS).read_text(encoding="utf-8"))
-    states = {str(json.loads((c / STATE).read_text(encoding="utf-8"))["step"]): json.loads((c / STATE).read_text(encoding="utf-8"))
-              for c in checkpoints(run)}
+    states = {str(state["step"]): state for state in map(state_of, checkpoints(run))}
     steps = sorted((s for s in results if s in states), key=int)
     if not steps:
         raise ValueError(f"{run} has no measured checkpoint: run `longreach probe measure {run}` first")

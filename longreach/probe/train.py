@@ -129,12 +129,17 @@ def latest(out: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def state_of(checkpoint: Path) -> dict:
+    """A checkpoint's ``state.json``."""
+    return json.loads((checkpoint / STATE).read_text(encoding="utf-8"))
+
+
 def load(checkpoint: Path):
     """A checkpoint's model (eval mode, SDPA attention) and its ``state.json``."""
     from transformers import LlamaForCausalLM
 
     model = LlamaForCausalLM.from_pretrained(checkpoint, use_safetensors=True, attn_implementation="sdpa").eval()
-    return model, json.loads((checkpoint / STATE).read_text(encoding="utf-8"))
+    return model, state_of(checkpoint)
 
 
 def _save(out, step, model, optimizer, corpus, shape, schedule, seen, lengths, loss) -> Path:
@@ -163,7 +168,7 @@ def _optimizer_tensors(model, optimizer) -> dict[str, torch.Tensor]:
 
 
 def _resume(checkpoint, model, optimizer, corpus, shape, schedule):
-    saved = json.loads((checkpoint / STATE).read_text(encoding="utf-8"))
+    saved = state_of(checkpoint)
     if saved["corpus"] != asdict(corpus) or saved["shape"] != asdict(shape) or saved["schedule"]["seed"] != schedule.seed:
         raise ValueError(f"{checkpoint.parent} holds a run with another corpus, shape or seed: give another --out")
     from safetensors.torch import load_model
