@@ -160,7 +160,7 @@ def test_gemma2_softcapping_is_refused_at_apply():
 def test_output_attentions_warns_instead_of_returning_nothing_silently():
     model = tiny_model("llama")
     longreach.apply(model, "string", **METHODS["string"])
-    import longreach.integrations.transformers as integration
+    import longreach.integrations.attention as integration
 
     integration._warned_attentions = False
     with pytest.warns(UserWarning, match="does not return attention weights"):
@@ -281,7 +281,7 @@ def test_a_prompt_whose_last_token_is_read_alone_is_still_prompt_text(name, para
         sequence = inputs["input_ids"]  # read whole, step by step, with the prompt declared: generated tokens are generated
         for step in range(4):
             padding = torch.cat([inputs.get("attention_mask", torch.ones_like(x[:1])), torch.ones(len(sequence), step, dtype=torch.long)], 1)
-            with longreach.integrations.transformers.generation(padding[:, : inputs["input_ids"].shape[1]].sum(-1)):
+            with longreach.integrations.recording.generation(padding[:, : inputs["input_ids"].shape[1]].sum(-1)):
                 logits = model(sequence, attention_mask=padding).logits[:, -1]
             assert (logits - whole.logits[step]).abs().max() <= 1e-6  # generate returns float32 logits
             sequence = torch.cat([sequence, whole.sequences[:, sequence.shape[1] : sequence.shape[1] + 1]], 1)
@@ -311,7 +311,7 @@ def test_a_forward_builds_each_plan_once_whatever_the_number_of_layers(monkeypat
     forward pass builds them and every other layer reuses them. DCA (three parts, key spans, a per-token key
     shift) on a left-padded batch, prefill and a decoding step: the same builds for 2 layers as for 5."""
     from longreach.attention import flex, kernel
-    from longreach.integrations import transformers as integration
+    from longreach.integrations import attention as integration
 
     built = []
     for module, name in ((kernel, "blocks"), (kernel, "padded_keys"), (kernel, "fold_block_key_shifts"),
@@ -385,7 +385,7 @@ def test_generate_compiles_its_decoding_steps_whole(monkeypatch, name):
     eager = model.generate(x, **settings)
     config = transformers.CompileConfig(fullgraph=True, backend="eager")
     config._compile_all_devices = True  # transformers compiles on accelerators only, unless told
-    from longreach.integrations import transformers as integration
+    from longreach.integrations import attention as integration
 
     traced, step = [], integration._compiled_step
     monkeypatch.setattr(integration, "_compiled_step", lambda *args: traced.append(1) or step(*args))

@@ -94,7 +94,7 @@ def test_drop_composes_and_only_touches_its_layers():
 def test_generated_tokens_use_the_generated_rate():
     """With DDA (generated_rate 0) a generated token drops nothing; with DA every step drops. A decoding loop of
     one's own declares its prompt (generate does it by itself); undeclared, a token is prompt text."""
-    from longreach.integrations.transformers import generation
+    from longreach.integrations.recording import generation
 
     model, x = tiny_model("qwen2", max_position_embeddings=40), torch.randint(3, 97, (1, 60))
     prompt_logits = lambda: model(x, use_cache=True)

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 import longreach
 from longreach import cli
 from longreach.eval import calibrate, report, runner, tune
-from longreach.integrations.transformers import pair_importance
+from longreach.integrations.recording import pair_importance
 
 
 def test_grids_parse_and_expand_with_clear_errors():

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 import longreach
-from longreach.integrations.transformers import probing
+from longreach.integrations.recording import probing
 
 from .. import plots
 

@@ -60,7 +60,7 @@ def measure_importance(model, tokenizer, out: Path, lengths: list[int], samples:
     """Pair importance on essays (see the module); each (length, sample) is saved when done, so a rerun resumes.
     Returns ``out/dimensions.safetensors``."""
     import longreach
-    from longreach.integrations.transformers import pair_importance
+    from longreach.integrations.recording import pair_importance
 
     parts = out / "importance"
     parts.mkdir(parents=True, exist_ok=True)

@@ -11,21 +11,20 @@ the keys' absolute positions ``[B, 1, 1, Lkv]`` (int64; -1 at padding, left or r
 empty slots of a static cache, which are not keys at all), or ``None`` when every key is real. Nothing n x n is built:
 causality and the method's regions come from the kernel. Without the mask registration
 transformers would pass ``None`` and padded batches would silently go wrong.
+
+This module applies and removes a method; the attention function is :mod:`.attention`, what a pass
+records or is told (dispersion, pair importance, prompt lengths) :mod:`.recording`, the per-pass memo
+:mod:`.passes` and the key positions :mod:`.positions`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import copy
 import dataclasses
 import functools
 import math
 import numbers
-import warnings
-import weakref
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
@@ -33,16 +32,17 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from .. import methods
-from ..attention import backends, fused, kernel, reference, rows, static
-from ..attention.memo import Memo
-from ..attention.plan import SMALL_QUERY
-from ..attention.rotary import find_rotary, inverse_frequencies, rotary_pairs
+from ..attention import backends, fused
+from ..attention.rotary import find_rotary, rotary_pairs
 from ..attention.shifts import MovedKeys
 from ..methods import drop as drops
 from ..methods.base import PositionMethod, require_bool, require_int
 from ..methods.scaling import ALIASES as FREQUENCY_METHODS
 from ..methods.scaling import Scaling
-from .positions import Keys, key_positions_mask, keys_of
+from . import recording
+from .attention import attention_forward
+from .passes import Passes
+from .positions import key_positions_mask
 
 NAME = "longreach"
 CONFIG_KEY = "longreach"  # the applied method, recorded in the model's config (saved by save_pretrained)
@@ -95,170 +95,9 @@ class Applied:
                 "scaling": scaling, "drop": drop, "replaced_rope_parameters": self.replaced_rope_parameters}
 
 
-class Passes:
-    """The forward passes in progress: for each attention mask a :class:`~longreach.attention.memo.Memo` and
-    the :class:`Keys`, so that every layer of a pass shares what depends on positions alone (plans, block
-    masks, shift angles, the host syncs that find padding) instead of building it again.
-
-    A pass is known by the objects transformers hands every layer -- the attention mask (one per layer
-    type) and ``position_ids`` -- held by weak reference, so a freed tensor never matches a new one, and by
-    the shapes of the call. The few most recent are kept. Copies start empty (a copied model makes its own).
-    """
-
-    KEPT = 4
-
-    def __init__(self) -> None:
-        self.parts: dict[int | None, tuple] = {}
-        self.recent: list[tuple] = []  # (mask ref, position_ids ref, shapes, memo, keys), the newest last
-
-    def __deepcopy__(self, memo_of_copy) -> "Passes":
-        return Passes()
-
-    def find(self, mask, position_ids, shapes: tuple, build_keys: Callable[[], "Keys"]) -> tuple[Memo, "Keys"]:
-        """The memo and keys of the pass that ``mask`` and ``position_ids`` (tensors or ``None``) belong to."""
-        for entry in self.recent:
-            mask_ref, position_ref, known_shapes, memo, keys = entry
-            if known_shapes == shapes and _same(mask_ref, mask) and _same(position_ref, position_ids):
-                return memo, keys
-        memo, keys = Memo(), build_keys()
-        self.recent = [*self.recent[-(self.KEPT - 1):], (_ref(mask), _ref(position_ids), shapes, memo, keys)]
-        return memo, keys
-
-
-def _ref(tensor: torch.Tensor | None):
-    return None if tensor is None else weakref.ref(tensor)
-
-
-def _same(ref, tensor: torch.Tensor | None) -> bool:
-    return tensor is None if ref is None else ref() is tensor
-
-
 def _jsonable(values: dict) -> dict:
     """Tuples as lists, for the config's JSON."""
     return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
-
-
-_probe: contextvars.ContextVar = contextvars.ContextVar("longreach_probe", default=None)
-
-
-@contextlib.contextmanager
-def probing(rows: torch.Tensor, top_k: int):
-    """Record attention dispersion during the prefill inside this context, with whatever method is applied.
-
-    Args:
-        rows: the absolute indices of the queries to record.
-        top_k: how many of each query's largest attention probabilities to sum.
-
-    Yields:
-        A dict ``{layer index: [batch, len(rows)] tensor}``, filled by the forward pass: per layer, the
-        mean over heads of the ``top_k`` largest probabilities of each recorded query.
-    """
-    record: dict[int, torch.Tensor] = {}
-    token = _probe.set((rows, top_k, record))
-    try:
-        yield record
-    finally:
-        _probe.reset(token)
-
-
-_prompt_lengths: contextvars.ContextVar = contextvars.ContextVar("longreach_prompt_lengths", default=None)
-_compiled_prompt_lengths: list = [None]  # the same lengths as a plain global, which TorchDynamo can read (a context variable it cannot)
-
-
-@contextlib.contextmanager
-def generation(prompt_lengths: torch.Tensor):
-    """Declare where each prompt ends, for a decoding loop of your own.
-
-    Queries at positions ``>= prompt_lengths[row]`` (counting the row's real tokens) are generated
-    tokens. ``model.generate`` of an applied model declares it by itself; outside both, every token is
-    prompt text. Two things depend on it: Dynamic Drop Attention's ``generated_rate``, and DCA's
-    ``mscale``, whose temperature then takes the whole prompt's length for every prompt token, so that
-    a prompt read in chunks scores as one forward does.
-
-    Args:
-        prompt_lengths: ``[B]``, each row's prompt length. A batch ``k`` times larger (beams,
-            ``num_return_sequences``) repeats each row ``k`` times, as ``generate`` does.
-    """
-    lengths = torch.as_tensor(prompt_lengths).reshape(-1).long()
-    token, outer = _prompt_lengths.set(lengths), _compiled_prompt_lengths[0]
-    _compiled_prompt_lengths[0] = lengths
-    try:
-        yield
-    finally:
-        _prompt_lengths.reset(token)
-        _compiled_prompt_lengths[0] = outer
-
-
-def _generate(model: nn.Module, previous, *args, **kwargs):
-    """``model.generate`` of an applied model: transformers' own (or the one it had), inside :func:`generation`."""
-    run = previous if previous is not None else type(model).generate.__get__(model)
-    lengths = _prompt_lengths_of(model, args, kwargs)
-    if lengths is None:
-        return run(*args, **kwargs)
-    with generation(lengths):
-        return run(*args, **kwargs)
-
-
-def _prompt_lengths_of(model: nn.Module, args: tuple, kwargs: dict) -> torch.Tensor | None:
-    """Each prompt's real tokens: its attention mask's sum, else the tokens that are not padding where
-    ``generate`` would infer the mask from them (``_prepare_attention_mask_for_generation``: a pad token
-    in the inputs that is not also the end-of-sequence token), else every token."""
-    inputs = kwargs.get("input_ids", kwargs.get("inputs", args[0] if args else None))
-    inputs = kwargs.get("inputs_embeds") if inputs is None else inputs
-    if not isinstance(inputs, torch.Tensor) or inputs.dim() < 2:
-        return None
-    if (mask := kwargs.get("attention_mask")) is not None:
-        return mask.sum(-1).cpu()
-    config = kwargs.get("generation_config") or model.generation_config
-    pad = kwargs.get("pad_token_id", config.pad_token_id)
-    eos = kwargs.get("eos_token_id", config.eos_token_id)
-    if pad is not None and inputs.dim() == 2 and not inputs.is_floating_point() and bool((inputs == pad).any()) \
-            and pad not in (eos if isinstance(eos, (list, tuple)) else [eos]):
-        return (inputs != pad).sum(-1).cpu()
-    return torch.full((inputs.shape[0],), inputs.shape[1])
-
-
-def _declared_prompt(batch: int, device) -> torch.Tensor | None:
-    """The declared prompt lengths ``[batch]`` for this forward (see :func:`generation`), if any."""
-    lengths = _compiled_prompt_lengths[0] if torch.compiler.is_compiling() else _prompt_lengths.get()
-    if lengths is None:
-        return None
-    if batch % lengths.shape[0]:
-        raise ValueError(f"longreach.generation declared {lengths.shape[0]} prompts for a batch of {batch}")
-    return lengths.repeat_interleave(batch // lengths.shape[0]).to(device)
-
-
-_importance: contextvars.ContextVar = contextvars.ContextVar("longreach_pair_importance", default=None)
-
-
-@contextlib.contextmanager
-def pair_importance():
-    """Record, per layer, DPE's importance of each rotary pair in each query head during prefill: the mean
-    over the real tokens of ``|q_p| |k_p|`` (each pair's 2-D norm, which RoPE's rotation leaves unchanged;
-    a key/value head serves its group of query heads), as LuLuLuyi/DPE ``qk_2_norm_select_dim.py``.
-
-    Yields a dict ``{layer index: [batch, query heads, pairs] tensor}`` filled by the forward pass.
-    """
-    record: dict[int, torch.Tensor] = {}
-    token = _importance.set(record)
-    try:
-        yield record
-    finally:
-        _importance.reset(token)
-
-
-def _pair_norms(x: torch.Tensor, pairs: int) -> torch.Tensor:
-    """``[..., D]`` -> ``[..., pairs]``: the norm of each rotary pair ``(x_p, x_{p + pairs})`` in float32."""
-    x = x.float()
-    return torch.hypot(x[..., :pairs], x[..., pairs : 2 * pairs])
-
-
-def _record_importance(record: dict, layer: int, query: torch.Tensor, key: torch.Tensor, pairs: int, padding) -> None:
-    q_norms = _pair_norms(query, pairs)  # [B, Hq, L, P]
-    k_norms = _pair_norms(key, pairs).repeat_interleave(query.shape[1] // key.shape[1], dim=1)
-    weight = torch.ones(query.shape[0], query.shape[2], device=query.device) if padding is None else padding.float()
-    products = (q_norms * k_norms * weight[:, None, :, None]).sum(2)
-    record[layer] = (products / weight.sum(-1)[:, None, None]).cpu()
 
 
 def training_window(config) -> int:
@@ -348,7 +187,7 @@ def apply(model: nn.Module, method: str = "string", *, training_window: int | No
         _install_rotary(model, applied, *rescaled)
     _attach(model, applied)
     previous = model.__dict__.get("generate")  # transformers' custom_generate sets one; remove() above took ours away
-    model.__dict__["generate"] = functools.partial(_generate, model, previous)
+    model.__dict__["generate"] = functools.partial(recording.generate, model, previous)
     model.set_attn_implementation(NAME)
     setattr(model.config, CONFIG_KEY, applied.record())
     return model
@@ -439,7 +278,7 @@ def remove(model: nn.Module) -> nn.Module:
     for module in model.modules():
         module.__dict__.pop("_longreach", None)
     wrapper = model.__dict__.get("generate")
-    if isinstance(wrapper, functools.partial) and wrapper.func is _generate:
+    if isinstance(wrapper, functools.partial) and wrapper.func is recording.generate:
         del model.__dict__["generate"]
         if wrapper.args[1] is not None:
             model.__dict__["generate"] = wrapper.args[1]
@@ -565,113 +404,6 @@ def _install_rotary(model: nn.Module, state: Applied, rotary: nn.Module, rope_pa
     setattr(parent, attribute, rotary)
     state.replaced_rotary, state.replaced_rope_parameters, state.rotary = state.rotary, config.rope_parameters, rotary
     config.rope_parameters = rope_parameters
-
-
-# --- the attention function ------------------------------------------------------------------------------
-
-
-_warned_attentions = False
-
-
-def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """The function registered with ``AttentionInterface`` under ``longreach``: reads what is applied from ``module``."""
-    global _warned_attentions
-    state = module.__dict__.get("_longreach")
-    if state is None:
-        raise ValueError(f"{module.__class__.__name__} has attn_implementation='longreach' but no method: use longreach.apply(model, ...)")
-    if dropout:
-        raise ValueError(f"longreach attention does not support attention dropout (got dropout={dropout}); set the config's attention_dropout=0")
-    if kwargs.get("softcap") is not None:
-        raise ValueError("longreach attention does not support attention logit softcapping (Gemma 2)")
-    if kwargs.get("output_attentions") and not _warned_attentions:
-        warnings.warn("longreach attention does not return attention weights (output_attentions=True gives None); "
-                      "use longreach.integrations.transformers.probing or the dense reference backend", stacklevel=2)
-        _warned_attentions = True
-    batch, q_len = query.shape[0], query.shape[2]
-    if query.device.type == "meta":
-        return query.new_empty(batch, q_len, query.shape[1], value.shape[-1]), None
-    if torch.compiler.is_compiling() and q_len <= SMALL_QUERY and state.backend != "reference":
-        return _compiled_step(state, module, query, key, value, attention_mask, scaling, kwargs.get("sliding_window")), None
-    position_ids = kwargs.get("position_ids")
-    shapes = (batch, q_len, key.shape[2], str(query.device))
-    memo, keys = state.passes.find(attention_mask, position_ids, shapes,
-                                   lambda: keys_of(attention_mask, key.shape[2], position_ids, batch, query.device))
-    key, value = key[:, :, : keys.count], value[:, :, : keys.count]
-    inv_freq = inverse_frequencies(state.rotary, getattr(module, "layer_type", None))
-    prompt = _declared_prompt(batch, query.device)
-    query_positions = keys.positions[:, -q_len:]
-    rates = None
-    if state.drop is not None and getattr(module, "layer_idx", None) in state.drop.layers:
-        generated = None if prompt is None else query_positions >= prompt[:, None]
-        rates = state.drop.rates(query_positions, state.window, generated)
-    tokens = keys.positions.amax(-1) + 1  # the sequence so far (right padding: its last real token); a prompt read in chunks counts whole
-    logit_scale = state.method.logit_scale_at(tokens if prompt is None else torch.maximum(tokens, prompt))
-    sliding_window = kwargs.get("sliding_window")
-    if state.backend == "reference":
-        out = _reference(state, module, query, key, value, inv_freq, scaling, keys, sliding_window, logit_scale, rates)
-    else:
-        out = kernel.attention(
-            query, key, value, state.layer_parts(getattr(module, "layer_idx", None)), inv_freq, scaling=scaling, key_padding=keys.padding,
-            sliding_window=sliding_window, logit_scale=logit_scale, positions=keys.positions, drop=rates, backend=state.backend, memo=memo,
-            kept_keys=state.kept_keys_of(getattr(module, "layer_idx", None)),
-        )
-    if (importance := _importance.get()) is not None and q_len == keys.count:
-        _record_importance(importance, module.layer_idx, query, key, inv_freq.shape[-1], keys.padding)
-    if (probe := _probe.get()) is not None and q_len == keys.count:
-        _record(probe, state.method, module, query, key, inv_freq, scaling, keys, sliding_window, logit_scale, rates)
-    return out, None
-
-
-def _compiled_step(state, module, query, key, value, attention_mask, scaling, sliding_window) -> torch.Tensor:
-    """A decoding step (a few queries) under ``torch.compile``: every cache slot scored on the device, no host
-    sync and no data-dependent shape (:mod:`longreach.attention.static`), so the step compiles with
-    ``fullgraph=True`` and can be captured in a CUDA graph."""
-    kv_len = key.shape[2]
-    if attention_mask is None:
-        positions = torch.arange(kv_len, device=query.device).expand(query.shape[0], -1)
-    else:
-        positions = attention_mask[:, 0, 0, :].to(query.device)
-    prompt = _declared_prompt(query.shape[0], query.device)
-    tokens = positions.amax(-1) + 1
-    logit_scale = state.method.logit_scale_at(tokens if prompt is None else torch.maximum(tokens, prompt))
-    inv_freq = inverse_frequencies(state.rotary, getattr(module, "layer_type", None))
-    rates = None
-    if state.drop is not None and getattr(module, "layer_idx", None) in state.drop.layers:
-        query_positions = static.query_positions(positions, query.shape[2])
-        rates = state.drop.rates(query_positions, state.window, None if prompt is None else query_positions >= prompt[:, None])
-    return static.attention(query, key, value, state.layer_parts(getattr(module, "layer_idx", None)), inv_freq, positions,
-                            scaling=scaling, sliding_window=sliding_window, logit_scale=logit_scale, drop=rates)
-
-
-def _record(probe, method, module, query, key, inv_freq, scaling, keys, sliding_window, logit_scale, rates) -> None:
-    sampled, top_k, record = probe
-    sampled = sampled[sampled < query.shape[2]].to(query.device)
-    tops = [
-        probabilities.topk(min(top_k, probabilities.shape[-1]), dim=-1).values.mean(-1).mean(1)  # [B, T]
-        for probabilities, _ in rows.attention_probabilities(
-            query[:, :, sampled], key, method.layer_parts(module.layer_idx), inv_freq, sampled, scaling, keys.padding, sliding_window,
-            logit_scale, keys.positions, None if rates is None else rates[:, sampled],
-        )
-    ]
-    record[module.layer_idx] = torch.cat(tops, dim=-1).float().cpu()
-
-
-def _reference(state, module, query, key, value, inv_freq, scaling, keys, sliding_window, logit_scale, rates):
-    """Undo RoPE where it was applied, then the dense per-pair oracle at the method's positions (float64, O(n^2))."""
-    q_len = query.shape[2]
-    layer_type = getattr(module, "layer_type", None)
-    rotary = state.rotary
-    attention_scaling = getattr(rotary, f"{layer_type}_attention_scaling", None) or getattr(rotary, "attention_scaling", 1.0)
-    q_raw = reference.unrotate(query, keys.rotated_at[:, -q_len:], inv_freq, attention_scaling)
-    k_raw = reference.unrotate(key, keys.rotated_at, inv_freq, attention_scaling)
-    q_pos, k_pos = keys.positions[:, -q_len:, None], keys.positions[:, None, :]
-    P = state.method.layer_positions(q_pos, k_pos, getattr(module, "layer_idx", None))
-    if sliding_window is not None:
-        inside = q_pos - k_pos < sliding_window
-        P = torch.where(inside if P.dim() == 3 else inside[:, None, :, :, None], P, torch.nan)
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scaling is None else scaling
-    out = reference.dense_attention(q_raw, k_raw, value, P, inv_freq, scale, attention_scaling, keys.padding, logit_scale, rates)
-    return out.to(query.dtype)
 
 
 AttentionInterface.register(NAME, attention_forward)

@@ -1,0 +1,120 @@
+"""The attention function registered with transformers' ``AttentionInterface``: it reads the method applied
+to a layer from the module (``module._longreach``, set by :func:`longreach.apply`) and runs the kernel
+(:mod:`longreach.attention.kernel`), the compiled decoding step (:mod:`longreach.attention.static`) or the
+dense reference, with one :class:`~longreach.attention.memo.Memo` per forward pass shared by its layers."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+
+from ..attention import kernel, reference, rows, static
+from ..attention.plan import SMALL_QUERY
+from ..attention.rotary import inverse_frequencies
+from . import recording
+from .positions import keys_of
+
+_warned_attentions = False
+
+
+def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """The function registered with ``AttentionInterface`` under ``longreach``: reads what is applied from ``module``."""
+    global _warned_attentions
+    state = module.__dict__.get("_longreach")
+    if state is None:
+        raise ValueError(f"{module.__class__.__name__} has attn_implementation='longreach' but no method: use longreach.apply(model, ...)")
+    if dropout:
+        raise ValueError(f"longreach attention does not support attention dropout (got dropout={dropout}); set the config's attention_dropout=0")
+    if kwargs.get("softcap") is not None:
+        raise ValueError("longreach attention does not support attention logit softcapping (Gemma 2)")
+    if kwargs.get("output_attentions") and not _warned_attentions:
+        warnings.warn("longreach attention does not return attention weights (output_attentions=True gives None); "
+                      "use longreach.integrations.recording.probing or the dense reference backend", stacklevel=2)
+        _warned_attentions = True
+    batch, q_len = query.shape[0], query.shape[2]
+    if query.device.type == "meta":
+        return query.new_empty(batch, q_len, query.shape[1], value.shape[-1]), None
+    if torch.compiler.is_compiling() and q_len <= SMALL_QUERY and state.backend != "reference":
+        return _compiled_step(state, module, query, key, value, attention_mask, scaling, kwargs.get("sliding_window")), None
+    position_ids = kwargs.get("position_ids")
+    shapes = (batch, q_len, key.shape[2], str(query.device))
+    memo, keys = state.passes.find(attention_mask, position_ids, shapes,
+                                   lambda: keys_of(attention_mask, key.shape[2], position_ids, batch, query.device))
+    key, value = key[:, :, : keys.count], value[:, :, : keys.count]
+    inv_freq = inverse_frequencies(state.rotary, getattr(module, "layer_type", None))
+    prompt = recording.declared_prompt(batch, query.device)
+    query_positions = keys.positions[:, -q_len:]
+    rates = None
+    if state.drop is not None and getattr(module, "layer_idx", None) in state.drop.layers:
+        generated = None if prompt is None else query_positions >= prompt[:, None]
+        rates = state.drop.rates(query_positions, state.window, generated)
+    tokens = keys.positions.amax(-1) + 1  # the sequence so far (right padding: its last real token); a prompt read in chunks counts whole
+    logit_scale = state.method.logit_scale_at(tokens if prompt is None else torch.maximum(tokens, prompt))
+    sliding_window = kwargs.get("sliding_window")
+    if state.backend == "reference":
+        out = _reference(state, module, query, key, value, inv_freq, scaling, keys, sliding_window, logit_scale, rates)
+    else:
+        out = kernel.attention(
+            query, key, value, state.layer_parts(getattr(module, "layer_idx", None)), inv_freq, scaling=scaling, key_padding=keys.padding,
+            sliding_window=sliding_window, logit_scale=logit_scale, positions=keys.positions, drop=rates, backend=state.backend, memo=memo,
+            kept_keys=state.kept_keys_of(getattr(module, "layer_idx", None)),
+        )
+    if (importance := recording.importance.get()) is not None and q_len == keys.count:
+        recording.record_importance(importance, module.layer_idx, query, key, inv_freq.shape[-1], keys.padding)
+    if (probe := recording.probe.get()) is not None and q_len == keys.count:
+        _record(probe, state.method, module, query, key, inv_freq, scaling, keys, sliding_window, logit_scale, rates)
+    return out, None
+
+
+def _compiled_step(state, module, query, key, value, attention_mask, scaling, sliding_window) -> torch.Tensor:
+    """A decoding step (a few queries) under ``torch.compile``: every cache slot scored on the device, no host
+    sync and no data-dependent shape (:mod:`longreach.attention.static`), so the step compiles with
+    ``fullgraph=True`` and can be captured in a CUDA graph."""
+    kv_len = key.shape[2]
+    if attention_mask is None:
+        positions = torch.arange(kv_len, device=query.device).expand(query.shape[0], -1)
+    else:
+        positions = attention_mask[:, 0, 0, :].to(query.device)
+    prompt = recording.declared_prompt(query.shape[0], query.device)
+    tokens = positions.amax(-1) + 1
+    logit_scale = state.method.logit_scale_at(tokens if prompt is None else torch.maximum(tokens, prompt))
+    inv_freq = inverse_frequencies(state.rotary, getattr(module, "layer_type", None))
+    rates = None
+    if state.drop is not None and getattr(module, "layer_idx", None) in state.drop.layers:
+        query_positions = static.query_positions(positions, query.shape[2])
+        rates = state.drop.rates(query_positions, state.window, None if prompt is None else query_positions >= prompt[:, None])
+    return static.attention(query, key, value, state.layer_parts(getattr(module, "layer_idx", None)), inv_freq, positions,
+                            scaling=scaling, sliding_window=sliding_window, logit_scale=logit_scale, drop=rates)
+
+
+def _record(probe, method, module, query, key, inv_freq, scaling, keys, sliding_window, logit_scale, rates) -> None:
+    sampled, top_k, record = probe
+    sampled = sampled[sampled < query.shape[2]].to(query.device)
+    tops = [
+        probabilities.topk(min(top_k, probabilities.shape[-1]), dim=-1).values.mean(-1).mean(1)  # [B, T]
+        for probabilities, _ in rows.attention_probabilities(
+            query[:, :, sampled], key, method.layer_parts(module.layer_idx), inv_freq, sampled, scaling, keys.padding, sliding_window,
+            logit_scale, keys.positions, None if rates is None else rates[:, sampled],
+        )
+    ]
+    record[module.layer_idx] = torch.cat(tops, dim=-1).float().cpu()
+
+
+def _reference(state, module, query, key, value, inv_freq, scaling, keys, sliding_window, logit_scale, rates):
+    """Undo RoPE where it was applied, then the dense per-pair oracle at the method's positions (float64, O(n^2))."""
+    q_len = query.shape[2]
+    layer_type = getattr(module, "layer_type", None)
+    rotary = state.rotary
+    attention_scaling = getattr(rotary, f"{layer_type}_attention_scaling", None) or getattr(rotary, "attention_scaling", 1.0)
+    q_raw = reference.unrotate(query, keys.rotated_at[:, -q_len:], inv_freq, attention_scaling)
+    k_raw = reference.unrotate(key, keys.rotated_at, inv_freq, attention_scaling)
+    q_pos, k_pos = keys.positions[:, -q_len:, None], keys.positions[:, None, :]
+    P = state.method.layer_positions(q_pos, k_pos, getattr(module, "layer_idx", None))
+    if sliding_window is not None:
+        inside = q_pos - k_pos < sliding_window
+        P = torch.where(inside if P.dim() == 3 else inside[:, None, :, :, None], P, torch.nan)
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scaling is None else scaling
+    out = reference.dense_attention(q_raw, k_raw, value, P, inv_freq, scale, attention_scaling, keys.padding, logit_scale, rates)
+    return out.to(query.dtype)
