@@ -140,7 +140,7 @@ def test_vt_has_its_in_context_example_with_fresh_names_and_value(tokenizer):
 @pytest.mark.parametrize("length, example, repeats", [(2048, (20, 3, 1), (6, 1)), (4096, (40, 10, 3), (30, 3))])
 def test_cwe_has_one_solved_example_and_upstreams_repeats(tokenizer, length, example, repeats):
     case = tasks.get("ruler:cwe").build(tokenizer, length, None, seed=2)
-    first, second = case.prompt.split(ruler.CWE_ANSWER)[:2]
+    first, second = case.prompt.split(ruler.words.CWE_ANSWER)[:2]
     words = re.findall(r"\d+\. ([^\d\n]+?)(?= \d+\.|\n|$)", first.split("Memorize the ones that appear most often.\n")[1])
     assert len(words) == 10 * example[1] + (example[0] - 10) * example[2]
     solved = re.findall(r"\d+\. (.+?)(?= \d+\.|\n)", second.split("\n")[0] + "\n")
@@ -180,7 +180,7 @@ def test_ruler_needles_sit_at_depths_drawn_from_its_forty(tokenizer):
     assert len(seen) >= 4
     noise = tasks.get("ruler:niah_single_1").build(tokenizer, 2048, None, seed=0)
     lines = noise.prompt.split("afterwards.\n")[1].split("\n")
-    assert sum(line == ruler.NOISE for line in lines) == noise.haystack_units
+    assert sum(line == ruler.niah.NOISE for line in lines) == noise.haystack_units
     at = next(i for i, line in enumerate(lines) if noise.references[0] in line)
     assert at == round(noise.needle_depths[0] * noise.haystack_units)
 
@@ -224,7 +224,7 @@ def test_passkey_as_landmark_attentions_script(tokenizer):
 
 
 def test_running_out_of_words_or_documents_is_a_one_line_error(monkeypatch):
-    monkeypatch.setattr(ruler, "_cwe_words", lambda: [f"w{i}" for i in range(40)])
+    monkeypatch.setattr(ruler.words, "_cwe_words", lambda: [f"w{i}" for i in range(40)])
     for family in ("ruler", "ruler-tight"):
         with pytest.raises(ValueError, match=rf"{family}:cwe at 16384 tokens: all 40 distinct words of wonderwords take only \d+ of"):
             tasks.get(f"{family}:cwe").build(byte_tokenizer(), 16384, None, seed=0)

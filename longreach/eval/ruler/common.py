@@ -1,0 +1,95 @@
+"""What RULER's task generators share: the revision, depths and fixed seed, post-processing, random keys and
+words, the essay haystack, and fitting a case to its length by the task's packing."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+import uuid
+from functools import lru_cache
+
+from .. import haystack
+from ..case import Case
+
+REVISION = "NVIDIA/RULER@c3f5e3b"
+PACKINGS = ("ruler", "tight")  # ruler:* and ruler-tight:*
+DEPTHS = [round(100 * i / 39) for i in range(40)]  # np.round(np.linspace(0, 100, 40)).astype(int)
+FIXED_SEED = 42  # RULER shuffles needles, words and documents with random.Random(42), whatever the sample
+CONTROL = re.compile(r"[\x00-\x1f]")
+
+
+def postprocess(prediction: str) -> str:
+    """RULER's ``postprocess_pred``: strip, control characters to newlines, strip."""
+    return CONTROL.sub("\n", prediction.strip()).strip()
+
+
+@lru_cache(maxsize=1)
+def wonderwords() -> tuple[list[str], list[str], list[str]]:
+    from wonderwords import random_word
+
+    read = random_word._get_words_from_text_file
+    return read("nounlist.txt"), read("adjectivelist.txt"), read("verblist.txt")
+
+
+def random_value(rng: random.Random, kind: str) -> str:
+    """RULER's ``generate_random``: 7-digit numbers, adjective-noun words, or UUIDs.
+
+    RULER draws a word key from the sorted list of every distinct ``adjective-noun`` (about 10M
+    strings, 12 s to build); drawing the adjective and the noun on their own is the same uniform
+    choice up to the few pairs that spell the same string.
+    """
+    if kind == "numbers":
+        return str(rng.randint(10**6, 10**7 - 1))
+    if kind == "words":
+        nouns, adjectives, _ = wonderwords()
+        return f"{rng.choice(adjectives)}-{rng.choice(nouns)}"
+    return str(uuid.UUID(int=rng.getrandbits(128), version=4))
+
+
+@lru_cache(maxsize=1)
+def essay_words() -> list[str]:
+    """RULER's essay haystack unit: the essays' words, whitespace collapsed."""
+    return re.sub(r"\s+", " ", haystack.essays()).split(" ")
+
+
+def insert_at_sentences(text: str, items: list[str], depths: list[float]) -> str:
+    """RULER's essay insertion: ``items`` after ``int(sentences * depth / 100)`` sentences, in sorted order."""
+    sents = haystack.sentences(text)
+    cuts = [0] + sorted(int(len(sents) * d / 100) for d in depths) + [len(sents)]
+    pieces = []
+    for i in range(1, len(cuts)):
+        pieces.append(" ".join(sents[cuts[i - 1] : cuts[i]]))
+        if i - 1 < len(items):
+            pieces.append(items[i - 1])
+    return " ".join(pieces)
+
+
+def case(task, length: int, seed: int, built: tuple, references: list[str], depth: float | None = None, **extra) -> Case:
+    """The case of a fitted prompt: ``built`` is ``(units, prompt, tokens)`` from :func:`_fit`."""
+    n, prompt, tokens = built
+    return Case(task.name, length, depth, seed, prompt, references, task.max_new_tokens, tokens, task.metric,
+                haystack_units=n, **extra)
+
+
+def stream_name(task) -> str:
+    """A task's random streams are named after ``ruler:<name>`` in either packing."""
+    return "ruler:" + task.name.split(":", 1)[1] if ":" in task.name else task.name
+
+
+def fit(task, tokenizer, length: int, seed: int, prompt_of, search: haystack.RulerSearch, *, start: int, least: int = 1,
+         most: int | None = None, unit: str, budget: int | None = None) -> tuple[int, str, int]:
+    """The case's haystack size, prompt and tokens by the task's packing. ``prompt_of(n, stream)`` builds the
+    prompt with ``n`` units from the random stream named ``stream``: ``<seed>/<n>`` for a case, ``search/<n>``
+    for RULER's size search (``prompt_of`` may build the search's prompt without parts it counts apart,
+    with their tokens taken off ``budget``, as vt's example)."""
+    full = length - task.max_new_tokens
+    what = f"{task.name} at {length} tokens"
+    case = lambda n: prompt_of(n, f"{seed}/{n}")
+    if task.packing == "tight":
+        return haystack.fit_largest(tokenizer, full, case, start=start, least=least, most=most, what=what, unit=unit)
+    if most is not None and search.rate_at is not None and search.rate_at > most:
+        search = dataclasses.replace(search, rate_at=most)
+    return haystack.fit_as_ruler(tokenizer, length, full, case, lambda n: prompt_of(n, f"search/{n}"), search, (task.name,),
+                                 search_budget=budget, most=most, what=what, unit=unit)
+
