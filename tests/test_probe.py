@@ -9,15 +9,14 @@ from safetensors.torch import load_file
 
 from longreach.analysis.frequency import frequency
 from longreach.probe import corpus, measure, train
-from longreach.probe.corpus import ASK, BOS, IGNORE, KEY, RECORD, VAL, Corpus
+from longreach.probe.corpus import ASK, BOS, IGNORE, KEY, RECORD, Corpus
 
 
 def records_and_queries(tokens):
     """``{key: (record start, value)}`` and ``[(query start, key, value)]`` of one document's tokens."""
     records, queries = {}, []
     for start in np.flatnonzero((tokens == KEY) | (tokens == ASK)):
-        key, value = int(tokens[start + 1]), tuple(int(t) for t in tokens[start + 3 : start + 5])
-        assert tokens[start + 2] == VAL
+        key, value = int(tokens[start + 1]), int(tokens[start + 2])
         if tokens[start] == KEY:
             records[key] = (int(start), value)
         else:
@@ -28,20 +27,41 @@ def records_and_queries(tokens):
 @pytest.mark.parametrize("distribution", corpus.DISTRIBUTIONS)
 def test_every_answer_is_the_value_of_its_keys_record_earlier_in_the_same_document(distribution):
     data = Corpus(256, distribution).batch(16, np.random.default_rng(1))
-    ids, labels, lengths = data["input_ids"].numpy(), data["labels"].numpy(), data["lengths"].tolist()
-    documents = 0
+    ids, labels, positions = data["input_ids"].numpy(), data["labels"].numpy(), data["position_ids"].numpy()
+    lengths, documents, distances = data["lengths"].tolist(), [], []
     for row_ids, row_labels in zip(ids, labels):
         starts = list(np.flatnonzero(row_ids == BOS)) + [int((row_ids != corpus.PAD).sum())]
         for begin, end in zip(starts, starts[1:]):
-            documents += 1
+            documents.append(end - begin)
             records, queries = records_and_queries(row_ids[begin:end])
             assert queries and all(key in records and records[key][0] < start and records[key][1] == value
                                    for start, key, value in queries)
-            answered = [begin + start + 3 for start, _, _ in queries]
-            assert sorted(np.flatnonzero(row_labels[begin:end] != IGNORE) + begin) == sorted(answered + [a + 1 for a in answered])
-        if distribution != "concat":
-            assert len(starts) == 2  # one document per row
-    assert documents == len(lengths) and all(corpus.MIN_DOCUMENT <= n <= 256 for n in lengths)
+            distances += [start - records[key][0] for start, key, _ in queries]
+            answered = [begin + start + 2 for start, _, _ in queries]
+            assert sorted(np.flatnonzero(row_labels[begin:end] != IGNORE) + begin) == sorted(answered)
+    assert sorted(documents) == sorted(lengths) and all(corpus.MIN_DOCUMENT <= n <= 256 for n in lengths)
+    assert len({d % RECORD for d in distances}) == RECORD  # records and queries lie anywhere, not on a grid
+    if distribution == "concat":  # rows filled end to end, positions running on
+        assert ids.shape[0] == 16 and (positions == np.arange(256)).all()
+    else:  # documents packed, each at positions from 0, so each is a sequence of its own
+        assert sum(lengths) >= 16 * 256 and ids.shape[0] < 16 * 1.3
+        starts = [(row, i) for row, i in zip(*np.nonzero(ids == BOS))]
+        assert all(positions[row, i] == 0 for row, i in starts)
+
+
+def test_a_packed_document_is_scored_as_if_it_were_alone():
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(train.Shape(layers=1, hidden=32, heads=2, kv_heads=1).config(128)).eval()
+    data = Corpus(128, "natural").batch(2, np.random.default_rng(0))
+    row = next(r for r in range(len(data["input_ids"])) if (data["input_ids"][r] == BOS).sum() >= 2)
+    bos = np.flatnonzero(data["input_ids"][row].numpy() == BOS).tolist() + [int((data["input_ids"][row] != corpus.PAD).sum())]
+    begin, end = bos[1], bos[2]  # the row's second document
+    with torch.no_grad():
+        packed = model(input_ids=data["input_ids"], position_ids=data["position_ids"], use_cache=False).logits[row, begin:end]
+        alone = model(input_ids=data["input_ids"][row : row + 1, begin:end]).logits[0]
+    torch.testing.assert_close(packed, alone, atol=1e-5, rtol=1e-5)
 
 
 def test_document_lengths_follow_the_distribution_and_give_a_left_skewed_frequency():
@@ -58,8 +78,8 @@ def test_a_retrieval_case_puts_the_asked_record_at_the_distance():
         tokens, position, answer = corpus.retrieval_case(256, distance, 4, rng)
         records, queries = records_and_queries(tokens)
         (query, key, value), = queries
-        assert len(records) == 4 and query - records[key][0] == distance and tuple(answer) == value == records[key][1]
-        assert position == query + 2 and tokens[0] == BOS
+        assert len(records) == 4 and query - records[key][0] == distance and answer == value == records[key][1]
+        assert position == query + 1 and tokens[0] == BOS
     with pytest.raises(ValueError, match="distance=300 is out of range"):
         corpus.retrieval_case(256, 300, 4, rng)
 
@@ -72,8 +92,7 @@ class Oracle(torch.nn.Module):
         for row, tokens in enumerate(input_ids.numpy()):
             records, queries = records_and_queries(tokens)
             start, key, _ = queries[-1]
-            for offset, value in enumerate(records[key][1]):
-                logits[row, start + 2 + offset, value] = 1.0
+            logits[row, start + 1, records[key][1]] = 1.0
         return type("Output", (), {"logits": logits})
 
 
@@ -127,7 +146,7 @@ def test_the_command_line_trains_measures_and_reports_a_run(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--window", "50"], "window=50 is out of range"),
+    (["--window", "40"], "window=40 is out of range"),
     (["--lr", "nan"], "lr=nan is out of range"),
     (["--seed", "-1"], "seed=-1 is out of range"),
     (["--hidden", "30", "--heads", "4"], "do not fit"),

@@ -2,19 +2,22 @@
 
 The paper's probing experiment pretrains RoPE models and finds that effective length follows the position
 frequency ``f(i)`` of the training data. Here the skill a probe tests is in the documents themselves: a
-document is filler tokens with key-value records ``KEY k VAL v1 v2`` and, later in the same document,
-queries ``ASK k VAL v1 v2`` for some of them. A query can only be answered by attending back to its record,
+document is filler tokens with key-value records ``KEY k v`` and, later in the same document,
+queries ``ASK k v`` for some of them. A query can only be answered by attending back to its record,
 so the distances a model learns to retrieve over are those between records and queries *inside a document*:
 long distances occur only in long documents, exactly as ``f(i)`` counts them. The loss is on the answers
-(``v1 v2`` after ``ASK k VAL``) only; the filler is noise no model can predict.
+(``v`` after ``ASK k``) only; the filler is noise no model can predict.
 
 Document lengths, in tokens, come from one of three distributions over a window ``L``:
 
-* ``natural``: log-normal (as web text: most documents short, a few long), truncated at ``L``; one
-  document per training row;
-* ``uniform``: uniform on ``[MIN_DOCUMENT, L]``; one document per row;
+* ``natural``: log-normal (as web text: most documents short, a few long), truncated at ``L``;
+* ``uniform``: uniform on ``[MIN_DOCUMENT, L]``;
 * ``concat``: natural lengths, documents packed one after another to fill each row (attention crosses
-  documents, as in packed pretraining; records and queries stay inside their document).
+  documents and positions run on, as in packed pretraining; records and queries stay inside their document).
+
+Under ``natural`` and ``uniform`` each document is a sequence of its own: several share a row, but with
+``position_ids`` restarting at 0 each document attends only to itself (transformers builds the
+block-diagonal mask from the position ids), which is one document per row without the padding.
 """
 
 from __future__ import annotations
@@ -24,14 +27,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-PAD, BOS, KEY, VAL, ASK = range(5)
-SPECIAL = 5
+PAD, BOS, KEY, ASK = range(4)
+SPECIAL = 4
 FILLER = 32  # filler tokens: noise between records
-SYMBOLS = 96  # keys and values are drawn from these
-VOCAB = SPECIAL + FILLER + SYMBOLS
-RECORD = 5  # KEY k VAL v1 v2 (a query: ASK k VAL v1 v2)
+KEYS = 64  # keys are drawn from these, distinct within a document
+VALUES = 64  # values from these (apart from the keys: a value never looks like a key)
+VOCAB = SPECIAL + FILLER + KEYS + VALUES
+RECORD = 3  # KEY k v (a query: ASK k v)
 MIN_DOCUMENT = 4 * RECORD
-EVERY = 24  # one record (and its query) per this many tokens of document, on average
+EVERY = 16  # one record (and its query) per this many tokens of document
 DISTRIBUTIONS = ("natural", "uniform", "concat")
 IGNORE = -100  # label of tokens without a loss
 
@@ -65,62 +69,109 @@ class Corpus:
         return np.clip(np.round(drawn), MIN_DOCUMENT, self.window).astype(np.int64)
 
     def batch(self, rows: int, rng: np.random.Generator) -> dict[str, torch.Tensor]:
-        """``rows`` training rows: ``input_ids``, ``labels`` (answers only) and ``attention_mask`` (padding
-        at the end of a row), ``[rows, window]`` each, and ``lengths``: every document's length."""
-        ids = np.full((rows, self.window), PAD, dtype=np.int64)
-        labels = np.full((rows, self.window), IGNORE, dtype=np.int64)
-        used = []
+        """About ``rows`` windows of documents: ``input_ids``, ``labels`` (answers only) and ``position_ids``,
+        ``[rows', window]`` each, and ``lengths``: every document's length.
+
+        ``natural`` and ``uniform`` draw documents until they hold ``rows * window`` tokens and pack them
+        (first fit, longest first) into as many rows as that takes, each document at positions from 0;
+        ``concat`` fills exactly ``rows`` rows end to end, positions running on, the last document of a
+        row cut where the row ends. What is left of a row is padding (its own positions, no loss).
+        """
+        if self.distribution == "concat":
+            return self._concatenated(rows, rng)
+        documents, total = [], 0
+        while total < rows * self.window:
+            documents.append(int(self.lengths(1, rng)[0]))
+            total += documents[-1]
+        room, packed = [], []  # per row: free tokens, and its documents' lengths
+        for length in sorted(documents, reverse=True):
+            row = next((r for r, free in enumerate(room) if free >= length), None)
+            if row is None:
+                room.append(self.window)
+                packed.append([])
+                row = len(room) - 1
+            room[row] -= length
+            packed[row].append(length)
+        ids, labels, positions = self._empty(len(packed))
+        lengths = []
+        for row, row_lengths in enumerate(packed):
+            start = 0
+            for length in rng.permutation(row_lengths).tolist():  # in random order along the row
+                tokens, answers = document(length, rng)
+                ids[row, start : start + length], labels[row, start : start + length] = tokens, answers
+                positions[row, start : start + length] = np.arange(length)
+                lengths.append(length)
+                start += length
+            positions[row, start:] = np.arange(self.window - start)
+        return _tensors(ids, labels, positions, lengths)
+
+    def _concatenated(self, rows: int, rng: np.random.Generator) -> dict[str, torch.Tensor]:
+        ids, labels, positions = self._empty(rows)
+        positions[:] = np.arange(self.window)
+        lengths = []
         for row in range(rows):
             start = 0
             while start < self.window - MIN_DOCUMENT:
                 length = min(int(self.lengths(1, rng)[0]), self.window - start)
                 tokens, answers = document(length, rng)
                 ids[row, start : start + length], labels[row, start : start + length] = tokens, answers
-                used.append(length)
+                lengths.append(length)
                 start += length
-                if self.distribution != "concat":
-                    break
-        return {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels),
-                "attention_mask": torch.from_numpy(ids != PAD).long(), "lengths": torch.tensor(used)}
+        return _tensors(ids, labels, positions, lengths)
+
+    def _empty(self, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        shape = (rows, self.window)
+        return np.full(shape, PAD, dtype=np.int64), np.full(shape, IGNORE, dtype=np.int64), np.zeros(shape, dtype=np.int64)
+
+
+def _tensors(ids, labels, positions, lengths) -> dict[str, torch.Tensor]:
+    return {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels),
+            "position_ids": torch.from_numpy(positions), "lengths": torch.tensor(lengths)}
 
 
 def document(length: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """One document of ``length`` tokens: BOS, filler, records, and a query after each record it asks about.
 
-    Returns the tokens and their labels (the answers ``v1 v2`` of each query; ``IGNORE`` elsewhere). A record and
-    its query are placed independently, uniformly over the document (the query after the record), so the
-    distance between them ranges over the whole document.
+    Returns the tokens and their labels (the answer ``v`` of each query; ``IGNORE`` elsewhere). Records and
+    queries take random non-overlapping places after BOS (any gap, not a grid) and a random half of them are
+    records, each query after its record, so the distance between the two ranges over the whole document.
     """
     tokens = rng.integers(SPECIAL, SPECIAL + FILLER, size=length)
     tokens[0] = BOS  # every document starts with one, as in packed pretraining
     labels = np.full(length, IGNORE, dtype=np.int64)
-    slots = (length - 1) // RECORD  # records and queries sit on slots after BOS, never overlapping
-    pairs = min(max(1, length // EVERY), slots // 2, SYMBOLS)
-    chosen = np.sort(rng.choice(slots, size=2 * pairs, replace=False))
-    keys = rng.choice(SYMBOLS, size=pairs, replace=False) + SPECIAL + FILLER
-    values = rng.integers(SPECIAL + FILLER, VOCAB, size=(pairs, 2))
-    order = rng.permutation(2 * pairs)  # which slots hold records and which queries: each query after its record
-    record_slots, query_slots = _pair_up(chosen[order], pairs)
-    for key, value, record, query in zip(keys, values, record_slots, query_slots):
-        record, query = 1 + record * RECORD, 1 + query * RECORD
-        tokens[record : record + RECORD] = (KEY, key, VAL, *value)
-        tokens[query : query + RECORD] = (ASK, key, VAL, *value)
-        labels[query + 3 : query + 5] = value
+    pairs = min(max(1, length // EVERY), (length - 1) // (2 * RECORD), KEYS)
+    filler = length - 1 - 2 * pairs * RECORD
+    # the places of 2 * pairs items among filler + 2 * pairs units, each item RECORD tokens long
+    chosen = np.sort(rng.choice(filler + 2 * pairs, size=2 * pairs, replace=False)) + np.arange(2 * pairs) * (RECORD - 1)
+    keys, values = _keys_and_values(pairs, rng)
+    order = rng.permutation(2 * pairs)  # which places hold records and which queries
+    records, queries = _pair_up(chosen[order], pairs)
+    for key, value, record, query in zip(keys, values, records, queries):
+        record, query = 1 + record, 1 + query
+        tokens[record : record + RECORD] = (KEY, key, value)
+        tokens[query : query + RECORD] = (ASK, key, value)
+        labels[query + 2] = value
     return tokens, labels
 
 
-def _pair_up(slots: np.ndarray, pairs: int) -> tuple[list[int], list[int]]:
-    """Split ``2 * pairs`` distinct slots into (record, query) pairs with the record first in each."""
-    firsts, seconds = slots[:pairs], slots[pairs:]
+def _keys_and_values(count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """``count`` distinct keys and a value for each."""
+    first_key = SPECIAL + FILLER
+    return rng.choice(KEYS, size=count, replace=False) + first_key, rng.integers(first_key + KEYS, VOCAB, size=count)
+
+
+def _pair_up(places: np.ndarray, pairs: int) -> tuple[list[int], list[int]]:
+    """Split ``2 * pairs`` distinct places into (record, query) pairs with the record first in each."""
+    firsts, seconds = places[:pairs], places[pairs:]
     return [int(min(a, b)) for a, b in zip(firsts, seconds)], [int(max(a, b)) for a, b in zip(firsts, seconds)]
 
 
-def retrieval_case(window: int, distance: int, needles: int, rng: np.random.Generator) -> tuple[np.ndarray, int, np.ndarray]:
+def retrieval_case(window: int, distance: int, needles: int, rng: np.random.Generator) -> tuple[np.ndarray, int, int]:
     """A probe of ``window`` tokens: filler, ``needles`` records with distinct keys, and at the end a query for
     the one whose record starts ``distance`` tokens before the query; the others sit at random places.
 
-    Returns ``(tokens, position, answer)``: the query's answer ``v1 v2`` is predicted at ``position`` and
-    ``position + 1`` (the logits of the tokens before them).
+    Returns ``(tokens, position, answer)``: the query's answer ``v`` is predicted at ``position`` (the
+    logits of the key ``k`` before it).
     """
     query = window - RECORD
     target = query - distance
@@ -128,16 +179,15 @@ def retrieval_case(window: int, distance: int, needles: int, rng: np.random.Gene
         raise ValueError(f"distance={distance} is out of range: {RECORD} .. {query - 1} for a window of {window}")
     tokens = rng.integers(SPECIAL, SPECIAL + FILLER, size=window)
     tokens[0] = BOS
-    keys = rng.choice(SYMBOLS, size=needles, replace=False) + SPECIAL + FILLER
-    values = rng.integers(SPECIAL + FILLER, VOCAB, size=(needles, 2))
+    keys, values = _keys_and_values(needles, rng)
     taken = [(target, target + RECORD), (query, window)]
     for key, value, index in zip(keys, values, range(needles)):
         start = target if index == 0 else _free_start(taken, 1, query - RECORD, rng)
         if index:
             taken.append((start, start + RECORD))
-        tokens[start : start + RECORD] = (KEY, key, VAL, *value)
-    tokens[query : query + RECORD] = (ASK, keys[0], VAL, *values[0])
-    return tokens, query + 2, values[0]
+        tokens[start : start + RECORD] = (KEY, key, value)
+    tokens[query : query + RECORD] = (ASK, keys[0], values[0])
+    return tokens, query + 1, int(values[0])
 
 
 def _free_start(taken: list[tuple[int, int]], low: int, high: int, rng: np.random.Generator) -> int:

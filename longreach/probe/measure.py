@@ -2,7 +2,7 @@
 
 A case (:func:`.corpus.retrieval_case`) is one window of filler with ``needles`` records of distinct keys
 and, at its end, a query for the record ``d`` tokens back, the 4-needle test's shape. It passes when the
-model's greedy next tokens after ``ASK k VAL`` are the record's two values. Every method runs on the same
+model's greedy next token after ``ASK k`` is the record's value. Every method runs on the same
 cases (the case of distance ``d`` and index ``s`` is seeded by both), so a method's paired difference from
 ``rope`` is a per-case comparison. Effective length is RULER's rule over distances: the largest tested
 distance up to which every distance's accuracy reaches the threshold.
@@ -35,8 +35,7 @@ def accuracy(model, window: int, distance: int, cases: int, seed: int = 0, batch
         ids = torch.from_numpy(np.stack([tokens for tokens, _, _ in built]))
         logits = model(input_ids=ids).logits
         for row, (_, position, answer) in enumerate(built):
-            predicted = logits[row, position : position + 2].argmax(-1).numpy()
-            results.append(bool((predicted == answer).all()))
+            results.append(int(logits[row, position].argmax()) == answer)
     return results
 
 
@@ -81,7 +80,8 @@ def measure_run(run, methods: list[str], cases: int = 100, count: int = 16, seed
     from tqdm.auto import tqdm
 
     from ..eval.runner import MethodSpec
-    from .train import checkpoints, load
+    from ..integrations.transformers import remove
+    from .train import checkpoints, load, state_of
 
     run = Path(run)
     path = run / RESULTS
@@ -89,13 +89,18 @@ def measure_run(run, methods: list[str], cases: int = 100, count: int = 16, seed
     found = checkpoints(run)[-1:] if final_only else checkpoints(run)
     if not found:
         raise ValueError(f"{run} holds no checkpoint (step_N/ with state.json): train one with `longreach probe train`")
-    todo = [(c, m) for c in found for m in methods if m not in results.get(str(int(c.name[5:])), {}).get("methods", {})]
-    for checkpoint, method in tqdm(todo, desc=f"measure {run.name}", disable=not progress):
-        model, state = load(checkpoint)
+    todo = {c: [m for m in methods if m not in results.get(str(state_of(c)["step"]), {}).get("methods", {})] for c in found}
+    bar = tqdm(total=sum(map(len, todo.values())), desc=f"measure {run.name}", disable=not progress)
+    for checkpoint, missing in ((c, m) for c, m in todo.items() if m):
+        model, state = load(checkpoint)  # once per checkpoint: each method is applied, measured and removed
         window = state["corpus"]["window"]
-        MethodSpec.parse(method).apply(model, window)
-        table = by_distance(model, window, distances(window, count), cases, seed)
-        entry = results.setdefault(str(state["step"]), {"tokens_seen": state["tokens_seen"], "methods": {}})
-        entry["methods"][method] = {str(d): row for d, row in table.items()}
-        path.write_text(json.dumps(results), encoding="utf-8")  # after every checkpoint and method: resumable
+        for method in missing:
+            MethodSpec.parse(method).apply(model, window)
+            table = by_distance(model, window, distances(window, count), cases, seed)
+            remove(model)
+            entry = results.setdefault(str(state["step"]), {"tokens_seen": state["tokens_seen"], "methods": {}})
+            entry["methods"][method] = {str(d): row for d, row in table.items()}
+            path.write_text(json.dumps(results), encoding="utf-8")  # after every checkpoint and method: resumable
+            bar.update(1)
+    bar.close()
     return results

@@ -95,13 +95,13 @@ def train(corpus: Corpus, out: Path, shape: Shape = Shape(), schedule: Schedule 
         batch = corpus.batch(schedule.rows, np.random.default_rng([schedule.seed, step]))
         for group in optimizer.param_groups:
             group["lr"] = schedule.rate(step)
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits
         loss = answer_loss(logits, batch["labels"])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        step, seen = step + 1, seen + int(batch["attention_mask"].sum())
+        step, seen = step + 1, seen + int(batch["lengths"].sum())
         lengths += batch["lengths"].tolist()
         loss_sum, loss_count = loss_sum + loss.item(), loss_count + 1
         bar.update(1)
