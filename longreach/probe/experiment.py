@@ -1,0 +1,75 @@
+"""The probing experiment, whole (``make probing``): train the runs, measure them, publish the report.
+
+Four runs on the CPU, as the STRING paper's section 3 in miniature: two windows under natural document
+lengths (the paper's 2K and 4K models: does effective length follow ``f(i)`` whatever the window?) and
+the smaller window under uniform and packed (``concat``) documents (does it follow the data's
+distances?). Each run trains the same number of tokens per step (``rows * window``), so runs compare at
+equal tokens seen. Every checkpoint is measured with ``rope``; the final checkpoints of the natural runs
+also with STRING at ``S = L/3`` (its default), ``L/4`` and ``L/2``. Runs go in parallel, one process and
+one thread per core. Training and measuring resume where they stopped, so an interrupted ``make probing``
+goes on where it was.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+TOKENS_PER_STEP = 4096
+LOCAL_WINDOW = 8  # STRING's local window W at these windows (its default, 128, needs L >= 385)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One training run: its window and document-length distribution."""
+
+    window: int
+    distribution: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.distribution}_{self.window}"
+
+    def string_methods(self) -> list[str]:
+        """STRING at ``S = L/3`` (the default), ``L/4`` and ``L/2``, each with :data:`LOCAL_WINDOW`."""
+        return [f"string:local_window={LOCAL_WINDOW}"] + [
+            f"string:shift={self.window // k},local_window={LOCAL_WINDOW}" for k in (4, 2)]
+
+
+RUNS = (Run(256, "natural"), Run(512, "natural"), Run(256, "uniform"), Run(256, "concat"))
+
+
+def run_one(run: Run, out: Path, steps: int, save_every: int, cases: int, tokens_per_step: int, shape) -> str:
+    """Train ``run`` into ``out/<name>`` and measure it; in a worker process with one thread."""
+    import torch
+
+    from . import corpus, measure, train
+
+    torch.set_num_threads(1)
+    folder = out / run.name
+    schedule = train.Schedule(steps=steps, rows=max(1, tokens_per_step // run.window), save_every=save_every)
+    train.train(corpus.Corpus(run.window, run.distribution), folder, shape, schedule, progress=False)
+    measure.measure_run(folder, ["rope"], cases, progress=False)
+    if run.distribution == "natural":
+        measure.measure_run(folder, ["rope", *run.string_methods()], cases, progress=False, final_only=True)
+    return run.name
+
+
+def main(out: Path, report: Path, steps: int, save_every: int, cases: int, workers: int | None = None,
+         runs: tuple[Run, ...] = RUNS, tokens_per_step: int = TOKENS_PER_STEP, shape=None) -> dict:
+    """Every run (in parallel, ``workers`` processes: default one per core), then the report in ``report``;
+    returns what ``summary.json`` holds. ``shape``: the model (default :class:`.train.Shape`)."""
+    from tqdm.auto import tqdm
+
+    from . import report as reporting
+    from .train import Shape
+
+    out.mkdir(parents=True, exist_ok=True)
+    workers = workers or min(len(runs), os.cpu_count() or 1)
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(run_one, run, out, steps, save_every, cases, tokens_per_step, shape or Shape()) for run in runs]
+        for future in tqdm(futures, desc=f"probing ({workers} processes)"):
+            future.result()  # a run that failed raises here
+    return reporting.build([out / run.name for run in runs], report)
