@@ -77,9 +77,10 @@ def run(plans, block, scaling, value, shifted):
 
 
 def with_empty_rows(out, lse, mask):
-    """Mark rows whose mask hides every key as empty (lse = -inf): backends may report 0 there."""
+    """Mark rows whose mask hides every key as empty (lse = -inf): backends may report 0 there. On an
+    accelerator always (asking whether any row is empty would wait for the device); on the CPU only when one is."""
     empty = torch.isneginf(mask).all(-1)
-    if bool(empty.any()):
+    if lse.device.type != "cpu" or bool(empty.any()):
         lse = lse.masked_fill(empty.expand_as(lse), NEG_INF)
     return out, lse
 
