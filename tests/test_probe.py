@@ -136,6 +136,7 @@ def test_the_command_line_trains_measures_and_reports_a_run(tmp_path, capsys):
     summary = json.loads((tmp_path / "report" / "summary.json").read_text())
     growth = summary["runs"]["natural_80"]["growth"]
     assert [row["step"] for row in growth] == [2, 4] and growth[1]["tokens_seen"] > growth[0]["tokens_seen"]
+    assert all(row["sure_effective_length"] <= row["effective_length"] <= row["possible_effective_length"] for row in growth)
     final = summary["runs"]["natural_80"]["final"]
     assert set(final) == {"rope", "string:shift=30,local_window=4"} and all(row["n"] == 3 for row in final["rope"].values())
     assert set(summary["runs"]["natural_80"]["minus_rope"]["string:shift=30,local_window=4"]) <= {"first third", "middle third", "last third"}

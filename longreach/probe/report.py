@@ -48,9 +48,11 @@ def _run_summary(run: Path, threshold: float) -> dict:
             continue
         length = measure.effective_length(table, threshold)
         sure = stats.effective_length({d: row["low"] for d, row in table.items()}, threshold)
+        possible = stats.effective_length({d: row["high"] for d, row in table.items()}, threshold)
         f = position_frequency(states[step])
         growth.append({"step": int(step), "tokens_seen": results[step]["tokens_seen"], "effective_length": length,
-                       "sure_effective_length": sure, "frequency_at_effective_length": float(f[length]) if length else None})
+                       "sure_effective_length": sure, "possible_effective_length": possible,
+                       "frequency_at_effective_length": float(f[length]) if length else None})
     final = results[steps[-1]]["methods"]
     window = states[steps[-1]]["corpus"]["window"]
     by_method = {method: _table(rows) for method, rows in final.items()}
@@ -82,14 +84,16 @@ def _thirds(grid: list[int], window: int) -> dict[str, list[int]]:
 def markdown(summary: dict) -> str:
     lines = ["# Probing: effective length follows position frequency", "",
              f"Effective length: the largest distance up to which every tested distance's accuracy reaches "
-             f"{summary['threshold']} (RULER's rule); *sure*: the same on the 95% Wilson lower bounds.", ""]
+             f"{summary['threshold']} (RULER's rule); *sure* and *possible*: the same on the 95% Wilson lower and upper "
+             "bounds, an interval for it.", ""]
     for name, run in summary["runs"].items():
         corpus = run["corpus"]
         lines += [f"## {name}: {corpus['distribution']} documents, window {run['window']}", "",
-                  "| step | tokens seen | effective length | sure | f(effective length) |", "|---|---|---|---|---|"]
+                  "| step | tokens seen | effective length [sure, possible] | f(effective length) |", "|---|---|---|---|"]
         for row in run["growth"]:
             f = row["frequency_at_effective_length"]
-            lines.append(f"| {row['step']} | {row['tokens_seen']:,} | {row['effective_length']} | {row['sure_effective_length']} | "
+            lines.append(f"| {row['step']} | {row['tokens_seen']:,} | {row['effective_length']} [{row['sure_effective_length']}, "
+                         f"{row['possible_effective_length']}] | "
                          f"{'-' if f is None else f'{f:,.0f}'} |")
         lines += ["", f"Accuracy by distance at step {run['final_step']} (% [95% interval], n):", "",
                   "| method | " + " | ".join(next(iter(run["final"].values())).keys()) + " |",
@@ -116,11 +120,11 @@ def _plots(summary: dict, out: Path) -> None:
         x = [r["tokens_seen"] for r in rows]
         y, sure = [r["effective_length"] for r in rows], [r["sure_effective_length"] for r in rows]
         line, = tokens.plot(x, y, marker="o", label=name)
-        tokens.fill_between(x, sure, y, color=line.get_color(), alpha=0.15)
+        tokens.fill_between(x, sure, [r["possible_effective_length"] for r in rows], color=line.get_color(), alpha=0.15)
         measured = [(r["frequency_at_effective_length"], r["effective_length"]) for r in rows if r["frequency_at_effective_length"]]
         if measured:
             frequency.plot(*zip(*measured), marker="o", color=line.get_color(), label=name)
-    tokens.set(xlabel="tokens seen", ylabel="effective length (tokens)", title="effective length vs tokens seen (shaded: down to sure)")
+    tokens.set(xlabel="tokens seen", ylabel="effective length (tokens)", title="effective length vs tokens seen (shaded: sure to possible)")
     frequency.set(xscale="log", xlabel="f(effective length): occurrences of that distance", ylabel="effective length (tokens)",
                   title="effective length vs position frequency")
     for axis in (tokens, frequency):
