@@ -28,7 +28,7 @@ def records_and_queries(tokens):
 def test_every_answer_is_the_value_of_its_keys_record_earlier_in_the_same_document(distribution):
     data = Corpus(256, distribution).batch(16, np.random.default_rng(1))
     ids, labels, positions = data["input_ids"].numpy(), data["labels"].numpy(), data["position_ids"].numpy()
-    lengths, documents, distances = data["lengths"].tolist(), [], []
+    lengths, documents, distances, never_asked, asked_again = data["lengths"].tolist(), [], [], 0, 0
     for row_ids, row_labels in zip(ids, labels):
         starts = list(np.flatnonzero(row_ids == BOS)) + [int((row_ids != corpus.PAD).sum())]
         for begin, end in zip(starts, starts[1:]):
@@ -37,10 +37,14 @@ def test_every_answer_is_the_value_of_its_keys_record_earlier_in_the_same_docume
             assert queries and all(key in records and records[key][0] < start and records[key][1] == value
                                    for start, key, value in queries)
             distances += [start - records[key][0] for start, key, _ in queries]
+            asked = [key for _, key, _ in queries]
+            never_asked += len(set(records) - set(asked))
+            asked_again += len(asked) - len(set(asked))
             answered = [begin + start + 2 for start, _, _ in queries]
             assert sorted(np.flatnonzero(row_labels[begin:end] != IGNORE) + begin) == sorted(answered)
     assert sorted(documents) == sorted(lengths) and all(corpus.MIN_DOCUMENT <= n <= 256 for n in lengths)
     assert len({d % RECORD for d in distances}) == RECORD  # records and queries lie anywhere, not on a grid
+    assert never_asked > 0 and asked_again > 0  # which values are still unasked tells nothing
     if distribution == "concat":  # rows filled end to end, positions running on
         assert ids.shape[0] == 16 and (positions == np.arange(256)).all()
     else:  # documents packed, each at positions from 0, so each is a sequence of its own

@@ -35,7 +35,7 @@ VALUES = 64  # values from these (apart from the keys: a value never looks like 
 VOCAB = SPECIAL + FILLER + KEYS + VALUES
 RECORD = 3  # KEY k v (a query: ASK k v)
 MIN_DOCUMENT = 4 * RECORD
-EVERY = 16  # one record (and its query) per this many tokens of document
+EVERY = 16  # two items (records or queries) per this many tokens of document
 DISTRIBUTIONS = ("natural", "uniform", "concat")
 IGNORE = -100  # label of tokens without a loss
 
@@ -130,27 +130,35 @@ def _tensors(ids, labels, positions, lengths) -> dict[str, torch.Tensor]:
 
 
 def document(length: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """One document of ``length`` tokens: BOS, filler, records, and a query after each record it asks about.
+    """One document of ``length`` tokens: BOS, filler, records, and queries for records before them.
 
     Returns the tokens and their labels (the answer ``v`` of each query; ``IGNORE`` elsewhere). Records and
-    queries take random non-overlapping places after BOS (any gap, not a grid) and a random half of them are
-    records, each query after its record, so the distance between the two ranges over the whole document.
+    queries take random non-overlapping places after BOS (any gap, not a grid); the first is a record, each
+    later one a record or a query by a coin flip, and a query asks for a record before it drawn uniformly
+    (some records are asked twice, some never, as the probe's distractors never are: no answer follows from
+    which values are still unasked). The distance between a query and its record ranges over the document.
     """
     tokens = rng.integers(SPECIAL, SPECIAL + FILLER, size=length)
     tokens[0] = BOS  # every document starts with one, as in packed pretraining
     labels = np.full(length, IGNORE, dtype=np.int64)
-    pairs = min(max(1, length // EVERY), (length - 1) // (2 * RECORD), KEYS)
-    filler = length - 1 - 2 * pairs * RECORD
-    # the places of 2 * pairs items among filler + 2 * pairs units, each item RECORD tokens long
-    chosen = np.sort(rng.choice(filler + 2 * pairs, size=2 * pairs, replace=False)) + np.arange(2 * pairs) * (RECORD - 1)
-    keys, values = _keys_and_values(pairs, rng)
-    order = rng.permutation(2 * pairs)  # which places hold records and which queries
-    records, queries = _pair_up(chosen[order], pairs)
-    for key, value, record, query in zip(keys, values, records, queries):
-        record, query = 1 + record, 1 + query
-        tokens[record : record + RECORD] = (KEY, key, value)
-        tokens[query : query + RECORD] = (ASK, key, value)
-        labels[query + 2] = value
+    items = min(max(2, 2 * length // EVERY), (length - 1) // RECORD)
+    filler = length - 1 - items * RECORD
+    # the places of the items among filler + items units, each item RECORD tokens long
+    places = 1 + np.sort(rng.choice(filler + items, size=items, replace=False)) + np.arange(items) * (RECORD - 1)
+    is_query = rng.random(items) < 0.5
+    is_query[0] = False
+    is_query[-1] |= not is_query.any()  # at least one query
+    keys, values = _keys_and_values(min(int((~is_query).sum()), KEYS), rng)
+    records = []  # (key, value) of the records so far
+    for place, query in zip(places, is_query):
+        if query or len(records) == len(keys):
+            key, value = records[rng.integers(len(records))]
+            tokens[place : place + RECORD] = (ASK, key, value)
+            labels[place + 2] = value
+        else:
+            key, value = keys[len(records)], values[len(records)]
+            records.append((key, value))
+            tokens[place : place + RECORD] = (KEY, key, value)
     return tokens, labels
 
 
@@ -158,12 +166,6 @@ def _keys_and_values(count: int, rng: np.random.Generator) -> tuple[np.ndarray, 
     """``count`` distinct keys and a value for each."""
     first_key = SPECIAL + FILLER
     return rng.choice(KEYS, size=count, replace=False) + first_key, rng.integers(first_key + KEYS, VOCAB, size=count)
-
-
-def _pair_up(places: np.ndarray, pairs: int) -> tuple[list[int], list[int]]:
-    """Split ``2 * pairs`` distinct places into (record, query) pairs with the record first in each."""
-    firsts, seconds = places[:pairs], places[pairs:]
-    return [int(min(a, b)) for a, b in zip(firsts, seconds)], [int(max(a, b)) for a, b in zip(firsts, seconds)]
 
 
 def retrieval_case(window: int, distance: int, needles: int, rng: np.random.Generator) -> tuple[np.ndarray, int, int]:
