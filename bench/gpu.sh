@@ -10,7 +10,7 @@
 # decoding step at 32K and 128K, every position method, against causal SDPA in the same run (CUDA events,
 # the warm-up round excluded, the kernel SDPA picked recorded), and prefill with the fused Triton kernel at 8K and
 # 32K beside FlexAttention's, and PyTorch's FlashAttention one call per part with a window (cuda_flash);
-# (3) the default model end to end at 16K.
+# (3) the default model end to end at 16K (its shape with random weights: the GPU machine has no network and cannot be sent the model).
 # Python: $PYTHON, else the project's .venv, else python3 (the device machine's own torch and transformers).
 # $OUT: where logs and the junit file go (default bench/out).
 set -euo pipefail
@@ -39,13 +39,13 @@ if [ "$device" = cuda ]; then
   "$python" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else "bench/gpu.sh: no CUDA device here; use --device cpu for a dry run")'
   layer=(--heads 32 --kv-heads 8 --dim 128 --dtype bfloat16 --device cuda --rounds 3)
   prefill_lengths=8192,32768,131072; decode_lengths=32768,131072
-  model=(--length 16384 --steps 15 --rounds 2 --new-tokens 64 --device cuda --dtype bfloat16)
+  model=(--length 16384 --steps 15 --rounds 2 --new-tokens 64 --device cuda --dtype bfloat16 --weights random)
   write=--write
 else
   export BENCH_RESULTS="$out/RESULTS.md"
   layer=(--heads 4 --kv-heads 2 --dim 32 --dtype float32 --device cpu --rounds 1)
   prefill_lengths=512,1024; decode_lengths=1024
-  model=(--length 512 --steps 2 --rounds 1 --new-tokens 4 --device cpu --dtype float32)
+  model=(--length 512 --steps 2 --rounds 1 --new-tokens 4 --device cpu --dtype float32 --weights random)
   write=--write
 fi
 

@@ -1,7 +1,7 @@
 """End-to-end speed of every position method against stock attention, on the default model.
 
     python bench/model.py [--length 8192] [--steps 15] [--rounds 1] [--new-tokens 64] [--device cuda] [--dtype bfloat16] [--write]
-                          [--methods rope,string,rerope+kept,...]
+                          [--methods rope,string,rerope+kept,...] [--weights random]
 
 One process, one model. Decoding: a cache of ``--length`` tokens is filled once; each round runs one
 step with stock ``sdpa`` and one with each method against it (the cache is cropped back after each
@@ -9,16 +9,19 @@ step: a step's time depends on the shapes, not on what the cache holds); medians
 rounds. Prefill and ``generate(--new-tokens)``: methods and stock alternate, ``--rounds`` times,
 medians (on a GPU each method first prefills once untimed, which compiles its FlexAttention
 kernels). Ratios are against stock measured in the same run. A method named with ``+kept`` (``rerope+kept``)
-is applied with ``keep_moved_keys=True``.
+is applied with ``keep_moved_keys=True``. ``--weights random`` builds the default model's shape
+(``bench/smollm2-135m.json``) with random weights, for a machine that has not got the model (a lent GPU
+has no network, and the 98 MB GGUF is more than it can be sent): times depend on shapes, not weights.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+from pathlib import Path
 
 import torch
-from transformers import DynamicCache
+from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
 
 import longreach
 from longreach import models
@@ -29,6 +32,7 @@ METHODS = ["rope", "string", "rerope", "self_extend", "dca"]
 STOCK = "sdpa (stock)"
 
 
+SHAPE = Path(__file__).with_name("smollm2-135m.json")  # the default model's config, for --weights random
 KEPT = "+kept"  # a method name's suffix: apply it with keep_moved_keys=True
 
 
@@ -96,11 +100,20 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--write", action="store_true", help="also write the tables into their section of bench/RESULTS.md")
+    parser.add_argument("--weights", default="default", choices=["default", "random"],
+                        help="random: the default model's shape with random weights (no model files needed)")
     args = parser.parse_args()
-    model, _ = models.load("default", dtype=getattr(torch, args.dtype), device=args.device)
+    dtype = getattr(torch, args.dtype)
+    if args.weights == "random":
+        config = LlamaConfig.from_json_file(SHAPE)
+        config._attn_implementation = "sdpa"
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype).to(args.device).eval()
+    else:
+        model, _ = models.load("default", dtype=dtype, device=args.device)
     ids = torch.randint(100, 20000, (1, args.length), generator=torch.Generator().manual_seed(0)).to(args.device)
     methods = [STOCK, *filter(None, args.methods.split(",")), *args.method]
-    header = (f"SmolLM2-135M-Instruct (30 layers, 9 query / 3 KV heads), {args.dtype}, batch 1, {args.length} tokens, "
+    weights = " (random weights)" if args.weights == "random" else ""
+    header = (f"SmolLM2-135M-Instruct{weights} (30 layers, 9 query / 3 KV heads), {args.dtype}, batch 1, {args.length} tokens, "
               f"{machine(args.device)}; "
               f"L = {longreach.integrations.transformers.training_window(model.config)} (each method's defaults).")
     print(header, flush=True)
@@ -116,6 +129,7 @@ def main() -> None:
         chosen = args.methods != ",".join(METHODS)
         extra = (f" --methods {args.methods}" if chosen else "") + "".join(f" --method '{m}'" for m in args.method)
         extra += f" --device {args.device} --dtype {args.dtype}" if args.device != "cpu" else ""
+        extra += " --weights random" if args.weights == "random" else ""
         command = f"`python bench/model.py --length {args.length} --steps {args.steps} --rounds {args.rounds} --new-tokens {args.new_tokens}{extra}`"
         names = dict.fromkeys(m.split(":")[0] for m in methods[1:])
         title = f"End to end, the default model at {args.length} tokens" + (", " + ", ".join(names) if chosen or args.method else "")

@@ -25,6 +25,7 @@ def test_the_gpu_script_dry_runs_on_the_cpu_without_touching_the_results(tmp_pat
     written = (tmp_path / "RESULTS.md").read_text()
     assert "## Attention, causal prefill, time, n = 512,1024" in written and "## Attention, decoding step" in written
     assert "## End to end, the default model at 512 tokens" in written
+    assert "SmolLM2-135M-Instruct (random weights)" in written  # as on the GPU machine, which cannot be sent the model
     assert "scaled_dot_product" in written  # the kernel SDPA picked, per length
     for method in ("string", "rerope", "self_extend", "dca"):
         assert f"| {method} | 1024 |" in written

@@ -503,6 +503,57 @@ def test_flex_runs_every_part_in_one_launch(monkeypatch, name, params, q_len):
 
 
 
+def test_flex_compiles_again_with_smaller_tiles_when_shared_memory_runs_out(monkeypatch):
+    """Triton's "out of resource" (seen on an H200: the segmented masks of ReRoPE and Self-Extend asked for more
+    shared memory than the GPU has) makes the call compile again with each of ``SMALLER_TILES`` in turn, and the
+    kernel variant keeps the tiles that worked (others start from the default); any other error is raised as it was."""
+    from longreach.attention import flex
+
+    asked = []
+    real = flex._function
+
+    def short_of_memory(device):
+        def run(q, k, v, kernel_options=None, **kwargs):
+            asked.append(kernel_options)
+            if kernel_options is None or kernel_options.get("BLOCK_M", 128) > 32:
+                raise RuntimeError("No valid triton configs. OutOfMemoryError: out of resource: triton_tem_fused_flex_attention_0 "
+                                   "Required: 233472 Hardware limit:232448")
+            return real(device)(q, k, v, **kwargs)
+        return run
+
+    monkeypatch.setattr(flex, "_function", short_of_memory)
+    monkeypatch.setattr(flex, "_tiles_taken", {})
+    method = create("rerope", training_window=200, window=40)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(300, pads=(0, 37))
+    want, rows = expected(method, q, k, v, positions, padding, inv_freq, 300, scaling=0.3)
+    arguments = (q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float())
+    common = dict(scaling=0.3, key_padding=padding, positions=positions, backend="flex")
+    assert (kernel.attention(*arguments, **common) - want)[rows].abs().max() <= 1e-5
+    assert asked == [None, *flex.SMALLER_TILES]
+    kernel.attention(*arguments, **common)
+    assert asked[-1] is flex.SMALLER_TILES[-1] and len(asked) == 5  # kept: no second search
+    string = create("string", training_window=200, shift=60, local_window=8).parts()
+    kernel.attention(*arguments[:3], string, arguments[4], **common)
+    assert asked[5] is None  # another kernel variant starts from the default tiles
+    monkeypatch.setattr(flex, "_function", lambda device: lambda *args, **kwargs: (_ for _ in ()).throw(RuntimeError("illegal memory access")))
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        kernel.attention(*arguments, **common)
+
+
+def test_memory_efficient_attention_gets_a_bias_with_aligned_rows():
+    """PyTorch's memory-efficient CUDA kernel refuses a bias whose rows are not 16-byte aligned (an H200 run:
+    "attn_bias.stride(2) = 39, and should be a multiple of 4"); ``aligned_rows`` pads the rows in memory only."""
+    from longreach.attention.backends import aligned_rows
+
+    for dtype, row in ((torch.float32, 4), (torch.bfloat16, 8)):
+        mask = torch.randn(2, 1, 7, 40, dtype=torch.float64).to(dtype)[..., 1:]  # 39 keys, rows 40 apart, start off by one
+        aligned = aligned_rows(mask)
+        assert aligned.shape == mask.shape and torch.equal(aligned, mask)
+        assert aligned.stride(-2) % row == 0 and aligned.stride(-1) == 1 and aligned.data_ptr() % 16 == 0
+        ready = torch.zeros(1, 1, 3, 64, dtype=dtype)
+        assert aligned_rows(ready) is ready
+
+
 def test_auto_falls_back_with_one_warning_when_flexattention_fails_to_compile(monkeypatch):
     """Where ``auto`` chooses FlexAttention (CUDA; simulated here) and compiling it fails, the tiled kernel computes
     the call, with one warning for the process, never an error; an explicit backend='flex' still raises."""

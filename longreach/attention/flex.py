@@ -32,6 +32,7 @@ except ImportError:  # pragma: no cover - depends on the installed PyTorch
     _flex_module = None
 
 TILE = 128  # FlexAttention's default sparse block size
+INT32 = torch.iinfo(torch.int32)
 
 
 _compile_failure: list[str] = []  # why compiling FlexAttention failed in this process, once it has
@@ -118,8 +119,9 @@ def _block_mask(region: Region, batch: int, q_len: int, kv_len: int, device):
     """The region's block mask: its tiles sorted by :func:`_tile_classes`, its pairs by :meth:`Region.allowed`."""
     partial, full = _tile_classes(region, q_len, kv_len, device)
     # the compiled kernel sees the bounds as tensors: new values (a decoding step's offset) reuse it, not recompile it
-    as_tensor = lambda x: None if x is None else torch.tensor(x, device=device)
-    traced = dataclasses.replace(region, lo=as_tensor(region.lo), hi=as_tensor(region.hi), offset=as_tensor(region.offset))
+    as_tensor = lambda x: None if x is None else torch.tensor(min(max(x, INT32.min), INT32.max), dtype=torch.int32, device=device)
+    span = None if region.span is None else tuple(map(_int32, region.span))
+    traced = dataclasses.replace(region, lo=as_tensor(region.lo), hi=as_tensor(region.hi), offset=as_tensor(region.offset), span=span)
 
     def mask_mod(b, h, q_idx, kv_idx):
         return traced.allowed(b, q_idx, kv_idx)
@@ -183,15 +185,15 @@ def segmented_block_mask(cells: list[tuple[int, int, Region]], q_segments: int, 
     batch = max(partial.shape[0] for *_, partial, _ in classes)
     partial = torch.zeros(batch, 1, q_segments * q_tiles, kv_segments * kv_tiles, dtype=torch.bool, device=device)
     full = torch.zeros_like(partial)
-    table = torch.full((q_segments, kv_segments), -1, dtype=torch.int64, device=device)
+    table = torch.full((q_segments, kv_segments), -1, dtype=torch.int32, device=device)
     for index, (a, c, cell_partial, cell_full) in enumerate(classes):
         rows, keys = slice(a * q_tiles, (a + 1) * q_tiles), slice(c * kv_tiles, (c + 1) * kv_tiles)
         partial[:, :, rows, keys], full[:, :, rows, keys] = cell_partial, cell_full
         table[a, c] = index
     regions = [region for *_, region in cells]
-    lows = torch.tensor([r.lo for r in regions], device=device)
-    highs = torch.tensor([torch.iinfo(torch.int64).max if r.hi is None else r.hi for r in regions], device=device)
-    sizes = {name: torch.tensor(value, device=device) for name, value in
+    lows = torch.tensor([r.lo for r in regions], dtype=torch.int32, device=device)
+    highs = torch.tensor([INT32.max if r.hi is None else min(r.hi, INT32.max) for r in regions], dtype=torch.int32, device=device)
+    sizes = {name: torch.tensor(value, dtype=torch.int32, device=device) for name, value in
              (("q_segment", q_segment), ("kv_segment", kv_segment), ("q_len", q_len), ("kv_len", kv_len), ("offset", regions[0].offset))}
     padding = regions[0].padding
     spans = _stacked_spans(regions, batch, q_len)
@@ -223,12 +225,17 @@ def _stacked_spans(regions: list[Region], batch: int, q_len: int):
     if not spanned:
         return None
     _, _, key_positions = spanned[0]
-    everything = torch.iinfo(torch.int64)
-    first = torch.stack([r.span[0].expand(batch, q_len) if r.span is not None else
-                         torch.full((batch, q_len), everything.min, device=key_positions.device) for r in regions])
-    stop = torch.stack([r.span[1].expand(batch, q_len) if r.span is not None else
-                        torch.full((batch, q_len), everything.max, device=key_positions.device) for r in regions])
-    return first, stop, key_positions
+    first = torch.stack([_int32(r.span[0]).expand(batch, q_len) if r.span is not None else
+                         torch.full((batch, q_len), INT32.min, dtype=torch.int32, device=key_positions.device) for r in regions])
+    stop = torch.stack([_int32(r.span[1]).expand(batch, q_len) if r.span is not None else
+                        torch.full((batch, q_len), INT32.max, dtype=torch.int32, device=key_positions.device) for r in regions])
+    return first, stop, _int32(key_positions)
+
+
+def _int32(values: torch.Tensor) -> torch.Tensor:
+    """Positions and bounds for a mask: int32 like FlexAttention's indices (int64 doubles the registers and shared
+    memory the kernel's mask needs; bounds beyond int32 are clamped, positions never reach them)."""
+    return values.clamp(INT32.min, INT32.max).to(torch.int32)
 
 
 def _per_tile(values: torch.Tensor, tiles: int) -> torch.Tensor:
@@ -247,10 +254,43 @@ def _tile_lists(selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def part_attention(q, k, v, mask, causal, scaling):
     """One part: ``flex_attention`` with the part's block mask (``mask``), returning ``(out, lse)`` in float32
-    (float64 for float64 inputs). ``causal`` is never set: the block mask holds the whole region."""
+    (float64 for float64 inputs). ``causal`` is never set: the block mask holds the whole region.
+
+    Where Triton finds no configuration that fits the GPU's shared memory (an H200 with the segmented masks of
+    ReRoPE, Self-Extend and DCA: 528 KB asked, 227 KB there), the call is compiled again with each of
+    :data:`SMALLER_TILES` in turn; the kernel variant keeps the tiles that worked, other variants keep theirs."""
     kwargs = {"block_mask": mask, "scale": scaling, "enable_gqa": q.shape[1] != k.shape[1]}
-    out, lse = compat.flex_attention_with_lse(_function(q.device.type), _flex_module, q, k, v, **kwargs)
+    variant = _variant(q, mask)
+    while True:
+        taken = _tiles_taken.get(variant, 0)
+        try:
+            out, lse = compat.flex_attention_with_lse(_function(q.device.type), _flex_module, q, k, v,
+                                                      kernel_options=SMALLER_TILES[taken - 1] if taken else None, **kwargs)
+            break
+        except Exception as error:
+            if taken == len(SMALLER_TILES) or "out of resource" not in str(error):
+                raise
+            _tiles_taken[variant] = taken + 1
     return out.to(compute_dtype(q.dtype)), lse.to(compute_dtype(q.dtype))
+
+
+SMALLER_TILES = ({"num_stages": 1}, {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 1}, {"BLOCK_M": 32, "BLOCK_N": 32, "num_stages": 1})
+"""FlexAttention's ``kernel_options`` tried in turn when the default tiles need more shared memory than the GPU has
+(fewer pipeline stages first: on an H200, 64 x 64 tiles made plain causal attention 1.6x slower than the default)."""
+_tiles_taken: dict[tuple, int] = {}  # kernel variant (see _variant) -> how many of SMALLER_TILES it had to step through
+
+
+def _variant(q: torch.Tensor, mask) -> tuple:
+    """What decides a compiled kernel's shared memory: dtype, head size, the mask's code and what it reads (whether
+    padding and key spans are there, the segments' table by its shape; per-token tensors not by their length)."""
+    mod = mask.mask_mod
+
+    def described(x):
+        if isinstance(x, torch.Tensor):
+            return tuple(x.shape) if x.numel() <= 64 else (x.dtype, x.dim())
+        return None if x is None else type(x).__name__
+
+    return q.device.type, q.dtype, q.shape[-1], mod.__code__, tuple(described(cell.cell_contents) for cell in mod.__closure__ or ())
 
 
 RECOMPILE_LIMIT = 64
