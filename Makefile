@@ -76,7 +76,7 @@ bench: $(STAMP)
 study: $(STAMP)
 	bash docs/study/run.sh
 
-# The probing experiment of docs/probing.md (about an hour on 2 CPU cores; resumable), published to docs/probing/.
+# The probing experiment of docs/probing.md (about 40 minutes on 2 CPU cores; resumable), published to docs/probing/.
 probing: $(STAMP)
 	$(BIN)/longreach probe experiment --out runs/probe --report docs/probing
 

@@ -16,11 +16,11 @@ def records_and_queries(tokens):
     """``{key: (record start, value)}`` and ``[(query start, key, value)]`` of one document's tokens."""
     records, queries = {}, []
     for start in np.flatnonzero((tokens == KEY) | (tokens == ASK)):
-        key, value = int(tokens[start + 1]), int(tokens[start + 2])
-        if tokens[start] == KEY:
+        if tokens[start] == KEY:  # KEY r: one token holds the key and the value
+            key, value = corpus.key_and_value(int(tokens[start + 1]))
             records[key] = (int(start), value)
-        else:
-            queries.append((int(start), key, value))
+        else:  # ASK k v
+            queries.append((int(start), int(tokens[start + 1]), int(tokens[start + 2])))
     return records, queries
 
 
@@ -76,6 +76,13 @@ def test_document_lengths_follow_the_distribution_and_give_a_left_skewed_frequen
     assert f[:256].sum() / f.sum() > 0.8 and f[384:].sum() / f.sum() < 0.05
 
 
+def test_a_record_token_holds_one_key_and_one_value():
+    pairs = [(k, v) for k in range(corpus.FIRST_KEY, corpus.FIRST_VALUE) for v in range(corpus.FIRST_VALUE, corpus.FIRST_RECORD)]
+    tokens = [corpus.record_token(k, v) for k, v in pairs]
+    assert sorted(tokens) == list(range(corpus.FIRST_RECORD, corpus.VOCAB))
+    assert [corpus.key_and_value(t) for t in tokens] == pairs
+
+
 def test_a_retrieval_case_puts_the_asked_record_at_the_distance():
     rng = np.random.default_rng(2)
     for distance in (RECORD, 100, 256 - 2 * RECORD):
@@ -105,7 +112,7 @@ def test_measuring_scores_a_perfect_and_a_blind_model_and_pairs_their_cases():
     perfect = measure.by_distance(Oracle(), 128, grid, cases=10)
     blind = measure.by_distance(lambda input_ids: type("O", (), {"logits": torch.zeros(*input_ids.shape, corpus.VOCAB)}),
                                 128, grid, cases=10)
-    assert grid[0] == RECORD and grid[-1] == 128 - 2 * RECORD
+    assert grid[0] == measure.SHORTEST and grid[-1] == 128 - 2 * RECORD
     assert all(row["accuracy"] == 100.0 and row["n"] == 10 and row["low"] > 69 for row in perfect.values())
     assert all(row["accuracy"] == 0.0 for row in blind.values())
     assert measure.effective_length(perfect, 85.6) == grid[-1] and measure.effective_length(blind, 85.6) == 0
@@ -155,6 +162,7 @@ def test_the_command_line_trains_measures_and_reports_a_run(tmp_path, capsys):
     (["--lr", "nan"], "lr=nan is out of range"),
     (["--seed", "-1"], "seed=-1 is out of range"),
     (["--hidden", "30", "--heads", "4"], "do not fit"),
+    (["--window", "64", "--median-tokens", "100"], "--median-tokens 100 is out of range: at most the window"),
 ])
 def test_bad_training_arguments_end_in_one_line(argv, message, tmp_path):
     from longreach import cli
@@ -175,6 +183,8 @@ def test_the_experiment_trains_measures_and_reports_its_runs_in_parallel_and_res
     assert set(summary["runs"]["natural_128"]["final"]) == {"rope", *runs[1].string_methods()}
     assert runs[1].string_methods()[1] == "string:shift=32,local_window=8"
     assert set(summary["runs"]["concat_64"]["final"]) == {"rope"}
+    lower = json.loads((tmp_path / "report" / "threshold_75" / "summary.json").read_text())
+    assert lower["threshold"] == 75.0 and lower["runs"].keys() == summary["runs"].keys()
     measured = (tmp_path / "runs" / "natural_64" / "measure.json").stat().st_mtime_ns
     experiment.main(tmp_path / "runs", tmp_path / "report", **settings)  # done: nothing trained or measured again
     assert (tmp_path / "runs" / "natural_64" / "measure.json").stat().st_mtime_ns == measured

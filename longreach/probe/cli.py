@@ -8,7 +8,8 @@ from pathlib import Path
 from ..cli import positive, threshold, writable_folder
 from ..eval.stats import RULER_THRESHOLD
 
-EXPERIMENT_STEPS = 3000
+EXPERIMENT_STEPS = 1200
+EXPERIMENT_SAVE_EVERY = 60
 
 
 def add_commands(commands) -> None:
@@ -20,6 +21,9 @@ def add_commands(commands) -> None:
     training.add_argument("--window", type=positive, default=256, help="the training window L in tokens (default 256)")
     training.add_argument("--distribution", choices=("natural", "uniform", "concat"), default="natural",
                           help="document lengths: natural (log-normal, one per row), uniform, concat (packed) (default natural)")
+    training.add_argument("--median-tokens", type=positive, default=32,
+                          help="the log-normal's median document length in tokens, natural and concat (default 32, the same "
+                          "documents whatever the window)")
     training.add_argument("--steps", type=positive, default=2000, help="optimizer steps (default 2000)")
     training.add_argument("--rows", type=positive, default=16, help="windows per step (default 16)")
     training.add_argument("--save-every", type=positive, default=250, help="checkpoint every N steps (default 250)")
@@ -27,6 +31,7 @@ def add_commands(commands) -> None:
     training.add_argument("--hidden", type=positive, default=128)
     training.add_argument("--heads", type=positive, default=4)
     training.add_argument("--kv-heads", type=positive, default=2)
+    training.add_argument("--rope-theta", type=float, default=80.0, help="RoPE's base (default 80: see longreach.probe.train.Shape)")
     training.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
     training.add_argument("--seed", type=int, default=0)
     training.add_argument("--out", help="run folder; a rerun resumes it (default runs/probe/DISTRIBUTION_WINDOW)")
@@ -48,7 +53,8 @@ def add_commands(commands) -> None:
     whole.add_argument("--out", default="runs/probe", help="where the runs go (default runs/probe)")
     whole.add_argument("--report", default="docs/probing", help="where the report goes (default docs/probing)")
     whole.add_argument("--steps", type=positive, default=EXPERIMENT_STEPS, help=f"optimizer steps per run (default {EXPERIMENT_STEPS})")
-    whole.add_argument("--save-every", type=positive, default=250, help="checkpoint (and measure) every N steps (default 250)")
+    whole.add_argument("--save-every", type=positive, default=EXPERIMENT_SAVE_EVERY,
+                       help=f"checkpoint (and measure) every N steps (default {EXPERIMENT_SAVE_EVERY})")
     whole.add_argument("--cases", type=positive, default=100, help="cases per distance and method (default 100)")
     whole.add_argument("--workers", type=positive, help="processes in parallel (default: one per core, at most 4)")
     whole.set_defaults(run=_experiment)
@@ -57,8 +63,10 @@ def add_commands(commands) -> None:
 def _train(args: argparse.Namespace) -> None:
     from . import corpus, train
 
-    data = corpus.Corpus(args.window, args.distribution)
-    shape = train.Shape(args.layers, args.hidden, args.heads, args.kv_heads)
+    if args.median_tokens > args.window:
+        raise ValueError(f"--median-tokens {args.median_tokens} is out of range: at most the window ({args.window})")
+    data = corpus.Corpus(args.window, args.distribution, median=args.median_tokens / args.window)
+    shape = train.Shape(args.layers, args.hidden, args.heads, args.kv_heads, args.rope_theta)
     schedule = train.Schedule(args.steps, args.rows, args.lr, min(100, args.steps // 10), args.save_every, args.seed)
     out = writable_folder(args.out or f"runs/probe/{args.distribution}_{args.window}")
     print(f"last checkpoint: {train.train(data, out, shape, schedule)}")

@@ -2,11 +2,16 @@
 
 The paper's probing experiment pretrains RoPE models and finds that effective length follows the position
 frequency ``f(i)`` of the training data. Here the skill a probe tests is in the documents themselves: a
-document is filler tokens with key-value records ``KEY k v`` and, later in the same document,
-queries ``ASK k v`` for some of them. A query can only be answered by attending back to its record,
-so the distances a model learns to retrieve over are those between records and queries *inside a document*:
-long distances occur only in long documents, exactly as ``f(i)`` counts them. The loss is on the answers
-(``v`` after ``ASK k``) only; the filler is noise no model can predict.
+document is filler tokens with key-value records ``KEY r`` (``r``: one token that holds a key and its value)
+and, later in the same document, queries ``ASK k v`` for some of them. A query can only be answered by
+attending back to its record, so the distances a model learns to retrieve over are those between records and
+queries *inside a document*: long distances occur only in long documents, exactly as ``f(i)`` counts them.
+The loss is on the answers (``v`` after ``ASK k``) only; the filler is noise no model can predict.
+
+A record is one token so that one attention layer can match the asked key and copy the value from it.
+Records of a key token followed by a value token need an induction circuit (two composed layers: find the
+asked key, then read the token after it), which no 2-layer model formed within 3,000 steps in any
+configuration tried (docs/probing.md).
 
 Document lengths, in tokens, come from one of three distributions over a window ``L``:
 
@@ -30,12 +35,15 @@ import torch
 PAD, BOS, KEY, ASK = range(4)
 SPECIAL = 4
 FILLER = 32  # filler tokens: noise between records
-KEYS = 64  # keys are drawn from these, distinct within a document
-VALUES = 64  # values from these (apart from the keys: a value never looks like a key)
-VOCAB = SPECIAL + FILLER + KEYS + VALUES
-RECORD = 3  # KEY k v (a query: ASK k v)
+KEYS = 8  # keys are drawn from these, distinct within a document
+VALUES = 8  # values from these
+FIRST_KEY = SPECIAL + FILLER
+FIRST_VALUE = FIRST_KEY + KEYS
+FIRST_RECORD = FIRST_VALUE + VALUES  # one token per (key, value): KEYS x VALUES of them
+VOCAB = FIRST_RECORD + KEYS * VALUES
+RECORD = 3  # the tokens an item takes: a query ASK k v, a record KEY r and one filler token
 MIN_DOCUMENT = 4 * RECORD
-EVERY = 16  # two items (records or queries) per this many tokens of document
+EVERY = 8  # two items (records or queries) per this many tokens of document
 DISTRIBUTIONS = ("natural", "uniform", "concat")
 IGNORE = -100  # label of tokens without a loss
 
@@ -158,14 +166,24 @@ def document(length: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndar
         else:
             key, value = keys[len(records)], values[len(records)]
             records.append((key, value))
-            tokens[place : place + RECORD] = (KEY, key, value)
+            tokens[place : place + 2] = (KEY, record_token(key, value))
     return tokens, labels
+
+
+def record_token(key: int, value: int) -> int:
+    """The one token of the record of ``key`` and ``value`` (both token ids)."""
+    return FIRST_RECORD + (key - FIRST_KEY) * VALUES + (value - FIRST_VALUE)
+
+
+def key_and_value(record: int) -> tuple[int, int]:
+    """The key and value token ids a record token holds (:func:`record_token` undone)."""
+    index = record - FIRST_RECORD
+    return FIRST_KEY + index // VALUES, FIRST_VALUE + index % VALUES
 
 
 def _keys_and_values(count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """``count`` distinct keys and a value for each."""
-    first_key = SPECIAL + FILLER
-    return rng.choice(KEYS, size=count, replace=False) + first_key, rng.integers(first_key + KEYS, VOCAB, size=count)
+    return rng.choice(KEYS, size=count, replace=False) + FIRST_KEY, rng.integers(FIRST_VALUE, FIRST_VALUE + VALUES, size=count)
 
 
 def retrieval_case(window: int, distance: int, needles: int, rng: np.random.Generator) -> tuple[np.ndarray, int, int]:
@@ -187,7 +205,7 @@ def retrieval_case(window: int, distance: int, needles: int, rng: np.random.Gene
         start = target if index == 0 else _free_start(taken, 1, query - RECORD, rng)
         if index:
             taken.append((start, start + RECORD))
-        tokens[start : start + RECORD] = (KEY, key, value)
+        tokens[start : start + 2] = (KEY, record_token(key, value))
     tokens[query : query + RECORD] = (ASK, keys[0], values[0])
     return tokens, query + 1, int(values[0])
 

@@ -35,7 +35,12 @@ class Shape:
     hidden: int = 128
     heads: int = 4
     kv_heads: int = 2
-    rope_theta: float = 10_000.0
+    rope_theta: float = 80.0
+    """RoPE's base, small so that every rotary pair turns within the window (at 80 the slowest pair of a 32-wide
+    head turns 4.2 radians over 256 tokens). At 10,000 it turns 0.05: nearly a position-free channel, through
+    which matching a record by its content reaches every distance as soon as it reaches any (measured: 4-needle
+    accuracy went from 15-45% to 98-100% at every distance within 50-100 steps, at 10,000 and at 500), so
+    nothing is left for position frequency to explain; at 80 the longest distances trail, as in the paper."""
 
     def __post_init__(self) -> None:
         if self.hidden % self.heads or self.heads % self.kv_heads or (self.hidden // self.heads) % 2:
