@@ -59,7 +59,7 @@ def load(name: str = DEFAULT, dtype: torch.dtype = torch.float32, device: str = 
             by transformers). Every process must run the same forward passes.
 
     Returns:
-        ``(model, tokenizer)``.
+        ``(model, tokenizer)``; the tokenizer is ``None`` for a checkpoint of ``longreach probe train`` (token ids only).
 
     Raises:
         RuntimeError: a missing default model or folder, a folder without ``config.json`` or without
@@ -88,7 +88,7 @@ def load(name: str = DEFAULT, dtype: torch.dtype = torch.float32, device: str = 
         recorded = getattr(config, CONFIG_KEY, None)
         if recorded and recorded.get("replaced_rope_parameters"):  # build the model's own rotary; apply rescales it again
             config.get_text_config().rope_parameters = recorded["replaced_rope_parameters"]
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        tokenizer = None if _probe_checkpoint(source) else AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(
             source, config=config, dtype=dtype, attn_implementation="sdpa", use_safetensors=True,
             trust_remote_code=trust_remote_code, **sharding,
@@ -102,6 +102,11 @@ def load(name: str = DEFAULT, dtype: torch.dtype = torch.float32, device: str = 
     if recorded:
         reapply(model, recorded)
     return model, tokenizer
+
+
+def _probe_checkpoint(source) -> bool:
+    """A checkpoint of ``longreach probe train``: token ids only, no tokenizer (its tasks: ``probe``, ``probe-tail``)."""
+    return Path(source).is_dir() and (Path(source) / "state.json").exists() and not any(Path(source).glob("tokenizer*"))
 
 
 SAMPLE_BYTES = 1 << 16  # of each weights file, at five places: enough to tell overwritten weights apart

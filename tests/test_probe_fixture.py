@@ -1,6 +1,7 @@
 """The probing experiment's final natural-data model (window 256, ``make probing``), shipped as a fixture: on it,
 `rope` retrieves poorly at the undertrained end of the window and STRING repairs that (docs/probing.md)."""
 
+import json
 from dataclasses import asdict
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 from longreach.eval.runner import MethodSpec
 from longreach.eval.stats import RULER_THRESHOLD
 from longreach.integrations.transformers import remove
-from longreach.probe import cli, experiment, measure, train
+from longreach.probe import cli, corpus, experiment, measure, task, train
 
 FIXTURE = Path(__file__).parent / "fixtures" / "probe_natural_256"  # a run folder holding its final checkpoint
 WINDOW = 256
@@ -45,3 +46,25 @@ def test_string_raises_retrieval_on_the_last_third_by_a_margin_its_interval_supp
     band, rope, string = last_third
     difference, (low, _), n = measure.paired_difference(string, rope, band)
     assert n >= 100 and low > 0, (difference, low, n)
+
+
+def test_the_fixture_feeds_longreach_eval_and_tune_as_a_model_without_a_tokenizer(tmp_path):
+    """``longreach eval`` and ``tune`` take a probe checkpoint with the ``probe`` tasks (token ids, no tokenizer);
+    a text task on it is refused in one line."""
+    from longreach import cli
+
+    checkpoint = str(train.checkpoints(FIXTURE)[-1])
+    cli.main(["eval", "probe-tail", "--model", checkpoint, "--method", "rope", "--method", STRING, "--lengths", "256",
+              "--samples", "6", "--out", str(tmp_path / "eval")])
+    records = [json.loads(line) for line in (tmp_path / "eval" / "results.jsonl").read_text().splitlines()]
+    assert len(records) == 12 and all(r["score"] in (0.0, 100.0) and not r.get("error") for r in records)
+    assert all(0 <= int(r["answer"]) < corpus.VOCAB for r in records)
+    tail = task.TASKS["probe-tail"].distances(WINDOW)
+    assert sorted({round((1 - r["needle_depths"][0]) * WINDOW) for r in records}) == tail  # seeds cycle over the tail
+    cli.main(["tune", "string", "--grid", "shift=64,128", "--set", "local_window=8", "--task", "probe-tail", "--length", "256",
+              "--samples", "6", "--model", checkpoint, "--out", str(tmp_path / "tune")])
+    tuned = json.loads((tmp_path / "tune" / "tune_string.json").read_text())
+    assert [row["label"] for row in tuned["rows"]] == ["string:local_window=8,shift=64", "string:local_window=8,shift=128", "rope"]
+    assert tuned["best"]["apply"].startswith('longreach.apply(model, "string"') and all(row["n"] == 6 for row in tuned["rows"])
+    with pytest.raises(SystemExit, match="has no tokenizer .*passkey needs one; its tasks are probe and probe-tail"):
+        cli.main(["eval", "passkey", "--model", checkpoint, "--lengths", "256", "--samples", "1", "--out", str(tmp_path / "text")])

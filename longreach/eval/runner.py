@@ -223,6 +223,9 @@ def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, batch_size
     specs = {m.label: m for m in grid.methods}
     model, tokenizer = loaded or models.load(grid.model, dtype=grid.dtype if grid.dtype == "auto" else getattr(torch, grid.dtype),
                                              device=world.device(), tp=tp)
+    if tokenizer is None and (text := [t for t in grid.tasks if not getattr(tasks.get(t), "token_ids", False)]):
+        raise ValueError(f"model {grid.model} has no tokenizer (a probe checkpoint): {', '.join(text)} needs one; its tasks are "
+                         "probe and probe-tail")
     dtype = str(model.dtype).removeprefix("torch.")
     window = grid.training_window or longreach.training_window(model.config)
     check_lengths(grid.lengths, window)

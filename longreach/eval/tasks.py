@@ -6,7 +6,8 @@
 * ``ruler:<name>`` -- RULER's 13 tasks (:mod:`.ruler`), sized as RULER sizes them; ``ruler`` names them
   all; ``ruler-tight:<name>`` / ``ruler-tight`` pack each case to the largest haystack that fits;
 * ``niah`` -- RULER's niah_single_2 with the needle at each grid depth (the depth x length heatmap);
-* ``ppl`` -- perplexity by position (:mod:`.perplexity`).
+* ``ppl`` -- perplexity by position (:mod:`.perplexity`);
+* ``probe`` / ``probe-tail`` -- retrieval on a checkpoint of ``longreach probe train`` (:mod:`longreach.probe.task`).
 
 ``raw`` tasks are plain text as the papers ran base models; ``-chat`` ones put the same request in
 the model's chat template. Every prompt plus the tokens to generate fits the length, counted with
@@ -151,10 +152,14 @@ def get(name: str):
         from .perplexity import Perplexity
 
         return Perplexity()
+    if name in ("probe", "probe-tail"):
+        from ..probe.task import TASKS as PROBES
+
+        return PROBES[name]
     if name not in TASKS:
         shown = [n for n in TASKS if not n.startswith("ruler-tight:")]
         raise ValueError(f"unknown task {name!r}; available: {', '.join(shown)}, ruler (all RULER tasks), ruler-tight:<name> "
-                         "and ruler-tight (packed tight), ppl")
+                         "and ruler-tight (packed tight), ppl, probe and probe-tail (a probe checkpoint's retrieval)")
     return TASKS[name]
 
 
