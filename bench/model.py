@@ -106,8 +106,7 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     if args.weights == "random":
         config = LlamaConfig.from_json_file(SHAPE)
-        config._attn_implementation = "sdpa"
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype).to(args.device).eval()
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa").to(args.device).eval()
     else:
         model, _ = models.load("default", dtype=dtype, device=args.device)
     ids = torch.randint(100, 20000, (1, args.length), generator=torch.Generator().manual_seed(0)).to(args.device)
