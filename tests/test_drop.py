@@ -90,6 +90,19 @@ def test_drop_composes_and_only_touches_its_layers():
     assert "drop(rate=0.4, layers=[2])" in longreach.describe(model)
 
 
+def test_a_forward_computes_the_rates_and_reads_the_first_dropping_row_once_for_all_its_dropping_layers(monkeypatch):
+    """Finding the first dropping row reads the device (a sync on CUDA): once per forward pass, not per layer."""
+    model, x = tiny_model("llama", max_position_embeddings=40, num_hidden_layers=3), torch.randint(3, 97, (1, 60))
+    longreach.apply(model, "drop", rate=0.4, layers=(0, 1, 2))
+    reads, real = [], kernel.first_dropping_row
+    monkeypatch.setattr(kernel, "first_dropping_row", lambda drop: reads.append(drop) or real(drop))
+    with torch.no_grad():
+        model(x)
+        assert len(reads) == 1
+        model(x)
+    assert len(reads) == 2 and reads[0] is not reads[1]  # a new pass reads again
+
+
 @torch.no_grad()
 def test_generated_tokens_use_the_generated_rate():
     """With DDA (generated_rate 0) a generated token drops nothing; with DA every step drops. A decoding loop of

@@ -91,7 +91,10 @@ def _attention(query, key, value, parts, inv_freq, scaling, key_padding, sliding
     if q_heads % key.shape[1]:
         raise ValueError(f"query heads ({q_heads}) must be a multiple of key/value heads ({key.shape[1]})")
     offset = kv_len - q_len
-    dropping = drop is not None and bool((drop > 0).any())
+    memo = Memo() if memo is None else memo
+    # the first row that drops a score: a host sync, once per forward pass (the memo holds ``drop``, which the layers share)
+    first_dropping = None if drop is None else memo.get("first dropping row", (drop,), (), lambda: first_dropping_row(drop))
+    dropping = first_dropping is not None
     split = pairs_split_groups(parts, key.shape[1], q_heads)
     if split and (q_len > SMALL_QUERY or dropping):
         key, value = expand_heads(key, q_heads), expand_heads(value, q_heads)  # prefill: as DPE's official code
@@ -99,7 +102,7 @@ def _attention(query, key, value, parts, inv_freq, scaling, key_padding, sliding
     if dropping:
         common = dict(scaling=scaling, key_padding=key_padding, sliding_window=sliding_window, logit_scale=logit_scale,
                       positions=positions)
-        return _attention_with_drop(query, key, value, parts, inv_freq, drop, common, backend, tile)
+        return _attention_with_drop(query, key, value, parts, inv_freq, drop, first_dropping, common, backend, tile)
     query, key, scaling, positions = prepare(query, key, inv_freq, scaling, logit_scale, positions)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     block = pick(query, backend, fusable=not needs_grad and not split and all(part.pairs is None for part in parts))
@@ -113,7 +116,6 @@ def _attention(query, key, value, parts, inv_freq, scaling, key_padding, sliding
     # backends without a backward of their own run on tiles, differentiated by math_backward (O(tile * n) memory)
     whole_blocks = block is not math_block and not (needs_grad and block not in BACKWARDS)
 
-    memo = Memo() if memo is None else memo
     geometry = (batch, q_len, kv_len, query.dtype, str(query.device), tile, whole_blocks, block)
     if block is fused.parts_attention:
         out = _fused(query, key, value, parts, inv_freq, scaling, key_padding, sliding_window, positions, memo, geometry)
@@ -303,11 +305,16 @@ def _angles(memo: Memo, side: str, shift, positions, inv_freq, dtype, geometry):
     return memo.get("query angles", (shift, inv_freq), geometry, lambda: shift_angles(shift, positions, inv_freq, compute))
 
 
-def _attention_with_drop(query, key, value, parts, inv_freq, drop, common, backend, tile):
-    """Rows before the first dropping one take the fast path (DDA drops only beyond the window);
+def first_dropping_row(drop: torch.Tensor) -> int | None:
+    """The first query row whose rate in ``drop [B, Lq]`` is above 0 in some sequence, or ``None`` (reads the device)."""
+    rows = (drop > 0).any(0).nonzero()
+    return int(rows[0]) if len(rows) else None
+
+
+def _attention_with_drop(query, key, value, parts, inv_freq, drop, first, common, backend, tile):
+    """Rows before ``first``, the first dropping one, take the fast path (DDA drops only beyond the window);
     the rest are computed whole, a tile at a time (:func:`.rows.dropped_attention`)."""
     offset = key.shape[2] - query.shape[2]
-    first = int((drop > 0).any(0).nonzero()[0])
     accumulate = compute_dtype(query.dtype)
     pieces = []
     if first:

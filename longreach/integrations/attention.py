@@ -47,9 +47,9 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     prompt = recording.declared_prompt(batch, query.device)
     query_positions = keys.positions[:, -q_len:]
     rates = None
-    if state.drop is not None and getattr(module, "layer_idx", None) in state.drop.layers:
+    if state.drop is not None and getattr(module, "layer_idx", None) in state.drop.layers:  # the same for every layer of the pass
         generated = None if prompt is None else query_positions >= prompt[:, None]
-        rates = state.drop.rates(query_positions, state.window, generated)
+        rates = memo.get("drop rates", (state.drop,), (state.window, q_len), lambda: state.drop.rates(query_positions, state.window, generated))
     tokens = keys.positions.amax(-1) + 1  # the sequence so far (right padding: its last real token); a prompt read in chunks counts whole
     logit_scale = state.method.logit_scale_at(tokens if prompt is None else torch.maximum(tokens, prompt))
     sliding_window = kwargs.get("sliding_window")

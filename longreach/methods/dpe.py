@@ -143,7 +143,7 @@ class DPE(PositionMethod):
             require_int("top_k", self.top_k, 1, None, "an integer >= 1 (rotary pairs changed per head), or None for every pair")
         mask = None
         if self.dimensions is not None:
-            mask = _selected(load_dimensions(self.dimensions), self.top_k)
+            mask = _selected(load_dimensions(self.dimensions), self.top_k).cpu()  # on the CPU: reading it per layer syncs no device
         elif self.top_k is not None:
             raise ValueError(f"top_k={self.top_k} changes the most important pairs, which needs dimensions= (a file written by "
                              "`longreach calibrate dpe`); give top_k=None to change every pair")
