@@ -304,18 +304,18 @@ def test_generate_declares_the_prompt_and_remove_gives_back_transformers_own():
     assert "generate" not in model.__dict__ and "generate" in twin.__dict__
 
 
-@pytest.mark.parametrize("backend", ["auto", "flex"])
+@pytest.mark.parametrize("backend", ["auto", "cpu_flash", "flex"])
 @torch.no_grad()
 def test_a_forward_builds_each_plan_once_whatever_the_number_of_layers(monkeypatch, backend):
-    """Plans, block masks, shift angles and the scan for padding depend on positions alone: the first layer of a
-    forward pass builds them and every other layer reuses them. DCA (three parts, key spans, a per-token key
-    shift) on a left-padded batch, prefill and a decoding step: the same builds for 2 layers as for 5."""
-    from longreach.attention import flex, kernel
+    """Plans, block masks, the C++ kernel's layout, shift angles and the scan for padding depend on positions alone:
+    the first layer of a forward pass builds them and every other layer reuses them. DCA (three parts, key spans, a
+    per-token key shift) on a left-padded batch, prefill and a decoding step: the same builds for 2 layers as for 5."""
+    from longreach.attention import flex, kernel, native
     from longreach.integrations import attention as integration
 
     built = []
-    for module, name in ((kernel, "blocks"), (kernel, "padded_keys"), (kernel, "fold_block_key_shifts"),
-                         (kernel.KEY_ROTATIONS, "get"), (integration, "keys_of")):
+    for module, name in ((kernel, "blocks"), (kernel, "padded_keys"), (kernel, "fold_block_key_shifts"), (native, "fold_block_key_shifts"),
+                         (native.Layout, "of"), (kernel.KEY_ROTATIONS, "get"), (integration, "keys_of")):
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *args, real=real, name=name, **kwargs: built.append(name) or real(*args, **kwargs))
     real_mask, real_launch_mask = flex.Region.block_mask, flex.segmented_block_mask
@@ -336,6 +336,8 @@ def test_a_forward_builds_each_plan_once_whatever_the_number_of_layers(monkeypat
     prefill, step = counts[2]
     if backend == "flex":  # prefill: every part in one launch, one block mask; a step: a block mask per folded part
         assert prefill.count("one launch") == 1 and "block mask" not in prefill and step.count("block mask") >= 3
+    elif backend == "auto" and native.available("cpu"):  # the C++ kernel: one layout per forward pass
+        assert prefill.count("of") == 1 and step.count("of") == 1 and "blocks" not in prefill + step
     else:
         assert prefill.count("blocks") == 3 and step.count("blocks") >= 3  # DCA's three parts
     assert prefill.count("get") == 1 and prefill.count("keys_of") == 1  # one key shift, one scan of the mask

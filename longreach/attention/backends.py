@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 
 from .. import compat
-from . import flex, fused, windows
+from . import flex, fused, native, windows
 from .plan import NEG_INF, SMALL_QUERY
 from .rotary import compute_dtype
 
@@ -120,18 +120,19 @@ def per_kv_head(grad: torch.Tensor, kv_heads: int) -> torch.Tensor:
 
 
 BACKENDS: dict[str, Callable] = {"cpu_flash": cpu_flash, "cuda_efficient": cuda_efficient, "flex": flex.part_attention, "math": math_block,
-                                 "triton": fused.parts_attention, "cuda_flash": windows.bands}
-"""Each backend by name; ``triton`` and ``cuda_flash`` take every part at once (the kernel calls them on all parts,
-not per block)."""
+                                 "triton": fused.parts_attention, "cuda_flash": windows.bands, "cpu_fused": native.parts_attention}
+"""Each backend by name; ``triton``, ``cuda_flash`` and ``cpu_fused`` take every part at once (the kernel calls them on
+all parts, not per block)."""
 BACKWARDS: dict[Callable, Callable] = {cpu_flash: cpu_flash_backward, math_block: math_backward}
 """Backends with a backward of their own; the others are differentiated tile by tile with :func:`math_backward`."""
 
 
 def pick(query: torch.Tensor, backend: str, fusable: bool = False) -> Callable:
-    """``auto``: CPU flash attention on CPU; on CUDA compiled FlexAttention (memory-efficient attention
-    without Triton), and for a decoding step (at most ``SMALL_QUERY`` queries) the fused Triton kernel
-    (:mod:`.fused`, split along the keys) where the call is ``fusable`` -- no gradients, no per-head pairs --
-    else the math backend; the math backend in float64 and on other devices."""
+    """``auto``: on the CPU the C++ kernel (:mod:`.native`) where the call is ``fusable`` -- no gradients, no
+    per-head pairs -- and a compiler is there, else CPU flash attention on tiles; on CUDA compiled FlexAttention
+    (memory-efficient attention without Triton), and for a decoding step (at most ``SMALL_QUERY`` queries) the fused
+    Triton kernel (:mod:`.fused`, split along the keys) where the call is ``fusable``, else the math backend; the
+    math backend in float64 and on other devices."""
     if backend == "auto":
         decoding = query.device.type == "cuda" and query.shape[2] <= SMALL_QUERY
         if query.dtype == torch.float64:
@@ -140,8 +141,12 @@ def pick(query: torch.Tensor, backend: str, fusable: bool = False) -> Callable:
             backend = "triton" if fusable and fused.available(query.device, for_auto=True) else "math"
         elif query.device.type == "cuda":
             backend = "flex" if flex.available(query.device, for_auto=True) else "cuda_efficient"
+        elif query.device.type == "cpu":
+            # under torch.compile the tiled kernel, which Dynamo traces (the C++ call would break the graph)
+            native_ok = fusable and not torch.compiler.is_compiling() and native.available(query.device, for_auto=True)
+            backend = "cpu_fused" if native_ok else "cpu_flash"
         else:
-            backend = "cpu_flash" if query.device.type == "cpu" else "math"
+            backend = "math"
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is not one of: auto, {', '.join(BACKENDS)}")
     if backend == "flex" and not flex.available(query.device):
@@ -151,8 +156,10 @@ def pick(query: torch.Tensor, backend: str, fusable: bool = False) -> Callable:
     if backend == "cuda_flash" and not windows.available(query):
         raise ValueError(f"backend='cuda_flash' needs PyTorch's FlashAttention: a CUDA device and float16 or bfloat16 inputs "
                          f"(head dim <= 256); got {query.device.type} {str(query.dtype).removeprefix('torch.')}")
-    if backend == "triton" and not fusable:
-        raise ValueError("backend='triton' computes no gradients and no per-head rotary pairs (DPE): use backend='auto' here")
+    if backend == "cpu_fused" and not native.available(query.device):
+        raise ValueError(f"backend='cpu_fused' needs a CPU tensor and a C++ compiler (CXX or c++ on PATH); got {query.device.type}")
+    if backend in ("triton", "cpu_fused") and not fusable:
+        raise ValueError(f"backend={backend!r} computes no gradients and no per-head rotary pairs (DPE): use backend='auto' here")
     return BACKENDS[backend]
 
 

@@ -142,6 +142,23 @@ def padded_keys(key_padding: torch.Tensor | None, q_len: int, kv_len: int) -> in
     return int(padded[-1]) + 1 if padded.numel() else 0
 
 
+def first_real_keys(key_padding: torch.Tensor) -> torch.Tensor | None:
+    """Each sequence's first real key ``[B]`` where ``key_padding [B, Lkv]`` pads on the left only (False, then
+    True), else ``None``."""
+    keys = torch.arange(key_padding.shape[-1], device=key_padding.device)
+    first = torch.where(key_padding.any(-1), key_padding.int().argmax(-1), key_padding.shape[-1])
+    return first if torch.equal(key_padding, keys >= first[:, None]) else None
+
+
+def key_position_offsets(positions: torch.Tensor, first_key: torch.Tensor | None) -> torch.Tensor | None:
+    """``c [B]`` with ``positions[b, j] = j + c[b]`` for every real key ``j`` (from ``first_key[b]`` on), so that a span
+    of key positions is a span of key indices; ``None`` where positions are not consecutive (packed documents)."""
+    keys = torch.arange(positions.shape[-1], device=positions.device)
+    offsets = positions[:, -1] - keys[-1]
+    real = keys >= (0 if first_key is None else first_key[:, None])
+    return offsets if bool((positions - keys == offsets[:, None])[real.expand_as(positions)].all()) else None
+
+
 def _tile_blocks(rows: slice, keys: slice, allowed: torch.Tensor, dtype: torch.dtype):
     """The calls for query ``rows`` against ``keys`` with the pairs ``allowed`` (see :func:`_region`):
     none masked when all are in, a rectangle and a causal square when that is their shape, else one

@@ -139,8 +139,9 @@ def apply(model: nn.Module, method: str = "string", *, training_window: int | No
             ``rope_parameters`` keys, e.g. ``{"rope_type": "yarn", "factor": 2.0}`` (``pi`` and ``ntk``
             are accepted as types). ``L`` stays the model's own unless ``training_window`` says otherwise.
         drop: a drop method beside another method, e.g. ``{"method": "dynamic_drop", "max_rate": 0.3}``.
-        backend: ``"auto"`` (CPU flash attention on a CPU; on CUDA compiled FlexAttention for prefill and
-            the fused Triton kernel for decoding steps), ``"cpu_flash"``, ``"cuda_efficient"``,
+        backend: ``"auto"`` (on a CPU the C++ kernel, built on first use, else CPU flash attention on
+            tiles; on CUDA compiled FlexAttention for prefill and the fused Triton kernel for decoding
+            steps), ``"cpu_fused"`` (forward only), ``"cpu_flash"``, ``"cuda_efficient"``,
             ``"cuda_flash"`` (each part one FlashAttention call with a window, as the official STRING
             code), ``"flex"``, ``"triton"`` (forward only), ``"math"``, or ``"reference"`` (the dense
             float64 oracle, O(n^2), for tests).
@@ -207,8 +208,8 @@ def _check_model(model: nn.Module, backend: str) -> None:
     device = next(model.parameters()).device.type
     if backend in ("cuda_efficient", "cuda_flash") and device != "cuda":
         raise ValueError(f"backend={backend!r} needs a model on a CUDA device; this model is on {device!r}")
-    if backend == "cpu_flash" and device not in ("cpu", "meta"):
-        raise ValueError(f"backend='cpu_flash' needs a model on the CPU; this model is on {device!r}")
+    if backend in ("cpu_flash", "cpu_fused") and device not in ("cpu", "meta"):
+        raise ValueError(f"backend={backend!r} needs a model on the CPU; this model is on {device!r}")
     if backend == "triton" and device != "meta" and not fused.available(device):
         raise ValueError(f"backend='triton' needs Triton and a model on a CUDA device (or TRITON_INTERPRET=1 on the CPU); "
                          f"this model is on {device!r}")
