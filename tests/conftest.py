@@ -36,6 +36,17 @@ def tiny_model(family: str, dtype=torch.float32, **overrides) -> transformers.Pr
     return model.to(dtype).eval()
 
 
+def native_builds() -> bool:
+    """Whether the C++ CPU kernel builds and loads here (auto takes it then; else the tiled kernel, with a warning)."""
+    from longreach.attention import native
+
+    try:
+        native._module()
+    except native.BuildError:
+        return False
+    return True
+
+
 @pytest.fixture(params=sorted(FAMILIES))
 def family(request) -> str:
     return request.param

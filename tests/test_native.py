@@ -4,7 +4,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import native_builds, tiny_model
 from test_kernel import BASELINES, case, expected
 
 import longreach
@@ -12,6 +12,11 @@ from longreach.attention import backends, kernel, native
 from longreach.methods import create
 
 pytestmark = pytest.mark.skipif(not native.available("cpu"), reason="needs a C++ compiler")
+
+
+def test_the_kernel_builds_where_a_compiler_is():
+    """CI has a compiler: a kernel that fails to build there is a failure, not a skip (auto would fall back silently)."""
+    assert native_builds()
 
 METHODS = [("rope", {}), ("string", {"shift": 40, "local_window": 5}), ("string", {"shift": 300, "local_window": 30, "mscale": True}),
            ("dca", {"chunk_size": 200, "local_window": 20}),  # few chunks: a decoding step turns one query per chunk

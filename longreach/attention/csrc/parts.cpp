@@ -68,13 +68,23 @@ float maximum(const float* x, int64_t n) {
   return best;
 }
 
+// PyTorch's fast vector exp where the release has it (exp_u20, as its CPU flash attention), else the accurate one.
+template <typename V>
+auto fast_exp(const V& x, int) -> decltype(x.exp_u20()) {
+  return x.exp_u20();
+}
+template <typename V>
+V fast_exp(const V& x, long) {
+  return x.exp();
+}
+
 // x <- exp(x - shift), returning the sum.
 float exponentiate(float* x, int64_t n, float shift) {
   const Vec by(shift);
   Vec lanes(0.f);
   int64_t j = 0;
   for (; j + Vec::size() <= n; j += Vec::size()) {
-    const Vec y = (Vec::loadu(x + j) - by).exp_u20();
+    const Vec y = fast_exp(Vec::loadu(x + j) - by, 0);
     y.store(x + j);
     lanes = lanes + y;
   }
