@@ -6,10 +6,8 @@ machine the same tests run compiled (tests/test_cuda.py adds bfloat16 there).
 
 import pytest
 import torch
-from conftest import tiny_model
 from test_kernel import BASELINES, case, expected
 
-import longreach
 from longreach.attention import backends, fused, kernel
 from longreach.methods import create
 
@@ -65,30 +63,6 @@ def test_key_splits_merge_to_the_one_pass_result(monkeypatch):
     assert launched == [1, 2, 4]
 
 
-def test_bfloat16_inputs_give_bfloat16_outputs_close_to_float32():
-    method = create("string", training_window=200, shift=70, local_window=9)
-    g = torch.Generator().manual_seed(1)
-    q, k, v = torch.randn(1, 4, 130, 32, generator=g), torch.randn(1, 2, 130, 32, generator=g), torch.randn(1, 2, 130, 32, generator=g)
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, 32, 2) / 32))
-    for q_len in (130, 1):
-        got = kernel.attention(q[:, :, -q_len:].bfloat16(), k.bfloat16(), v.bfloat16(), method.parts(), inv_freq, backend="triton")
-        want = kernel.attention(*(x.bfloat16().float() for x in (q[:, :, -q_len:], k, v)), method.parts(), inv_freq, backend="math")
-        assert got.dtype == torch.bfloat16
-        assert (got.float() - want).abs().max() <= 2e-2
-
-
-def test_the_kernel_refuses_what_it_cannot_compute_in_one_line():
-    method = create("string", training_window=60, shift=20, local_window=4)
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(30)
-    q_rot = q_rot.float().requires_grad_()
-    with pytest.raises(ValueError, match="backend='triton' computes no gradients"):
-        kernel.attention(q_rot, k_rot.float(), v.float(), method.parts(), inv_freq.float(), backend="triton")
-    dpe = create("dpe", training_window=60, group_scales=(2, 3, 1, 4), local_window=10, top_k=5,
-                 dimensions=torch.rand(1, 4, 8, generator=torch.Generator().manual_seed(3)))
-    with pytest.raises(ValueError, match="no per-head rotary pairs"):
-        kernel.attention(q_rot.detach(), k_rot.float(), v.float(), dpe.layer_parts(0), inv_freq.float(), backend="triton")
-
-
 def test_auto_decodes_with_the_kernel_on_cuda_only(monkeypatch):
     """The choice itself (a CUDA query is simulated: this machine has none)."""
 
@@ -105,19 +79,3 @@ def test_auto_decodes_with_the_kernel_on_cuda_only(monkeypatch):
     assert backends.pick(CudaQuery(4096), "auto", fusable=True) is backends.flex.part_attention
     cpu = torch.zeros(1, 4, 1, 16)  # the CPU: the C++ kernel where it can be built (tests/test_native.py), else the tiled one
     assert backends.pick(cpu, "auto", fusable=True) is (backends.native.parts_attention if backends.native.available("cpu") else backends.cpu_flash)
-
-
-def test_a_model_generates_the_same_tokens_with_the_kernel_and_with_the_tiled_kernel():
-    model = tiny_model("llama")
-    x = torch.randint(3, 97, (2, 40), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones_like(x)
-    mask[1, :6] = 0  # left padding
-    settings = dict(attention_mask=mask, max_new_tokens=6, min_new_tokens=6, do_sample=False)
-    outputs = {}
-    for backend in ("math", "triton"):
-        longreach.apply(model, "dca", backend=backend, chunk_size=24, local_window=4)
-        with torch.no_grad():
-            outputs[backend] = (model(x, attention_mask=mask).logits, model.generate(x, **settings))
-        longreach.remove(model)
-    assert (outputs["triton"][0] - outputs["math"][0])[mask.bool()].abs().max() <= 1e-4
-    assert torch.equal(outputs["triton"][1], outputs["math"][1])

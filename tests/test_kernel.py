@@ -6,8 +6,10 @@ import sys
 
 import pytest
 import torch
+from conftest import tiny_model
 
-from longreach.attention import kernel, merge, plan, reference, shifts
+import longreach
+from longreach.attention import fused, kernel, merge, native, plan, reference, shifts
 from longreach.attention.rotary import rotate
 from longreach.methods import create
 from longreach.methods.base import Part
@@ -641,3 +643,54 @@ def test_the_windowed_flash_backend_needs_cuda_and_half_precision():
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(20)
     with pytest.raises(ValueError, match="backend='cuda_flash' needs PyTorch's FlashAttention: a CUDA device and float16 or bfloat16 inputs"):
         kernel.attention(q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), backend="cuda_flash")
+
+
+WHOLE_METHOD = [pytest.param("triton", marks=pytest.mark.skipif(not fused.available("cpu"), reason="needs Triton")),
+                pytest.param("cpu_fused", marks=pytest.mark.skipif(not native.available("cpu"), reason="needs a C++ compiler"))]
+"""The backends that take every part of a method in one pass (tests/test_fused.py, tests/test_native.py)."""
+
+
+@pytest.mark.parametrize("backend", WHOLE_METHOD)
+def test_whole_method_kernels_give_bfloat16_outputs_close_to_float32(backend):
+    method = create("string", training_window=200, shift=70, local_window=9)
+    g = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(1, 4, 130, 32, generator=g), torch.randn(1, 2, 130, 32, generator=g), torch.randn(1, 2, 130, 32, generator=g)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 32, 2) / 32))
+    for q_len in (130, 1):
+        got = kernel.attention(q[:, :, -q_len:].bfloat16(), k.bfloat16(), v.bfloat16(), method.parts(), inv_freq, backend=backend)
+        want = kernel.attention(*(x.bfloat16().float() for x in (q[:, :, -q_len:], k, v)), method.parts(), inv_freq, backend="math")
+        assert got.dtype == torch.bfloat16
+        assert (got.float() - want).abs().max() <= 2e-2
+
+
+@pytest.mark.parametrize("backend", WHOLE_METHOD)
+def test_whole_method_kernels_refuse_gradients_and_per_head_pairs_in_one_line(backend):
+    method = create("string", training_window=60, shift=20, local_window=4)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(30)
+    q_rot = q_rot.float().requires_grad_()
+    with pytest.raises(ValueError, match=f"backend='{backend}' computes no gradients"):
+        kernel.attention(q_rot, k_rot.float(), v.float(), method.parts(), inv_freq.float(), backend=backend)
+    dpe = create("dpe", training_window=60, group_scales=(2, 3, 1, 4), local_window=10, top_k=5,
+                 dimensions=torch.rand(1, 4, 8, generator=torch.Generator().manual_seed(3)))
+    with pytest.raises(ValueError, match="no per-head rotary pairs"):
+        kernel.attention(q_rot.detach(), k_rot.float(), v.float(), dpe.layer_parts(0), inv_freq.float(), backend=backend)
+
+
+@pytest.mark.parametrize("backend", WHOLE_METHOD)
+def test_a_model_generates_the_same_tokens_with_a_whole_method_kernel_as_on_tiles(backend):
+    """DCA (three parts, key spans) in a model, left-padded: the same logits and the same tokens (dynamic and static
+    cache) as the tiled kernel."""
+    model = tiny_model("llama")
+    x = torch.randint(3, 97, (2, 40), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(x)
+    mask[1, :6] = 0  # left padding
+    settings = dict(attention_mask=mask, max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    outputs = {}
+    for name in ("cpu_flash", backend):
+        longreach.apply(model, "dca", backend=name, chunk_size=24, local_window=4)
+        with torch.no_grad():
+            outputs[name] = (model(x, attention_mask=mask).logits, model.generate(x, **settings),
+                             model.generate(x, cache_implementation="static", **settings))
+        longreach.remove(model)
+    assert (outputs[backend][0] - outputs["cpu_flash"][0])[mask.bool()].abs().max() <= 1e-4
+    assert torch.equal(outputs[backend][1], outputs["cpu_flash"][1]) and torch.equal(outputs[backend][2], outputs["cpu_flash"][2])

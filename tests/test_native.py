@@ -4,10 +4,9 @@ import warnings
 
 import pytest
 import torch
-from conftest import native_builds, tiny_model
+from conftest import native_builds
 from test_kernel import BASELINES, case, expected
 
-import longreach
 from longreach.attention import backends, kernel, native
 from longreach.methods import create
 
@@ -96,30 +95,6 @@ def test_key_spans_over_positions_that_skip_take_the_tiled_kernel(calls):
     assert len(calls) == 1
 
 
-def test_bfloat16_inputs_give_bfloat16_outputs_close_to_float32():
-    method = create("string", training_window=200, shift=70, local_window=9)
-    g = torch.Generator().manual_seed(1)
-    q, k, v = torch.randn(1, 4, 300, 32, generator=g), torch.randn(1, 2, 300, 32, generator=g), torch.randn(1, 2, 300, 32, generator=g)
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, 32, 2) / 32))
-    for q_len in (300, 1):
-        got = kernel.attention(q[:, :, -q_len:].bfloat16(), k.bfloat16(), v.bfloat16(), method.parts(), inv_freq, backend="cpu_fused")
-        want = kernel.attention(*(x.bfloat16().float() for x in (q[:, :, -q_len:], k, v)), method.parts(), inv_freq, backend="math")
-        assert got.dtype == torch.bfloat16
-        assert (got.float() - want).abs().max() <= 2e-2
-
-
-def test_the_kernel_refuses_what_it_cannot_compute_in_one_line():
-    method = create("string", training_window=60, shift=20, local_window=4)
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(30)
-    q_rot = q_rot.float().requires_grad_()
-    with pytest.raises(ValueError, match="backend='cpu_fused' computes no gradients"):
-        kernel.attention(q_rot, k_rot.float(), v.float(), method.parts(), inv_freq.float(), backend="cpu_fused")
-    dpe = create("dpe", training_window=60, group_scales=(2, 3, 1, 4), local_window=10, top_k=5,
-                 dimensions=torch.rand(1, 4, 8, generator=torch.Generator().manual_seed(3)))
-    with pytest.raises(ValueError, match="no per-head rotary pairs"):
-        kernel.attention(q_rot.detach(), k_rot.float(), v.float(), dpe.layer_parts(0), inv_freq.float(), backend="cpu_fused")
-
-
 def test_auto_takes_the_kernel_on_the_cpu_unless_compiling_or_it_cannot_be_built(monkeypatch):
     """Gradients, DPE's per-head pairs and torch.compile take the tiled kernel; a kernel that cannot be built makes
     auto warn once and compute the same on tiles from then on."""
@@ -149,22 +124,3 @@ def test_auto_takes_the_kernel_on_the_cpu_unless_compiling_or_it_cannot_be_built
     assert len(caught) == 1
     with pytest.raises(native.BuildError):
         kernel.attention(*arguments, backend="cpu_fused")
-
-
-def test_a_model_generates_the_same_tokens_with_the_kernel_and_with_the_tiled_kernel(calls):
-    model = tiny_model("llama")
-    x = torch.randint(3, 97, (2, 40), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones_like(x)
-    mask[1, :6] = 0  # left padding
-    settings = dict(attention_mask=mask, max_new_tokens=6, min_new_tokens=6, do_sample=False)
-    outputs = {}
-    for backend in ("cpu_flash", "cpu_fused"):
-        longreach.apply(model, "string", backend=backend, shift=12, local_window=3)
-        with torch.no_grad():
-            outputs[backend] = (model(x, attention_mask=mask).logits, model.generate(x, **settings),
-                                model.generate(x, cache_implementation="static", **settings))
-        longreach.remove(model)
-    assert (outputs["cpu_fused"][0] - outputs["cpu_flash"][0])[mask.bool()].abs().max() <= 1e-4
-    assert torch.equal(outputs["cpu_fused"][1], outputs["cpu_flash"][1])
-    assert torch.equal(outputs["cpu_fused"][2], outputs["cpu_flash"][2])
-    assert calls

@@ -175,41 +175,18 @@ def _attention(query, key, value, parts, inv_freq, scaling, key_padding, sliding
 
 
 def _one_launch(query, key, value, parts, inv_freq, scaling, key_padding, sliding_window, positions, memo, geometry) -> torch.Tensor:
-    """Every part in ONE FlexAttention launch over queries and keys laid side by side (:func:`.flex.segmented_block_mask`):
-    query segment ``a`` against key segment ``c`` holds the pairs of the parts with those views (:func:`_views`). With one
-    query segment (STRING: the query against ``[K | K_far]``, V used twice) the parts meet in one softmax, no merge;
-    each further query segment's rows (ReRoPE, Self-Extend, DCA) are a softmax of their own, merged by log-sum-exp.
-    Returns ``[B, Hq, Lq, D]`` in the accumulation dtype."""
-    q_len, kv_len = query.shape[2], key.shape[2]
-    offset = kv_len - q_len
-    queries, keys, cells = _views(query, key, parts, inv_freq, sliding_window, positions, memo, geometry)
-    accumulate = compute_dtype(query.dtype)
-    if not cells:  # the model's sliding window excludes every part
-        return torch.zeros(query.shape[0], query.shape[1], q_len, value.shape[-1], dtype=accumulate, device=query.device)
-    q_positions = positions[:, offset:]
-    regions = [(a, c, flex.Region(lo, hi, offset, key_padding, None if part.key_span is None else (*part.key_span(q_positions), positions)))
-               for a, c, lo, hi, part in cells]
-    mask = memo.get("one launch", tuple(parts), (*geometry, sliding_window),
-                    lambda: flex.segmented_block_mask(regions, len(queries), len(keys), q_len, kv_len, query.device))
-    q_segment, kv_segment = flex.segment_length(q_len), flex.segment_length(kv_len)
-    out, lse = flex.part_attention(_side_by_side(queries, q_segment), _side_by_side(keys, kv_segment),
-                                   _side_by_side([value] * len(keys), kv_segment), mask, False, scaling)
-    merged, merged_lse = out[:, :, :q_len], lse[:, :, :q_len]
-    for index in range(1, len(queries)):
-        rows = slice(index * q_segment, index * q_segment + q_len)
-        merged, merged_lse = merge(merged, merged_lse, out[:, :, rows], lse[:, :, rows])
-    return merged.to(accumulate)
-
-
-def _views(query, key, parts, inv_freq, sliding_window, positions, memo, geometry):
-    """The distinct query and key views of the parts, and ``(query view, key view, lo, hi, part)`` per part that
-    reaches a pair (under the model's sliding window).
+    """Every part in ONE FlexAttention launch over queries and keys laid side by side (:func:`.flex.segmented_block_mask`).
 
     A part whose query shift is a constant moves its keys instead (RoPE's rotations add: ``(i + s_q) - (j + s_k) =
-    i - (j + s_k - s_q)``), so parts that move by constants share the plain queries: STRING is the query against
-    ``[K, K_far]``, ``K_far`` turned by ``S - W``. A part whose query shift depends on the position (ReRoPE,
-    Self-Extend, DCA) has a query view of its own."""
-    q_positions = positions[:, key.shape[2] - query.shape[2]:]
+    i - (j + s_k - s_q)``), so parts that move by constants share the plain queries and meet in one softmax, no
+    merge: STRING is the query against ``[K | K_far]``, ``K_far`` turned by ``S - W``, V used twice. A part whose
+    query shift depends on the position (ReRoPE, Self-Extend, DCA) has its own query segment against its keys'
+    segment; a query segment's rows are a softmax of their own, merged with the others' by log-sum-exp.
+    Returns ``[B, Hq, Lq, D]`` in the accumulation dtype.
+    """
+    batch, q_len, kv_len = query.shape[0], query.shape[2], key.shape[2]
+    offset = kv_len - q_len
+    q_positions = positions[:, offset:]
     queries, keys, cells = {}, {}, []
     for part in parts:
         lo, hi = part.min_distance, upper_bound(part, sliding_window)
@@ -225,8 +202,21 @@ def _views(query, key, parts, inv_freq, sliding_window, positions, memo, geometr
             angles = _angles(memo, "key", part.key_shift, positions, inv_freq, key.dtype, geometry)
             moved = shifted_keys(key, part.key_shift, positions, inv_freq, None, angles)
             keys[k_id] = moved if moving_query else shifted(moved, -part.query_shift, None, inv_freq)
-        cells.append((list(queries).index(q_id), list(keys).index(k_id), lo, hi, part))
-    return list(queries.values()), list(keys.values()), cells
+        span = None if part.key_span is None else (*part.key_span(q_positions), positions)
+        cells.append((list(queries).index(q_id), list(keys).index(k_id), flex.Region(lo, hi, offset, key_padding, span)))
+    accumulate = compute_dtype(query.dtype)
+    if not cells:  # the model's sliding window excludes every part
+        return torch.zeros(batch, query.shape[1], q_len, value.shape[-1], dtype=accumulate, device=query.device)
+    mask = memo.get("one launch", tuple(parts), (*geometry, sliding_window),
+                    lambda: flex.segmented_block_mask(cells, len(queries), len(keys), q_len, kv_len, query.device))
+    q_segment, kv_segment = flex.segment_length(q_len), flex.segment_length(kv_len)
+    out, lse = flex.part_attention(_side_by_side(list(queries.values()), q_segment), _side_by_side(list(keys.values()), kv_segment),
+                                   _side_by_side([value] * len(keys), kv_segment), mask, False, scaling)
+    merged, merged_lse = out[:, :, :q_len], lse[:, :, :q_len]
+    for index in range(1, len(queries)):
+        rows = slice(index * q_segment, index * q_segment + q_len)
+        merged, merged_lse = merge(merged, merged_lse, out[:, :, rows], lse[:, :, rows])
+    return merged.to(accumulate)
 
 
 def _windowed(query, key, value, parts, inv_freq, scaling, sliding_window, positions) -> torch.Tensor:
