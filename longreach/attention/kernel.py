@@ -108,12 +108,7 @@ def _attention(query, key, value, parts, inv_freq, scaling, key_padding, sliding
     block = pick(query, backend, fusable=not needs_grad and not split and all(part.pairs is None for part in parts))
     if block is native.parts_attention:
         geometry = (batch, q_len, kv_len, query.dtype, "cpu")
-
-        def moved_keys(shift):  # the keys moved by a per-token key shift, kept across decoding steps where asked
-            if kept_keys is not None:
-                return kept_keys.get(shift, key, positions, inv_freq)
-            return shifted_keys(key, shift, positions, inv_freq, None, _angles(memo, "key", shift, positions, inv_freq, key.dtype, geometry))
-
+        moved_keys = lambda shift: _keys_moved(key, shift, None, positions, inv_freq, memo, geometry, kept_keys)
         out = native.attention(query, key, value, parts, inv_freq, scaling, sliding_window, positions, key_padding, memo, geometry, moved_keys)
         if out is not None:
             return out.to(query.dtype).transpose(1, 2)
@@ -157,11 +152,7 @@ def _attention(query, key, value, parts, inv_freq, scaling, key_padding, sliding
             q = shifted(query, part.query_shift, q_positions, inv_freq, part.pairs, _angles(memo, "query", part.query_shift, q_positions,
                                                                                             inv_freq, query.dtype, geometry))
             if (k := moved_keys.get((id(part.key_shift), id(part.pairs)))) is None:  # parts sharing a key shift (DCA's three) rotate once
-                if kept_keys is not None and callable(part.key_shift) and part.pairs is None and not needs_grad:
-                    k = kept_keys.get(part.key_shift, key, positions, inv_freq)
-                else:
-                    angles = _angles(memo, "key", part.key_shift, positions, inv_freq, key.dtype, geometry)
-                    k = shifted_keys(key, part.key_shift, positions, inv_freq, part.pairs, angles)
+                k = _keys_moved(key, part.key_shift, part.pairs, positions, inv_freq, memo, geometry, None if needs_grad else kept_keys)
                 moved_keys[id(part.key_shift), id(part.pairs)] = k
         plans.append(plan)
         inputs += [q, k]
@@ -315,6 +306,14 @@ def _angles(memo: Memo, side: str, shift, positions, inv_freq, dtype, geometry):
     if side == "key":
         return memo.get("key angles", (shift, inv_freq), geometry, lambda: KEY_ROTATIONS.get(shift, positions, inv_freq, compute))
     return memo.get("query angles", (shift, inv_freq), geometry, lambda: shift_angles(shift, positions, inv_freq, compute))
+
+
+def _keys_moved(key, shift, pairs, positions, inv_freq, memo: Memo, geometry, kept_keys: MovedKeys | None) -> torch.Tensor:
+    """The keys moved by a part's key shift: kept across decoding steps by ``kept_keys`` for a per-token shift of every
+    pair, else rotated with the forward pass's angles (:func:`_angles`)."""
+    if kept_keys is not None and callable(shift) and pairs is None:
+        return kept_keys.get(shift, key, positions, inv_freq)
+    return shifted_keys(key, shift, positions, inv_freq, pairs, _angles(memo, "key", shift, positions, inv_freq, key.dtype, geometry))
 
 
 def first_dropping_row(drop: torch.Tensor) -> int | None:

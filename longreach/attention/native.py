@@ -114,8 +114,9 @@ class Layout:
             return None
         if q_len <= SMALL_QUERY:
             parts = fold_block_key_shifts(parts, positions)
-        offsets = key_position_offsets(positions, first_key) if any(part.key_span is not None for part in parts) else None
-        if offsets is None and any(part.key_span is not None for part in parts):
+        spanned = any(part.key_span is not None for part in parts)
+        offsets = key_position_offsets(positions, first_key) if spanned else None
+        if spanned and offsets is None:
             return None
         q_positions = positions[:, kv_len - q_len:]
         views, key_shifts, rows, spans = [], [], [], []  # views: (query shift, constant key shift) of the moved queries
