@@ -36,19 +36,23 @@ TRANSFORMERS_OLDEST := 5.4.0
 TORCH_NEWEST := 2.15.0
 TRANSFORMERS_NEWEST := 5.24.0
 COMPAT_TESTS := tests/test_kernel.py tests/test_caches_and_calls.py tests/test_transformers.py tests/test_user_errors.py \
-	tests/test_lm_eval.py tests/test_compat.py
+	tests/test_lm_eval.py tests/test_compat.py tests/test_native.py
 # Pinned by torch or transformers themselves, so left to them in the compat environments.
 COMPAT_FREE := torch|transformers|triton|sympy|mpmath|nvidia-[a-z0-9-]*|huggingface[-_]hub|tokenizers|hf[-_]xet
 
 .venv-oldest/.torch: TORCH := $(TORCH_OLDEST)
 .venv-oldest/.torch: TRANSFORMERS := $(TRANSFORMERS_OLDEST)
+# Triton 3.3's interpreter (torch 2.7's Triton, which runs the fused kernel's tests on the CPU) turns one-element
+# arrays into Python numbers, which NumPy 2.4 refuses; NumPy 2.3 there.
+.venv-oldest/.torch: OWN_PINS := numpy==2.3.5
 .venv-newest/.torch: TORCH := $(TORCH_NEWEST)
 .venv-newest/.torch: TRANSFORMERS := $(TRANSFORMERS_NEWEST)
 # torch and transformers first, the two environments side by side (their ~3 GB downloads overlap) ...
 .venv-oldest/.torch .venv-newest/.torch: pyproject.toml Makefile constraints.txt
 	test -x $(@D)/bin/python || $(PYTHON) -m venv $(@D)
 	$(@D)/bin/pip install --quiet --upgrade pip
-	grep -v -i -E '^($(COMPAT_FREE))==' constraints.txt > $(@D)/constraints.txt
+	grep -v -i -E '^($(COMPAT_FREE)$(foreach pin,$(OWN_PINS),|$(firstword $(subst ==, ,$(pin)))))==' constraints.txt > $(@D)/constraints.txt
+	printf '%s\n' $(OWN_PINS) >> $(@D)/constraints.txt
 	PIP_CONSTRAINT=/dev/null $(@D)/bin/pip install --quiet -c $(@D)/constraints.txt torch==$(TORCH) transformers==$(TRANSFORMERS)
 	touch $@
 

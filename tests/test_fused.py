@@ -13,6 +13,9 @@ from longreach.methods import create
 
 pytestmark = pytest.mark.skipif(not fused.available("cpu"), reason="needs Triton (TRITON_INTERPRET=1 on the CPU)")
 
+EXACT = torch.float64 if fused.takes(torch.float64) else torch.float32  # tl.dot takes float64 from Triton 3.5 on
+TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-12}
+
 FUSABLE = [("rope", {}), ("string", {"shift": 40, "local_window": 5}), ("string", {"shift": 40, "local_window": 5, "mscale": True}),
            *[(name, params) for name, params in BASELINES if "dimensions" not in params]]
 
@@ -26,12 +29,12 @@ def test_every_method_matches_the_reference_in_prefill_chunks_and_decoding(name,
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(n, pads=pads)
     for q_len in (n, 1, 5):
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
-        for dtype, tolerance in ((torch.float32, 1e-5), (torch.float64, 1e-12))[: 2 if q_len == n else 1]:
+        for dtype in {torch.float32, EXACT if q_len == n else torch.float32}:
             got = kernel.attention(q_rot[:, :, -q_len:].to(dtype), k_rot.to(dtype), v.to(dtype), method.layer_parts(0), inv_freq.to(dtype),
                                    scaling=0.3, key_padding=padding if pads[1] else None, positions=positions, backend="triton",
                                    logit_scale=method.logit_scale)
             assert got.dtype == dtype and not got.isnan().any()
-            assert (got - want)[rows].abs().max() <= tolerance, (q_len, dtype)
+            assert (got - want)[rows].abs().max() <= TOLERANCE[dtype], (q_len, dtype)
 
 
 @pytest.mark.parametrize("name, params", [("string", {"shift": 40, "local_window": 5}), ("dca", {"chunk_size": 16, "local_window": 4})])
@@ -57,10 +60,20 @@ def test_key_splits_merge_to_the_one_pass_result(monkeypatch):
     monkeypatch.setattr(fused, "_combine", lambda out, lse: launched.append(out.shape[0]) or real_combine(out, lse))
     for splits in (1, 2, 4):
         monkeypatch.setattr(fused, "_splits", lambda *args, splits=splits: splits)
-        out = kernel.attention(q_rot[:, :, -3:], k_rot, v, method.parts(), inv_freq, scaling=0.3, key_padding=padding,
-                               positions=positions, backend="triton")
-        assert (out - want)[rows].abs().max() <= 1e-12
+        out = kernel.attention(q_rot[:, :, -3:].to(EXACT), k_rot.to(EXACT), v.to(EXACT), method.parts(), inv_freq.to(EXACT),
+                               scaling=0.3, key_padding=padding, positions=positions, backend="triton")
+        assert (out - want)[rows].abs().max() <= TOLERANCE[EXACT]
     assert launched == [1, 2, 4]
+
+
+def test_float64_before_triton_3_5_is_refused_in_one_line(monkeypatch):
+    """Triton's ``tl.dot`` takes float64 from 3.5 on (torch 2.7's Triton is 3.3): a clear error, not a compiler's."""
+    monkeypatch.setattr(fused.triton, "__version__", "3.3.1")
+    method = create("string", training_window=60, shift=20, local_window=4)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(30)
+    with pytest.raises(ValueError, match=r"^backend='triton' with float64 inputs needs Triton >= 3.5 .*3\.3\.1 is installed"):
+        kernel.attention(q_rot, k_rot, v, method.parts(), inv_freq, backend="triton")
+    assert kernel.attention(q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), backend="triton").dtype == torch.float32
 
 
 def test_auto_decodes_with_the_kernel_on_cuda_only(monkeypatch):

@@ -153,6 +153,9 @@ def pick(query: torch.Tensor, backend: str, fusable: bool = False) -> Callable:
         raise ValueError(f"backend='flex' needs PyTorch's FlexAttention (torch >= 2.5, and Triton on CUDA); not available on {query.device}")
     if backend == "triton" and not fused.available(query.device):
         raise ValueError(f"backend='triton' needs Triton on a CUDA device, or TRITON_INTERPRET=1 on the CPU; not available on {query.device}")
+    if backend == "triton" and not fused.takes(query.dtype):
+        raise ValueError(f"backend='triton' with float64 inputs needs Triton >= 3.5 (its tl.dot takes no float64 before; "
+                         f"{fused.triton.__version__} is installed): give float32, or use backend='auto'")
     if backend == "cuda_flash" and not windows.available(query):
         raise ValueError(f"backend='cuda_flash' needs PyTorch's FlashAttention: a CUDA device and float16 or bfloat16 inputs "
                          f"(head dim <= 256); got {query.device.type} {str(query.dtype).removeprefix('torch.')}")

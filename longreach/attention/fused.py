@@ -51,6 +51,15 @@ def available(device: torch.device | str, for_auto: bool = False) -> bool:
     return kind == "cuda" or (kind == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
 
 
+def takes(dtype: torch.dtype) -> bool:
+    """Whether the kernel compiles for ``dtype``: ``tl.dot`` takes float64 from Triton 3.5 on (torch 2.9's
+    Triton); float32, float16 and bfloat16 from every release we support."""
+    if dtype != torch.float64:
+        return True
+    major, minor = (int(part) for part in triton.__version__.split(".")[:2])
+    return (major, minor) >= (3, 5)
+
+
 def compile_failed(error: BaseException) -> bool:
     """Whether ``error`` is Triton failing to compile or launch the kernel (an old GPU, too little shared memory)."""
     if triton is None:
