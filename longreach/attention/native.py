@@ -127,12 +127,11 @@ class Layout:
             moving_key = callable(part.key_shift)
             key_constant = 0.0 if moving_key else float(part.key_shift)
             view = (part.query_shift, key_constant)
-            if callable(part.query_shift) or part.query_shift != key_constant:
-                known = [index for index, (shift, by) in enumerate(views) if shift is part.query_shift and by == key_constant]
-                query_view = 1 + (known[0] if known else len(views))
-                views += [] if known else [view]
-            else:
+            if not callable(part.query_shift) and part.query_shift == key_constant:
                 query_view = 0
+            else:
+                views += [] if view in views else [view]
+                query_view = 1 + views.index(view)
             if moving_key and part.key_shift not in key_shifts:
                 key_shifts.append(part.key_shift)
             key_view = 1 + key_shifts.index(part.key_shift) if moving_key else 0
