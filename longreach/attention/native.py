@@ -9,7 +9,7 @@ distance bound or a key span (DCA) cuts are taken 32 at a time with only the row
 STRING's far part is the query moved back by ``S - W`` against the keys as they are, and no key is copied.
 A decoding step packs the query heads that share a key/value head into one tile: each key is read once.
 
-Built by ``torch.utils.cpp_extension`` with the machine's C++ compiler (about 45 seconds on 2 cores, once per
+Built by ``torch.utils.cpp_extension`` with the machine's C++ compiler (about 25 seconds on 2 cores, once per
 machine, PyTorch release and source; ``TORCH_EXTENSIONS_DIR`` says where). Inputs are computed in float32. Where it cannot be built or loaded (no compiler, a BLAS
 without ``sgemm_``), ``auto`` uses the tiled kernel from then on, with one warning.
 """

@@ -18,7 +18,9 @@
 // log-sum-exp per row; a row that attends no key is 0 with log-sum-exp -inf. A cell's span is given as key indices,
 // [B, Lq] each.
 
-#include <torch/extension.h>
+// ATen and torch's pybind11 casters, not <torch/extension.h>: the whole C++ frontend doubles the build (44 s -> 24 s)
+#include <ATen/ATen.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
