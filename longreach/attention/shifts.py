@@ -9,6 +9,7 @@ steps (:data:`KEY_ROTATIONS`).
 from __future__ import annotations
 
 import math
+import weakref
 from collections import OrderedDict
 from typing import Sequence
 
@@ -159,27 +160,47 @@ KEY_ROTATIONS = KeyRotations()
 
 
 class MovedKeys:
-    """One attention layer's keys moved by each per-token key shift (ReRoPE, Self-Extend), kept across decoding
-    steps: a step moves its new keys only, instead of every cached key (opt-in: ``apply(..., keep_moved_keys=True)``).
+    """One attention layer's keys moved by each per-token key shift (ReRoPE, Self-Extend, DCA's prefill), kept across
+    decoding steps: a step moves its new keys only, instead of every cached key (opt-in: ``apply(..., keep_moved_keys=True)``).
 
     Costs one more copy of the keys per shift (ReRoPE, Self-Extend: +50% of the key/value cache), with room
-    for 1,024 more keys before it grows. The kept keys are used only where they still describe the cache: the
-    same shift, ``inv_freq``, batch, dtype and device, the same positions up to their length, and the same
-    last key there (a cropped, reordered or rewritten cache gives another key at that slot); else they are
-    computed again in full.
+    for 1,024 more keys before it grows. Kept keys are used only where the cache provably still holds what they
+    were moved from: before the layer's forward, :meth:`vouch` is shown the key tensor the cache holds for the
+    layer (by a forward pre-hook, :mod:`longreach.integrations.kept_keys`), and trusts it only when it is the very
+    tensor the layer received at its last call, unchanged since by its in-place version counter; the call must then
+    add exactly its own queries' keys after the kept ones. An appended cache passes. Another conversation's cache, a
+    cropped, reordered, reset or rewritten one makes a new tensor or bumps its version, and every key is moved again.
+    So do the same shift, ``inv_freq``, batch, dtype, device and leading positions checked on every call.
     """
 
     ROOM = 1024
 
     def __init__(self) -> None:
         self.entries: dict[int, tuple] = {}
+        self.received: tuple | None = None  # (weak reference to the key tensor of the layer's last call, its version then)
+        self.vouched = False  # before a call: the cache holds ``received``, unchanged
+        self.extending = 0  # during a call: the keys it adds after the kept ones (0: none are trusted)
+
+    def __deepcopy__(self, memo_of_copy) -> "MovedKeys":
+        return MovedKeys()  # a copied model keeps nothing: its cache is another one
+
+    def vouch(self, cached_key: torch.Tensor | None) -> None:
+        """Before the layer's forward: ``cached_key`` is what the cache holds for the layer (``None``: unknown)."""
+        held = self.received
+        self.vouched = held is not None and cached_key is not None and held[0]() is cached_key and cached_key._version == held[1]
+
+    def begin(self, key: torch.Tensor, new_keys: int) -> None:
+        """A call of the layer: ``key`` as the cache handed it over, whose last ``new_keys`` are the call's own."""
+        self.extending = new_keys if self.vouched else 0
+        self.vouched = False
+        self.received = (weakref.ref(key), key._version)
 
     def get(self, shift, key: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
         """``key [B, H, Lkv, D]`` moved by ``shift`` at ``positions [B, Lkv]``."""
         length = key.shape[2]
         entry = self.entries.get(id(shift))
-        if entry is not None and self._extends(entry, shift, key, positions, inv_freq):
-            _, known, _, last, moved = entry
+        if entry is not None and self._extends(entry, shift, key, positions, inv_freq, length - self.extending):
+            _, known, _, moved = entry
             kept = known.shape[1]
             if length > moved.shape[2]:
                 moved = torch.cat((moved[:, :, :kept], moved.new_empty(*moved.shape[:2], length - kept + self.ROOM, moved.shape[-1])), dim=2)
@@ -187,17 +208,16 @@ class MovedKeys:
         else:
             moved = key.new_empty(*key.shape[:2], length + self.ROOM, key.shape[-1])
             moved[:, :, :length] = shifted_keys(key, shift, positions, inv_freq)
-        self.entries[id(shift)] = (shift, positions.clone(), inv_freq.detach().clone(), key[:, :, -1].clone(), moved)
+        self.entries[id(shift)] = (shift, positions.clone(), inv_freq.detach().clone(), moved)
         return moved[:, :, :length]
 
-    @staticmethod
-    def _extends(entry, shift, key, positions, inv_freq) -> bool:
-        held_shift, known, held_inv_freq, last, moved = entry
+    def _extends(self, entry, shift, key, positions, inv_freq, trusted: int) -> bool:
+        """Whether ``entry`` holds the first ``trusted`` keys of this call, moved by ``shift``."""
+        held_shift, known, held_inv_freq, moved = entry
         kept = known.shape[1]
-        return (held_shift is shift and moved.dtype == key.dtype and moved.device == key.device and moved.shape[:2] == key.shape[:2]
-                and moved.shape[-1] == key.shape[-1] and 0 < kept <= key.shape[2] and held_inv_freq.shape == inv_freq.shape
-                and torch.equal(held_inv_freq, inv_freq.to(held_inv_freq.device)) and torch.equal(known, positions[:, :kept])
-                and torch.equal(last, key[:, :, kept - 1]))
+        return (self.extending > 0 and kept == trusted and held_shift is shift and moved.dtype == key.dtype and moved.device == key.device
+                and moved.shape[:2] == key.shape[:2] and moved.shape[-1] == key.shape[-1] and held_inv_freq.shape == inv_freq.shape
+                and torch.equal(held_inv_freq, inv_freq.to(held_inv_freq.device)) and torch.equal(known, positions[:, :kept]))
 
 
 def fold_block_key_shifts(parts: Sequence[Part], positions: torch.Tensor) -> list[Part]:

@@ -38,6 +38,9 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
         return query.new_empty(batch, q_len, query.shape[1], value.shape[-1]), None
     if torch.compiler.is_compiling() and q_len <= SMALL_QUERY and state.backend != "reference":
         return _compiled_step(state, module, query, key, value, attention_mask, scaling, kwargs.get("sliding_window")), None
+    kept_keys = state.kept_keys_of(getattr(module, "layer_idx", None))
+    if kept_keys is not None:
+        kept_keys.begin(key, q_len)  # the key tensor the cache handed over, before it is cut to the real keys
     position_ids = kwargs.get("position_ids")
     shapes = (batch, q_len, key.shape[2], str(query.device))
     memo, keys = state.passes.find(attention_mask, position_ids, shapes,
@@ -59,7 +62,7 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
         out = kernel.attention(
             query, key, value, state.layer_parts(getattr(module, "layer_idx", None)), inv_freq, scaling=scaling, key_padding=keys.padding,
             sliding_window=sliding_window, logit_scale=logit_scale, positions=keys.positions, drop=rates, backend=state.backend, memo=memo,
-            kept_keys=state.kept_keys_of(getattr(module, "layer_idx", None)),
+            kept_keys=kept_keys,
         )
     if (importance := recording.importance.get()) is not None and q_len == keys.count:
         recording.record_importance(importance, module.layer_idx, query, key, inv_freq.shape[-1], keys.padding)

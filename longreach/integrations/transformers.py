@@ -39,7 +39,7 @@ from ..methods import drop as drops
 from ..methods.base import PositionMethod, require_bool, require_int
 from ..methods.scaling import ALIASES as FREQUENCY_METHODS
 from ..methods.scaling import Scaling
-from . import recording
+from . import kept_keys, recording
 from .attention import attention_forward
 from .passes import Passes
 from .positions import key_positions_mask
@@ -147,7 +147,9 @@ def apply(model: nn.Module, method: str = "string", *, training_window: int | No
             float64 oracle, O(n^2), for tests).
         keep_moved_keys: keep, per layer, the cached keys moved by a per-token key shift (ReRoPE's and
             Self-Extend's far part: +50% of the key/value cache), so that a decoding step moves only its
-            new keys.
+            new keys. They are used only while the cache provably holds what they were moved from (a hook
+            before each attention module compares the cache's tensor with the one the layer last saw):
+            another conversation, a crop, a beam reorder or a reset moves every key again.
         **params: the method's own parameters, e.g. ``shift=2048, local_window=64`` for ``string``.
 
     Returns:
@@ -187,6 +189,8 @@ def apply(model: nn.Module, method: str = "string", *, training_window: int | No
     if rescaled:
         _install_rotary(model, applied, *rescaled)
     _attach(model, applied)
+    if keep_moved_keys:
+        kept_keys.watch(model)
     previous = model.__dict__.get("generate")  # transformers' custom_generate sets one; remove() above took ours away
     model.__dict__["generate"] = functools.partial(recording.generate, model, previous)
     model.set_attn_implementation(NAME)
@@ -276,6 +280,7 @@ def remove(model: nn.Module) -> nn.Module:
     state = _state(model)
     if state is None:
         return model
+    kept_keys.unwatch(model)
     for module in model.modules():
         module.__dict__.pop("_longreach", None)
     wrapper = model.__dict__.get("generate")
