@@ -1,6 +1,8 @@
 """The probing experiment's parts: the corpus's retrieval distances, resumable training, measuring by distance."""
 
+import dataclasses
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -123,16 +125,23 @@ def test_measuring_scores_a_perfect_and_a_blind_model_and_pairs_their_cases():
 def test_training_checkpoints_in_safetensors_and_resumes_to_the_same_weights(tmp_path):
     data, shape = Corpus(80, "natural"), train.Shape(layers=1, hidden=32, heads=2, kv_heads=1)
     straight = train.train(data, tmp_path / "straight", shape, train.Schedule(steps=4, rows=2, save_every=2), progress=False)
-    train.train(data, tmp_path / "resumed", shape, train.Schedule(steps=2, rows=2, save_every=2), progress=False)
-    resumed = train.train(data, tmp_path / "resumed", shape, train.Schedule(steps=4, rows=2, save_every=2), progress=False)
-    assert [p.name for p in train.checkpoints(tmp_path / "resumed")] == ["step_2", "step_4"]
+    schedule = train.Schedule(steps=4, rows=2, save_every=2)
+    train.train(data, tmp_path / "resumed", shape, schedule, progress=False)
+    shutil.rmtree(tmp_path / "resumed" / "step_4")  # as if interrupted after step 2
+    resumed = train.train(data, tmp_path / "resumed", shape, dataclasses.replace(schedule, save_every=1), progress=False)
+    assert [p.name for p in train.checkpoints(tmp_path / "resumed")] == ["step_2", "step_3", "step_4"]
     a, b = load_file(straight / "model.safetensors"), load_file(resumed / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
     model, state = train.load(resumed)
     assert state["step"] == 4 and state["tokens_seen"] > 0 and sum(state["document_lengths"]) > 0
     assert train.position_frequency(state)[0] == sum(n * c for n, c in enumerate(state["document_lengths"]))
-    with pytest.raises(ValueError, match="another corpus"):
-        train.train(Corpus(80, "uniform"), tmp_path / "resumed", shape, train.Schedule(steps=6, rows=2), progress=False)
+    with pytest.raises(ValueError, match=r"holds a run with other settings: distribution='uniform' \(the run's: 'natural'\)"):
+        train.train(Corpus(80, "uniform"), tmp_path / "resumed", shape, schedule, progress=False)
+    for changed in (dict(steps=6), dict(rows=3), dict(lr=1e-3), dict(warmup=3)):
+        name, value = next(iter(changed.items()))
+        with pytest.raises(ValueError, match=rf"other settings: {name}={value} \(the run's: {getattr(schedule, name)}\); resume it"):
+            train.train(data, tmp_path / "resumed", shape, dataclasses.replace(schedule, **changed), progress=False)
+    assert train.state_of(resumed)["schedule"] == dataclasses.asdict(dataclasses.replace(schedule, save_every=1))
 
 
 def test_the_command_line_trains_measures_and_reports_a_run(tmp_path, capsys):

@@ -174,8 +174,7 @@ def _optimizer_tensors(model, optimizer) -> dict[str, torch.Tensor]:
 
 def _resume(checkpoint, model, optimizer, corpus, shape, schedule):
     saved = state_of(checkpoint)
-    if saved["corpus"] != asdict(corpus) or saved["shape"] != asdict(shape) or saved["schedule"]["seed"] != schedule.seed:
-        raise ValueError(f"{checkpoint.parent} holds a run with another corpus, shape or seed: give another --out")
+    _check_same_run(checkpoint.parent, saved, corpus, shape, schedule)
     from safetensors.torch import load_model
 
     load_model(model, checkpoint / "model.safetensors", strict=False)
@@ -186,6 +185,18 @@ def _resume(checkpoint, model, optimizer, corpus, shape, schedule):
                                           "exp_avg_sq": moments[f"{name}.exp_avg_sq"]}
     lengths = np.repeat(np.arange(len(saved["document_lengths"])), saved["document_lengths"]).tolist()
     return saved["step"], saved["tokens_seen"], lengths
+
+
+def _check_same_run(run: Path, saved: dict, corpus: Corpus, shape: Shape, schedule: Schedule) -> None:
+    """A resumed run must be the run a straight one would be: the same corpus, model and schedule. Only how often it
+    saves may change. (The learning rate at every step depends on ``steps`` and ``warmup``: a run of 8 steps
+    resumed to 12 is not a 12-step run.)"""
+    given = {"corpus": asdict(corpus), "shape": asdict(shape), "schedule": asdict(schedule)}
+    changed = [f"{name}={value!r} (the run's: {saved[part].get(name)!r})" for part, values in given.items()
+               for name, value in values.items() if name != "save_every" and saved[part].get(name) != value]
+    if changed:
+        raise ValueError(f"{run} holds a run with other settings: {', '.join(changed)}; resume it with its own settings "
+                         "(a resumed run must equal a straight one), or give another --out")
 
 
 def position_frequency(state: dict) -> np.ndarray:
