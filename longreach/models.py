@@ -65,9 +65,11 @@ def load(name: str = DEFAULT, dtype: torch.dtype = torch.float32, device: str = 
         RuntimeError: a missing default model or folder, a folder without ``config.json`` or without
             safetensors weights, a hub id while offline, key/value heads that do not split over the
             processes.
+        ValueError: a malformed ``longreach`` record in ``config.json`` (one line naming the file and the field).
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    from .integrations import saved
     from .integrations.transformers import CONFIG_KEY, reapply
 
     source = default_path() if name == DEFAULT else name
@@ -86,6 +88,8 @@ def load(name: str = DEFAULT, dtype: torch.dtype = torch.float32, device: str = 
         config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
         sharding = _tp_plan(config) if tp else {}
         recorded = getattr(config, CONFIG_KEY, None)
+        if recorded is not None:
+            recorded = saved.checked(recorded, f"{Path(source) / 'config.json' if Path(source).is_dir() else name + ' (its config.json)'}")
         if recorded and recorded.get("replaced_rope_parameters"):  # build the model's own rotary; apply rescales it again
             config.get_text_config().rope_parameters = recorded["replaced_rope_parameters"]
         tokenizer = None if _probe_checkpoint(source) else AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
@@ -99,7 +103,7 @@ def load(name: str = DEFAULT, dtype: torch.dtype = torch.float32, device: str = 
             f"(offline?). Pass a local path, or 'default' for the bundled SmolLM2-135M. ({error.__class__.__name__})"
         ) from None
     model = (model if tp else model.to(device)).eval()
-    if recorded:
+    if recorded is not None:
         reapply(model, recorded)
     return model, tokenizer
 

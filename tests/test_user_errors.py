@@ -88,6 +88,31 @@ def test_a_model_folder_without_a_model_says_so(tmp_path, capsys):
     assert "has no safetensors weights (pytorch_model.bin); longreach refuses .bin on purpose" in message
 
 
+@pytest.mark.parametrize("record, expected", [
+    ("string", "the 'longreach' record is str 'string'; allowed: a dict with method, training_window"),
+    (["string"], "the 'longreach' record is list ['string']; allowed: a dict"),
+    ({"method": "string", "params": {}}, "the 'longreach' record has no 'training_window'; allowed: an integer >= 2 (tokens)"),
+    ({"training_window": 96}, "the 'longreach' record has no 'method'; allowed: a method name"),
+    ({"method": "string", "training_window": 96, "params": [1]}, "the 'longreach' record's 'params' is [1]; allowed: a dict"),
+    ({"method": "string", "training_window": "96"}, "the 'longreach' record's 'training_window' is '96'; allowed: an integer >= 2"),
+    ({"method": "string", "training_window": 96, "scaling": "yarn"}, "the 'longreach' record's 'scaling' is 'yarn'; allowed: null or a dict"),
+    ({}, "the 'longreach' record has no 'method'"),
+])
+def test_a_malformed_record_in_a_saved_config_is_one_line_before_loading(record, expected, tmp_path, capsys, monkeypatch):
+    """``load`` and ``eval`` on a saved model whose config.json holds a damaged ``longreach`` record: one line naming
+    the file and the field, before any weights load (they were AttributeError, KeyError and TypeError tracebacks)."""
+    model = tiny_model("llama")
+    model.save_pretrained(tmp_path / "saved")
+    byte_tokenizer().save_pretrained(tmp_path / "saved")
+    config = json.loads((tmp_path / "saved" / "config.json").read_text())
+    (tmp_path / "saved" / "config.json").write_text(json.dumps({**config, "longreach": record}))
+    monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'saved' / 'config.json'}: {expected}")):
+        longreach.load(str(tmp_path / "saved"))
+    message = cli_error(["eval", "niah", "--model", str(tmp_path / "saved"), "--out", str(tmp_path / "out"), "--limit", "1"], capsys)
+    assert expected in message and "config.json" in message
+
+
 @pytest.mark.parametrize("method, params, expected", [
     ("yarn", {"factor": math.nan}, "factor=nan is out of range"),
     ("pi", {"factor": math.inf}, "factor=inf is out of range"),
