@@ -20,6 +20,7 @@ import functools
 import hashlib
 import os
 import shutil
+import subprocess
 import sys
 import warnings
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from typing import Callable
 
 import torch
 
+from . import build_lock
 from .plan import SMALL_QUERY, first_real_keys, key_position_offsets, upper_bound
 from .rotary import apply_rotation, compute_dtype, rotation
 from .shifts import fold_block_key_shifts, shift_angles
@@ -178,21 +180,26 @@ def parts_attention(queries: list[torch.Tensor], keys: list[torch.Tensor], value
 
 @functools.lru_cache(maxsize=None)
 def _module():
-    """The compiled extension, built once per machine, PyTorch release and source (its name holds their hash)."""
+    """The compiled extension, built once per machine, Python and PyTorch release and source (its name holds their hash),
+    in ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``), under a lock that names its builder
+    (:mod:`.build_lock`: a build killed midway does not block the next)."""
     from torch.utils import cpp_extension
 
     source = SOURCE.read_text()
     flags = ["-O3", "-fopenmp"]
     if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):  # PyTorch's vector types in their AVX2 form
         flags += ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"]
-    digest = hashlib.sha256("\n".join([source, torch.__version__, *flags]).encode()).hexdigest()[:12]
+    digest = hashlib.sha256("\n".join([source, torch.__version__, sys.implementation.cache_tag, *flags]).encode()).hexdigest()[:12]
+    name = f"longreach_parts_{digest}"
+    folder = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()) / name
     path = os.environ.get("PATH", "")
     try:
         # torch runs ninja by name: the one pip installed beside this Python counts too
         os.environ["PATH"] = os.pathsep.join([path, os.path.dirname(sys.executable)])
-        return cpp_extension.load(name=f"longreach_parts_{digest}", sources=[str(SOURCE)], extra_cflags=flags,
-                                  extra_ldflags=["-fopenmp"], verbose=False)
-    except (OSError, RuntimeError, ImportError, SystemExit) as error:
+        with build_lock.holding(folder):
+            return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
+                                      build_directory=str(folder), verbose=False)
+    except (OSError, RuntimeError, ImportError, SystemExit, subprocess.SubprocessError) as error:  # a compiler that fails its version check
         raise BuildError(f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}") from error
     finally:
         os.environ["PATH"] = path
