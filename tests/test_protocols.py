@@ -91,11 +91,12 @@ def test_the_vt_example_is_one_per_run_renamed_per_case(tokenizer):
 
 
 def test_the_sentence_splitter_keeps_every_character():
+    """Punkt (RULER's splitter) may add a space where it cuts, never drops a character."""
     from longreach.eval import haystack
 
-    assert haystack.sentences('He said "Hi." Then (ok.) End.') == ['He said "Hi."', 'Then (ok.)', 'End.']
+    assert haystack.sentences('He said "Hi." Then (ok.) End.') == ['He said "Hi."', 'Then (ok.) End.']
     text = re.sub(r"\s+", " ", haystack.essays()).strip()
-    assert " ".join(haystack.sentences(text)) == text  # the review: 11 of 38 quotes lost in the first 6,000 words
+    assert "".join(" ".join(haystack.sentences(text)).split()) == "".join(text.split())  # the review: 11 of 38 quotes lost
 
 
 def test_niah4_reads_the_essays_in_the_order_of_strings_own_file(tokenizer):

