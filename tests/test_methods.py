@@ -96,6 +96,22 @@ def test_string_default_shift_is_a_third_of_the_window():
     assert create("string", training_window=8192).local_window == 128
 
 
+@pytest.mark.parametrize("window, shift, local_window", [(131072, 43691, 128), (4096, 1365, 128), (2048, 683, 64), (384, 128, 12),
+                                                         (256, 85, 8), (96, 32, 3), (10, 3, 1)])
+def test_string_defaults_fit_every_window(window, shift, local_window):
+    """The default W is min(128, L // 32): 128 was out of range below L = 385 (W < S = L/3), an error naming a
+    parameter the user never set."""
+    method = create("string", training_window=window)
+    assert (method.shift, method.local_window) == (shift, local_window)
+    assert method.describe() == f"string(shift={shift}, local_window={local_window}, mscale=False)"
+
+
+def test_a_shift_below_the_default_window_says_the_window_was_the_default():
+    with pytest.raises(ValueError, match=r"local_window=8 is out of range: 0 < local_window < shift = 5 < L = 256 \(the default at "
+                                         r"L = 256, min\(128, L // 32\): give a smaller local_window"):
+        create("string", training_window=256, shift=5)
+
+
 @pytest.mark.parametrize(
     "params, message",
     [
@@ -142,7 +158,7 @@ def test_available_lists_every_method_with_defaults_and_ranges():
     assert set(rows) == {"rope", "string", "rerope", "self_extend", "dca", "pi", "ntk", "dynamic", "yarn", "llama3",
                          "drop", "dynamic_drop", "dpe"}
     assert rows["dynamic_drop"]["parameters"]["chunk"] == 1000 and rows["drop"]["kind"] == "drop"
-    assert rows["string"]["parameters"] == {"shift": None, "local_window": 128, "mscale": False}
+    assert rows["string"]["parameters"] == {"shift": None, "local_window": None, "mscale": False}  # both derived from L
     assert "2410.18745" in rows["string"]["paper"] and "2402.17463" in rows["dca"]["paper"] and "2504.18857" in rows["dpe"]["paper"]
     assert rows["dpe"]["parameters"] == {"group_scales": None, "local_window": 1024, "top_k": 48, "dimensions": None}
     for row in rows.values():
