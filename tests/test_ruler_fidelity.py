@@ -2,6 +2,7 @@
 ``sent_tokenize`` (``niah.py``), and the fresh draws of QA and cwe at every probe of the size search and
 every back-off (``qa.py``, ``common_words_extraction.py``)."""
 
+import random
 import re
 
 import nltk
@@ -10,7 +11,7 @@ from nltk.tokenize import sent_tokenize
 from transformers import AutoTokenizer
 
 from longreach import models
-from longreach.eval import haystack, tasks
+from longreach.eval import haystack, ruler, tasks
 from longreach.eval.ruler import common
 
 
@@ -94,3 +95,69 @@ def test_a_punkt_model_other_than_punkt_tab_english_is_refused(monkeypatch):
             haystack.sentences("One. Two.")
     finally:
         haystack._punkt.cache_clear()
+
+
+@pytest.fixture
+def prompts(monkeypatch):
+    """Every prompt whose tokens are counted -- each probe of the size search and each back-off -- and the
+    search run afresh: the case starts 30 units above the size it finds, so it backs off at least 3 times."""
+    counted, count, size = [], haystack.count_tokens, haystack.ruler_size
+    monkeypatch.setattr(haystack, "count_tokens", lambda tokenizer, text: counted.append(text) or count(tokenizer, text))
+    monkeypatch.setattr(haystack, "ruler_size", lambda *args: size(*args) + 30)
+    monkeypatch.setattr(haystack, "_SEARCHED", {})
+    return counted
+
+
+def documents_of(prompt: str) -> list[str]:
+    return re.findall(r"Document \d+:\n(.*?)(?=\n\nDocument \d+:|\n\nAnswer the question)", prompt, re.S)
+
+
+def test_qa_draws_fresh_documents_at_every_probe_and_back_off(tokenizer, prompts):
+    """qa.py:179, 200: generate_input_output draws its documents anew at each call (one order kept for the
+    whole search made every smaller haystack a part of every larger one)."""
+    questions, documents = ruler.qa_data("squad")
+    case = tasks.get("ruler:qa_1").build(tokenizer, 4096, None, seed=5)
+
+    def draws(question: int) -> list[tuple[bool, set[str]]]:  # per prompt: whole article shown?, what was drawn at random
+        item = questions[question]
+        article = {documents[i] for i in item["documents"] + item["article"]}
+        shown = [set(documents_of(p)) for p in prompts if item["question"] in p]
+        return [(article <= s, s - article if article <= s else s) for s in shown]
+
+    searched, backed = sorted(draws(0), key=lambda d: len(d[1])), draws(5)
+    pairs = [(a, b) for draws in (searched, backed) for (whole, a), (also, b) in zip(draws, draws[1:]) if whole == also]
+    assert len(searched) >= 6 and len(backed) >= 4 and len(pairs) >= 6 and len(documents_of(case.prompt)) == case.haystack_units
+    assert not any(a <= b or b <= a for a, b in pairs)  # within a branch of qa.py:131, no draw is a part of the next
+
+
+def test_squad_keeps_a_whole_article_in_its_order_before_the_shuffle(tokenizer):
+    """qa.py:133: the gold paragraph, then every other paragraph of its article in article order, then random
+    documents, all shuffled by random.Random(42) -- undone here to read the order before it."""
+    questions, documents = ruler.qa_data("squad")
+    seed = next(i for i, q in enumerate(questions) if len(q["article"]) == 20)
+    case = tasks.get("ruler:qa_1").build(tokenizer, 8192, None, seed)
+    shown = documents_of(case.prompt)
+    assert len(shown) > 21
+    places = list(range(len(shown)))
+    random.Random(ruler.FIXED_SEED).shuffle(places)
+    before = [None] * len(shown)
+    for at, place in enumerate(places):
+        before[place] = shown[at]
+    item = questions[seed]
+    assert before[:21] == [documents[i] for i in item["documents"] + item["article"]]
+
+
+def cwe_lists(prompt: str) -> tuple[str, set[str]]:
+    """The solved example's list, and the words of the list asked about."""
+    example, asked = prompt.split("Memorize the ones that appear most often.\n")[1:3]
+    return example.split("\nQuestion:")[0], set(re.findall(r"\d+\. (.+?)(?= \d+\.|$)", asked.split("\nQuestion:")[0]))
+
+
+def test_cwe_draws_a_fresh_example_and_words_at_every_probe_and_back_off(tokenizer, prompts):
+    """common_words_extraction.py:156, 178: get_example draws the example's and the list's words anew at each call."""
+    case = tasks.get("ruler:cwe").build(tokenizer, 4096, None, seed=2)
+    drawn = [cwe_lists(p) for p in prompts]
+    assert len(drawn) >= 10 and cwe_lists(case.prompt) == drawn[-1] and set(case.references) <= drawn[-1][1]
+    assert len({example for example, _ in drawn}) == len(drawn)  # one example per prompt, none shared
+    backed = [words for _, words in drawn[-4:]]
+    assert not any(later <= earlier for earlier, later in zip(backed, backed[1:]))

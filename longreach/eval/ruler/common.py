@@ -100,5 +100,5 @@ def fit(task, tokenizer, length: int, seed: int, prompt_of, search: haystack.Rul
     if most is not None and search.rate_at is not None and search.rate_at > most:
         search = dataclasses.replace(search, rate_at=most)
     return haystack.fit_as_ruler(tokenizer, length, full, case, lambda n: prompt_of(n, f"search/{n}"), search, (task.name,),
-                                 search_budget=budget, most=most, what=what, unit=unit)
+                                 search_budget=budget, least=least, most=most, what=what, unit=unit)
 

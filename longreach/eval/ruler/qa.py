@@ -22,8 +22,10 @@ class QA:
     """RULER ``qa_1`` (SQuAD v2 dev) / ``qa_2`` (HotpotQA dev, distractor setting), ``qa.py``.
 
     Case ``i`` asks question ``i`` of the dataset, as RULER's sample ``i`` does. Its gold documents
-    come first -- for HotpotQA all 10 paragraphs of the question; for SQuAD the paragraph, then the
-    other paragraphs of its article -- then random documents of the rest, shuffled together.
+    come first -- for HotpotQA all the question's paragraphs (2 to 10); for SQuAD the paragraph, then the
+    other paragraphs of its article -- then random documents of the rest, shuffled together
+    (:func:`rulers_documents`, drawn afresh for every size the search probes and every back-off, as
+    upstream's; packed tight, one order per case whose first ``n`` documents grow with ``n``).
     """
 
     name: str
@@ -39,20 +41,21 @@ class QA:
             raise ValueError(f"{self.name}: sample {seed} is out of range: the {self.dataset} set has {len(questions)} questions")
         orders = {}
 
-        def order_of(key: str) -> tuple[dict, list[int]]:  # RULER searches on question 0, a case asks question `seed`
+        def chosen(item: dict, n: int, stream: str) -> list[int]:
+            if self.packing == "ruler":  # drawn afresh: the stream names the size
+                return rulers_documents(random.Random(f"{stream_name(self)}/{length}/{stream}"), item, n, len(documents))
+            key = stream.rsplit("/", 1)[0]
             if key not in orders:
-                item = questions[0 if key == "search" else seed]
-                others = sorted(set(range(len(documents))) - set(item["documents"] + item["article"]))
                 rng = random.Random(f"{stream_name(self)}/{length}/{key}")
-                article = rng.sample(item["article"], len(item["article"]))
-                orders[key] = item, item["documents"] + article + rng.sample(others, len(others))  # a prefix: RULER's choice
-            return orders[key]
+                others = sorted(set(range(len(documents))) - set(item["documents"] + item["article"]))
+                orders[key] = item["documents"] + rng.sample(item["article"], len(item["article"])) + rng.sample(others, len(others))
+            return in_article_order(orders[key][:n], item)
 
         def prompt_of(n: int, stream: str) -> str:
-            item, order = order_of(stream.rsplit("/", 1)[0])
-            chosen = [documents[i] for i in order[: max(n, len(item["documents"]))]]
-            random.Random(FIXED_SEED).shuffle(chosen)
-            context = "\n\n".join(f"Document {i + 1}:\n{d}" for i, d in enumerate(chosen))
+            item = questions[0 if stream.startswith("search/") else seed]  # RULER searches on question 0
+            shown = [documents[i] for i in chosen(item, max(n, len(item["documents"])), stream)]
+            random.Random(FIXED_SEED).shuffle(shown)
+            context = "\n\n".join(f"Document {i + 1}:\n{d}" for i, d in enumerate(shown))
             return haystack.with_bos(tokenizer, haystack.templated(tokenizer, QA_TEMPLATE.format(context=context, query=item["question"]), QA_ANSWER))
 
         built = fit(self, tokenizer, length, seed, prompt_of, haystack.RulerSearch(10), start=max(len(questions[seed]["documents"]), length // 200),
@@ -61,6 +64,27 @@ class QA:
 
     def score(self, answer: str, case: Case) -> dict:
         return {"score": scoring.string_match_part(postprocess(answer), case.references)}
+
+
+def rulers_documents(rng: random.Random, item: dict, n: int, total: int) -> list[int]:
+    """The ``n`` documents of a question, as RULER's ``generate_input_output`` draws them (``qa.py:130-137``):
+    the gold ones, then -- when the rest of the article fits whole -- all of it in article order and a random
+    sample of the other documents, else a random sample of the article."""
+    gold, article = item["documents"], item["article"]
+    if n - len(gold) > len(article):
+        taken = set(gold + article)
+        others = [i for i in range(total) if i not in taken]
+        return gold + article + rng.sample(others, n - len(gold) - len(article))
+    return gold + rng.sample(article, n - len(gold))
+
+
+def in_article_order(chosen: list[int], item: dict) -> list[int]:
+    """``chosen`` (a prefix of one order of all documents) with its article in article order where the whole
+    article is in it (``qa.py:133``)."""
+    gold, article = item["documents"], item["article"]
+    if len(chosen) - len(gold) > len(article):
+        return gold + article + chosen[len(gold) + len(article) :]
+    return chosen
 
 
 @lru_cache(maxsize=2)

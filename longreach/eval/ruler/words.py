@@ -34,7 +34,9 @@ class CommonWords:
     """RULER ``cwe`` (``common_words_extraction.py``): the 10 words repeated most in a numbered list.
 
     One solved example first; below 4K the small configuration (example 20 words 3x/1x, list 6x/1x),
-    else example 40 words 10x/3x and list 30x/3x.
+    else example 40 words 10x/3x and list 30x/3x. The example and the list's words are drawn afresh for
+    every size the search probes and every back-off, as upstream's (``common_words_extraction.py:156,
+    178``); packed tight, once per case, the list's words the first ``n`` of one order.
     """
 
     name: str = "ruler:cwe"
@@ -48,18 +50,20 @@ class CommonWords:
         small = length < 4096
         example_shape, main_repeats = ((20, 3, 1), (6, 1)) if small else ((40, 10, 3), (30, 3))
         words = _cwe_words()
-        drawn = {}
+        drawn, answers = {}, {}
 
-        def draws(key: str) -> tuple:  # a case's (or the search's) example, its answer, and its pool of words
+        def draws(n: int, stream: str) -> tuple:  # the example, its answer, and the list's n words (get_example's)
+            key = stream if self.packing == "ruler" else stream.rsplit("/", 1)[0]
             if key not in drawn:
                 rng = random.Random(f"{stream_name(self)}/{length}/{key}")
                 example = self._list(rng.sample(words, example_shape[0]), *example_shape[1:])
-                drawn[key] = (*example, rng.sample(words, len(words)))  # a pool's first n words: RULER's random.sample(words, n)
-            return drawn[key]
+                drawn[key] = (*example, rng.sample(words, min(n, len(words)) if self.packing == "ruler" else len(words)))
+            example, example_answer, pool = drawn[key]
+            return example, example_answer, pool[:n]
 
         def prompt_of(n: int, stream: str) -> str:
-            example, example_answer, pool = draws(stream.rsplit("/", 1)[0])
-            context, _ = self._list(pool[:n], *main_repeats)
+            example, example_answer, chosen = draws(n, stream)
+            context, answers[stream] = self._list(chosen, *main_repeats)
             solved = haystack.templated(tokenizer, CWE_TEMPLATE.format(context=example), CWE_ANSWER)
             solved += " " + " ".join(f"{i + 1}. {w}" for i, w in enumerate(example_answer))
             return haystack.with_bos(tokenizer, solved + "\n" + haystack.templated(tokenizer, CWE_TEMPLATE.format(context=context), CWE_ANSWER))
@@ -67,7 +71,7 @@ class CommonWords:
         search = haystack.RulerSearch(10, slack=2.0, rate_at=4096, floor_then=True)  # sys_word_pair_random's
         built = fit(self, tokenizer, length, seed, prompt_of, search, start=max(self.common + 1, length // 16), least=self.common,
                      most=len(words), unit="distinct words of wonderwords")
-        return case(self, length, seed, built, draws(str(seed))[2][: self.common])
+        return case(self, length, seed, built, answers[f"{seed}/{built[0]}"])
 
     def _list(self, drawn: list[str], common_repeats: int, rare_repeats: int) -> tuple[str, list[str]]:
         """RULER's ``get_example`` on the drawn words: a numbered list, shuffled with the fixed seed, and its common words."""
