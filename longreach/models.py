@@ -67,12 +67,36 @@ def load(name: str = DEFAULT, dtype: torch.dtype = torch.float32, device: str = 
             processes.
         ValueError: a malformed ``longreach`` record in ``config.json`` (one line naming the file and the field).
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .integrations import saved
-    from .integrations.transformers import CONFIG_KEY, reapply
+    from .integrations.transformers import reapply
 
-    source = default_path() if name == DEFAULT else name
+    source = _source(name)
+    config, recorded = _config(source, name, trust_remote_code)
+    try:
+        sharding = _tp_plan(config) if tp else {}
+        tokenizer = None if _probe_checkpoint(source) else AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(
+            source, config=config, dtype=dtype, attn_implementation="sdpa", use_safetensors=True,
+            trust_remote_code=trust_remote_code, **sharding,
+        )
+    except OSError as error:
+        raise _unfetchable(name, error) from None
+    model = (model if tp else model.to(device)).eval()
+    if recorded is not None:
+        reapply(model, recorded)
+    return model, tokenizer
+
+
+def load_config(name: str = DEFAULT, trust_remote_code: bool = False):
+    """A model's config, without its weights, checked as :func:`load` checks it: enough to check a method on an
+    empty (meta) model first, so that ``longreach eval --method strng`` fails in a second, not after loading."""
+    return _config(_source(name), name, trust_remote_code)[0]
+
+
+def _source(name: str) -> str:
+    """What ``from_pretrained`` reads for ``name``: a folder holding a config and safetensors weights, or a hub id."""
+    source = str(default_path()) if name == DEFAULT else name
     if not Path(source).exists() and not _hub_reachable():
         raise RuntimeError(
             f"cannot load model {name!r}: no such local folder, and the Hugging Face hub cannot be reached "
@@ -84,28 +108,32 @@ def load(name: str = DEFAULT, dtype: torch.dtype = torch.float32, device: str = 
         pickles = sorted(p.name for p in Path(source).glob("*.bin")) or ["no weights file"]
         raise RuntimeError(f"cannot load model {name!r}: the folder {source} has no safetensors weights ({', '.join(pickles[:3])}); "
                            "longreach refuses .bin on purpose (pickles can run code): save the model with safe_serialization=True")
+    return source
+
+
+def _config(source: str, name: str, trust_remote_code: bool):
+    """``(config, the longreach record it holds or None)``; the record checked, and the model's own RoPE put back where a
+    frequency method had replaced it (``apply`` rescales it again)."""
+    from transformers import AutoConfig
+
+    from .integrations import saved
+    from .integrations.transformers import CONFIG_KEY
+
     try:
         config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
-        sharding = _tp_plan(config) if tp else {}
-        recorded = getattr(config, CONFIG_KEY, None)
-        if recorded is not None:
-            recorded = saved.checked(recorded, f"{Path(source) / 'config.json' if Path(source).is_dir() else name + ' (its config.json)'}")
-        if recorded and recorded.get("replaced_rope_parameters"):  # build the model's own rotary; apply rescales it again
-            config.get_text_config().rope_parameters = recorded["replaced_rope_parameters"]
-        tokenizer = None if _probe_checkpoint(source) else AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(
-            source, config=config, dtype=dtype, attn_implementation="sdpa", use_safetensors=True,
-            trust_remote_code=trust_remote_code, **sharding,
-        )
     except OSError as error:
-        raise RuntimeError(
-            f"cannot load model {name!r}: not a local folder and not fetchable from the Hugging Face hub "
-            f"(offline?). Pass a local path, or 'default' for the bundled SmolLM2-135M. ({error.__class__.__name__})"
-        ) from None
-    model = (model if tp else model.to(device)).eval()
+        raise _unfetchable(name, error) from None
+    recorded = getattr(config, CONFIG_KEY, None)
     if recorded is not None:
-        reapply(model, recorded)
-    return model, tokenizer
+        recorded = saved.checked(recorded, f"{Path(source) / 'config.json' if Path(source).is_dir() else name + ' (its config.json)'}")
+        if recorded.get("replaced_rope_parameters"):
+            config.get_text_config().rope_parameters = recorded["replaced_rope_parameters"]
+    return config, recorded
+
+
+def _unfetchable(name: str, error: OSError) -> RuntimeError:
+    return RuntimeError(f"cannot load model {name!r}: not a local folder and not fetchable from the Hugging Face hub "
+                        f"(offline?). Pass a local path, or 'default' for the bundled SmolLM2-135M. ({error.__class__.__name__})")
 
 
 def _probe_checkpoint(source) -> bool:

@@ -151,6 +151,28 @@ def test_the_pipeline_end_to_end_on_a_tiny_model(tmp_path):
     assert (tmp_path / "calibration.png").exists()
 
 
+def test_records_and_summary_say_what_a_length_meant(tmp_path):
+    """Each case records its haystack size and, for ruler:*, the size RULER's search found for its task and length;
+    summary.json and summary.md give per task and length the prompt tokens (mean, min, max) and that size."""
+    model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024)
+    grid = runner.Grid("tiny", ["ruler:niah_single_1", "passkey"], [runner.MethodSpec.parse("rope")], [1000], [0.5], 3)
+    records = runner.read_results(runner.run(grid, tmp_path, loaded=(model, byte_tokenizer())))
+    ruler_cases = [r for r in records if r["task"] == "ruler:niah_single_1"]
+    (searched,) = {r["searched_units"] for r in ruler_cases}
+    assert all(r["haystack_units"] <= searched and (searched - r["haystack_units"]) % 5 == 0 for r in ruler_cases)
+    assert all("searched_units" not in r and r["haystack_units"] > 0 for r in records if r["task"] == "passkey")
+    markdown = report.build(tmp_path)
+    rows = {row["task"]: row for row in json.loads((tmp_path / "summary.json").read_text())["sizes"]}
+    tokens = [r["n_tokens"] for r in ruler_cases]
+    assert rows["ruler:niah_single_1"] == {"model": "tiny", "task": "ruler:niah_single_1", "length": 1000, "cases": 3,
+                                           "tokens": {"mean": sum(tokens) / 3, "min": min(tokens), "max": max(tokens)},
+                                           "haystack_units": {"min": min(r["haystack_units"] for r in ruler_cases),
+                                                              "max": max(r["haystack_units"] for r in ruler_cases)},
+                                           "searched_units": [searched]}
+    assert rows["passkey"]["searched_units"] is None and rows["passkey"]["cases"] == 3
+    assert "## Prompt sizes" in markdown and f"; searched {searched} |" in markdown
+
+
 def test_paired_differences_against_rope_pair_the_same_cases(tmp_path):
     """string minus rope per length, over the (depth, seed)s both ran; a case only one method ran is left out."""
     base = {"model": "m", "task": "passkey", "metric": "exact", "window": 1024, "seconds": 1.0}
@@ -240,6 +262,7 @@ def test_the_dtype_reaches_the_loader_and_a_folder_keeps_one_precision(tmp_path,
     grid = runner.Grid("tiny", ["passkey"], grid.methods[:1], [700], [0.5], 2, dtype="bfloat16")
     asked = []
     monkeypatch.setattr(models, "load", lambda name, dtype, **_: asked.append(dtype) or (model.to(dtype), tokenizer))
+    monkeypatch.setattr(models, "load_config", lambda name: model.config)
     runner.run(grid, tmp_path)
     assert asked == [torch.bfloat16]
     assert {r["dtype"] for r in runner.read_results(tmp_path / runner.RESULTS)} == {"bfloat16"}
@@ -257,7 +280,7 @@ def test_method_specs_expand_the_paper_protocol_and_compose():
         "string", {"scaling": {"rope_type": "yarn", "factor": 2}, "shift": 100})
     with pytest.raises(ValueError, match="protocol='llama' is not one of: paper"):
         runner.MethodSpec.parse("dca:protocol=llama").arguments(8192)
-    with pytest.raises(ValueError, match="'dca' after '\\+' must be a frequency method"):
+    with pytest.raises(ValueError, match="after '\\+': unknown frequency method 'dca'; frequency methods: pi, ntk"):
         runner.MethodSpec.parse("string+dca").arguments(8192)
 
 

@@ -96,19 +96,19 @@ def test_string_default_shift_is_a_third_of_the_window():
     assert create("string", training_window=8192).local_window == 128
 
 
-@pytest.mark.parametrize("window, shift, local_window", [(131072, 43691, 128), (4096, 1365, 128), (2048, 683, 64), (384, 128, 12),
-                                                         (256, 85, 8), (96, 32, 3), (10, 3, 1)])
+@pytest.mark.parametrize("window, shift, local_window", [(131072, 43691, 128), (2048, 683, 128), (600, 200, 37), (384, 128, 24),
+                                                         (256, 85, 16), (96, 32, 6), (10, 3, 1)])
 def test_string_defaults_fit_every_window(window, shift, local_window):
-    """The default W is min(128, L // 32): 128 was out of range below L = 385 (W < S = L/3), an error naming a
-    parameter the user never set."""
+    """The default W is min(128, L // 16), the paper's 128 at every L it evaluates (2K and up): 128 was out of range
+    below L = 385 (W < S = L/3), an error naming a parameter the user never set."""
     method = create("string", training_window=window)
     assert (method.shift, method.local_window) == (shift, local_window)
     assert method.describe() == f"string(shift={shift}, local_window={local_window}, mscale=False)"
 
 
 def test_a_shift_below_the_default_window_says_the_window_was_the_default():
-    with pytest.raises(ValueError, match=r"local_window=8 is out of range: 0 < local_window < shift = 5 < L = 256 \(the default at "
-                                         r"L = 256, min\(128, L // 32\): give a smaller local_window"):
+    with pytest.raises(ValueError, match=r"local_window=16 is out of range: 0 < local_window < shift = 5 < L = 256 \(the default at "
+                                         r"L = 256, min\(128, L // 16\): give a smaller local_window"):
         create("string", training_window=256, shift=5)
 
 
@@ -149,7 +149,8 @@ def test_bad_baseline_parameters_name_the_parameter_and_range(name, params, mess
 
 
 def test_unknown_method_lists_the_supported_ones():
-    with pytest.raises(ValueError, match="unknown method 'strng'; supported: rope, string, rerope, self_extend, dca"):
+    every = "rope, string, rerope, self_extend, dca, dpe, pi, ntk, dynamic, yarn, llama3, drop, dynamic_drop"
+    with pytest.raises(ValueError, match=rf"unknown method 'strng'; did you mean string\? methods: {every} \(`longreach methods`"):
         create("strng", training_window=9)
 
 

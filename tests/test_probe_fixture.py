@@ -8,14 +8,13 @@ from pathlib import Path
 import pytest
 
 from longreach.eval.runner import MethodSpec
-from longreach.methods import create
 from longreach.eval.stats import RULER_THRESHOLD
 from longreach.integrations.transformers import remove
 from longreach.probe import cli, corpus, experiment, measure, task, train
 
 FIXTURE = Path(__file__).parent / "fixtures" / "probe_natural_256"  # a run folder holding its final checkpoint
 WINDOW = 256
-STRING = "string"  # the experiment's STRING at its default S = L/3: its local window is STRING's default at L = 256
+STRING = f"string:local_window={experiment.LOCAL_WINDOW}"  # the experiment's STRING at its default S = L/3
 CASES = 50  # per distance; the last third of the experiment's 16 distances holds 5: n = 250
 
 
@@ -32,7 +31,6 @@ def last_third():
 
 
 def test_the_fixture_is_the_experiments_final_natural_model():
-    assert create("string", training_window=WINDOW).local_window == experiment.LOCAL_WINDOW
     state = train.state_of(train.checkpoints(FIXTURE)[-1])
     assert state["step"] == cli.EXPERIMENT_STEPS and state["corpus"]["distribution"] == "natural"
     assert state["corpus"]["window"] == WINDOW and state["corpus"]["median"] * WINDOW == experiment.MEDIAN_TOKENS

@@ -88,8 +88,8 @@ def test_remove_restores_and_apply_twice_replaces(family):
 def test_string_defaults_come_from_the_training_window():
     model = tiny_model("llama", max_position_embeddings=600)
     assert longreach.apply(model, "string") is model
-    assert (longreach.applied(model).shift, longreach.applied(model).local_window) == (200, 128)
-    assert longreach.describe(model) == "string(shift=200, local_window=128, mscale=False) [L=600]"
+    assert (longreach.applied(model).shift, longreach.applied(model).local_window) == (200, 37)  # W = L // 16 below L = 2048
+    assert longreach.describe(model) == "string(shift=200, local_window=37, mscale=False) [L=600]"
 
 
 def test_the_training_window_is_max_position_embeddings_not_the_original_one():
@@ -119,16 +119,16 @@ def test_training_window_can_be_overridden():
         longreach.apply(model, "string", training_window=60.5, local_window=4)
 
 
-def test_string_default_window_needs_a_big_enough_model():
-    with pytest.raises(ValueError, match="local_window=128 is out of range: 0 < local_window < shift = 32"):
-        longreach.apply(tiny_model("llama"), "string")
+def test_string_defaults_fit_a_small_model():
+    """The default W scales below L = 2048 (it was 128 at every L: out of range for this L = 96 model)."""
+    assert longreach.describe(longreach.apply(tiny_model("llama"), "string")) == "string(shift=32, local_window=6, mscale=False) [L=96]"
 
 
 def test_bad_parameters_and_methods_are_clear_errors():
     model = tiny_model("llama")
     with pytest.raises(ValueError, match="shift=96 is out of range: local_window < shift < L = 96"):
         longreach.apply(model, "string", shift=96, local_window=4)
-    with pytest.raises(ValueError, match="unknown method .ntk-by-parts.; supported: rope, string, rerope"):
+    with pytest.raises(ValueError, match="unknown method .ntk-by-parts.; methods: rope, string, rerope"):
         longreach.apply(model, "ntk-by-parts")
     with pytest.raises(ValueError, match="backend='flash' is not one of"):
         longreach.apply(model, "rope", backend="flash")

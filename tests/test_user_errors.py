@@ -113,6 +113,23 @@ def test_a_malformed_record_in_a_saved_config_is_one_line_before_loading(record,
     assert expected in message and "config.json" in message
 
 
+def test_every_method_is_checked_on_the_config_before_the_weights_load(tmp_path, capsys, monkeypatch):
+    """``eval --method strng`` loaded the model first and failed 12-23 s later (minutes for an 8B model), listing the
+    position methods only: each --method is now applied to an empty (meta) model of the config first."""
+    tiny_model("llama").save_pretrained(tmp_path / "saved")
+    byte_tokenizer().save_pretrained(tmp_path / "saved")
+    monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
+    for method, expected in [("strng", "unknown method 'strng'; did you mean string? methods: rope, string, rerope, self_extend, dca, "
+                                       "dpe, pi, ntk, dynamic, yarn, llama3, drop, dynamic_drop"),
+                             ("string+yrn:factor=2", "after '+': unknown frequency method 'yrn'; did you mean yarn?"),
+                             ("string:shift=500", "shift=500 is out of range: local_window < shift < L = 96"),
+                             ("yarn:factor=0.5", "factor=0.5 is out of range"),
+                             ("dynamic_drop:layers=5", "layers=[5] is out of range: layer indices 0 .. 1")]:
+        message = cli_error(["eval", "niah", "--model", str(tmp_path / "saved"), "--method", "rope", "--method", method,
+                             "--out", str(tmp_path / "out"), "--lengths", "64"], capsys)
+        assert expected in message, message
+
+
 @pytest.mark.parametrize("method, params, expected", [
     ("yarn", {"factor": math.nan}, "factor=nan is out of range"),
     ("pi", {"factor": math.inf}, "factor=inf is out of range"),
@@ -240,6 +257,7 @@ def test_random_malformed_command_lines_end_in_a_clear_error(command, pairs, cap
         raise RuntimeError("no model in this test")
 
     monkeypatch.setattr(models, "load", no_model)
+    monkeypatch.setattr(models, "load_config", no_model)
     monkeypatch.chdir(tmp_path)
     argv = [command] + {"eval": ["niah"], "matrix": ["string"], "report": ["/no/such"]}.get(command, [])
     for flag, value in pairs:

@@ -57,7 +57,7 @@ class MethodSpec:
         ``protocol=paper`` expands to the STRING paper's baseline set-up; ``position+frequency``
         (e.g. ``string+yarn:factor=2``) composes, routing each parameter to the method that has it.
         """
-        from ..methods import paper_baseline, scaling
+        from ..methods import base, paper_baseline, scaling
 
         params = dict(self.params)
         protocol = params.pop("protocol", None)
@@ -69,7 +69,7 @@ class MethodSpec:
         if not frequency:
             return position, params
         if frequency not in scaling.ALIASES:
-            raise ValueError(f"{frequency!r} after '+' must be a frequency method: {', '.join(scaling.PARAMETERS)}")
+            raise ValueError(f"after '+': {base.unknown(frequency, 'frequency method', list(scaling.PARAMETERS))}")
         names = scaling.PARAMETERS[scaling.ALIASES[frequency]]
         rescale = {"rope_type": frequency, **{k: v for k, v in params.items() if k in names}}
         return position, {"scaling": rescale, **{k: v for k, v in params.items() if k not in names}}
@@ -125,6 +125,23 @@ def check_lengths(lengths: list[int], window: int) -> None:
                          f"for this model (L = {window})")
     if (beyond := [n for n in lengths if n > window]):
         print(f"note: lengths {', '.join(map(str, beyond))} exceed the model's training window L = {window}")
+
+
+def check_methods(grid: "Grid", config) -> None:
+    """Apply each of ``grid``'s methods to an empty (meta) model built from ``config``: every ``--method`` is checked,
+    parameters and ranges included, before any weights load."""
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import longreach
+
+    with torch.device("meta"):
+        empty = AutoModelForCausalLM.from_config(copy.deepcopy(config))
+    window = grid.training_window or longreach.training_window(config)
+    for spec in grid.methods:
+        spec.apply(empty, window)
 
 
 def depth_grid(count: int) -> list[float]:
@@ -221,6 +238,8 @@ def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, batch_size
     out.mkdir(parents=True, exist_ok=True)
     path = out / RESULTS
     specs = {m.label: m for m in grid.methods}
+    if loaded is None:
+        check_methods(grid, models.load_config(grid.model))  # in a second: a typo must not wait for the weights
     model, tokenizer = loaded or models.load(grid.model, dtype=grid.dtype if grid.dtype == "auto" else getattr(torch, grid.dtype),
                                              device=world.device(), tp=tp)
     if tokenizer is None and (text := [t for t in grid.tasks if not getattr(tasks.get(t), "token_ids", False)]):
@@ -381,7 +400,8 @@ def _run_batch(task, model, tokenizer, cases: list, apply, prefill_tokens: int |
         else:
             fields = next(outcome)
             if not fields.get("error"):
-                fields = {"n_tokens": case.n_tokens, "max_new_tokens": case.max_new_tokens,
+                fields = {"n_tokens": case.n_tokens, "max_new_tokens": case.max_new_tokens, "haystack_units": case.haystack_units,
+                          **({"searched_units": case.searched_units} if case.searched_units is not None else {}),
                           "prompt_hash": hashlib.sha256(case.prompt.encode()).hexdigest()[:16], "references": case.references,
                           "needle_depths": case.needle_depths, "metric": case.metric, **fields}
             results.append((dict(fields), seconds))

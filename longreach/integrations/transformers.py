@@ -162,7 +162,7 @@ def apply(model: nn.Module, method: str = "string", *, training_window: int | No
 
     Example:
         ```python
-        longreach.apply(model, "string")                     # S = round(L/3), W = min(128, L // 32)
+        longreach.apply(model, "string")                     # S = round(L/3), W = min(128, L // 16)
         longreach.apply(model, "dca", scaling={"rope_type": "yarn", "factor": 2.0})
         ```
     """

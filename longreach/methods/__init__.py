@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import MISSING, fields
 
 from . import drop, scaling
-from .base import Part, PositionMethod
+from .base import Part, PositionMethod, unknown
 from .dca import DualChunk
 from .dpe import DPE
 from .rerope import ReRope
@@ -16,15 +16,20 @@ from .string import String
 METHODS: dict[str, type[PositionMethod]] = {cls.name: cls for cls in (Rope, String, ReRope, SelfExtend, DualChunk, DPE)}
 
 
+def names() -> list[str]:
+    """Every method name ``apply`` takes: position, frequency and drop methods."""
+    return [*METHODS, *scaling.PARAMETERS, *drop.DROPS]
+
+
 def create(name: str, training_window: int, **params) -> PositionMethod:
     """Build method ``name`` for a model trained on ``training_window`` tokens; parameters are validated."""
     if name not in METHODS:
-        raise ValueError(f"unknown method {name!r}; supported: {', '.join(METHODS)}")
+        raise ValueError(unknown(name, "method", names()))
     cls = METHODS[name]
     allowed = [f.name for f in fields(cls) if f.name != "training_window"]
-    unknown = sorted(set(params) - set(allowed))
-    if unknown:
-        raise ValueError(f"{name} has no parameter {', '.join(unknown)}; its parameters: {', '.join(allowed) or 'none'}")
+    unexpected = sorted(set(params) - set(allowed))
+    if unexpected:
+        raise ValueError(f"{name} has no parameter {', '.join(unexpected)}; its parameters: {', '.join(allowed) or 'none'}")
     return cls(training_window=training_window, **params)
 
 

@@ -139,3 +139,12 @@ def require_int(name: str, value, low: int, high: int | None, rule: str) -> None
         raise ValueError(f"{name} must be an integer ({rule}), got {value!r}")
     if value < low or (high is not None and value > high):
         raise ValueError(f"{name}={value} is out of range: {rule}")
+
+
+def unknown(name, kind: str, choices: list[str]) -> str:
+    """The one-line error for a ``kind`` name that is none of ``choices``: the nearest ones first, then all."""
+    import difflib
+
+    near = difflib.get_close_matches(str(name), choices, n=2, cutoff=0.6)
+    guess = f"did you mean {' or '.join(near)}? " if near else ""
+    return f"unknown {kind} {name!r}; {guess}{kind}s: {', '.join(choices)} (`longreach methods` describes them)"

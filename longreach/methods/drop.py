@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import torch
 
-from .base import require_int, require_number
+from .base import require_int, require_number, unknown
 
 
 def _check_rate(name: str, value) -> None:
@@ -122,8 +122,8 @@ RANGES = {
 def create(name: str, **params):
     """Drop method ``name`` with its parameters, validated."""
     if name not in DROPS:
-        raise ValueError(f"unknown drop method {name!r}; supported: {', '.join(DROPS)}")
+        raise ValueError(unknown(name, "drop method", list(DROPS)))
     allowed = [f.name for f in fields(DROPS[name])]
-    if (unknown := sorted(set(params) - set(allowed))):
-        raise ValueError(f"{name} has no parameter {', '.join(unknown)}; its parameters: {', '.join(allowed)}")
+    if (unexpected := sorted(set(params) - set(allowed))):
+        raise ValueError(f"{name} has no parameter {', '.join(unexpected)}; its parameters: {', '.join(allowed)}")
     return DROPS[name](**params)

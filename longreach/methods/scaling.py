@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .base import require_int, require_number
+from .base import require_int, require_number, unknown
 
 PARAMETERS = {
     "pi": {"factor": 2.0},
@@ -72,10 +72,10 @@ class Scaling:
     def create(cls, name: str, training_window: int, **params) -> "Scaling":
         name = ALIASES.get(name, name)
         if name not in PARAMETERS:
-            raise ValueError(f"unknown frequency method {name!r}; supported: {', '.join(PARAMETERS)}")
-        unknown = sorted(set(params) - set(PARAMETERS[name]))
-        if unknown:
-            raise ValueError(f"{name} has no parameter {', '.join(unknown)}; its parameters: {', '.join(PARAMETERS[name])}")
+            raise ValueError(unknown(name, "frequency method", list(PARAMETERS)))
+        unexpected = sorted(set(params) - set(PARAMETERS[name]))
+        if unexpected:
+            raise ValueError(f"{name} has no parameter {', '.join(unexpected)}; its parameters: {', '.join(PARAMETERS[name])}")
         merged = {**PARAMETERS[name], **params}
         require_number("factor", merged["factor"], "a number >= 1", low=1)
         if "beta_slow" in merged:

@@ -25,8 +25,8 @@ OFFICIAL_MSCALE = 1 + 0.1 * math.log(2)
 
 
 def default_local_window(training_window: int) -> int:
-    """STRING's default ``W`` for a model's ``L``: ``min(128, L // 32)``, at least 1."""
-    return max(1, min(128, training_window // 32))
+    """STRING's default ``W`` for a model's ``L``: ``min(128, L // 16)``, at least 1."""
+    return max(1, min(128, training_window // 16))
 
 
 @dataclass(frozen=True)
@@ -36,9 +36,9 @@ class String(PositionMethod):
     Args:
         training_window: the model's ``L``.
         shift: ``S``, an integer with ``W < S < L``; default ``round(L/3)``.
-        local_window: ``W``, an integer with ``0 < W < S``; default ``min(128, L // 32)``: the official code's 128
-            from ``L = 4096`` on, and below it a window as small against ``S = L/3`` as 128 is at ``L = 4096``
-            (``S/W ~ 11``), so that the defaults fit every ``L`` (``L = 256``: ``S = 85``, ``W = 8``).
+        local_window: ``W``, an integer with ``0 < W < S``; default ``min(128, L // 16)``: the paper's 128 from
+            ``L = 2048`` on (every model it evaluates), and below it a window as small against ``S = L/3`` as 128
+            is at 2K (``S/W ~ 5.3``), so that the defaults fit every ``L`` (``L = 256``: ``S = 85``, ``W = 16``).
         mscale: the official code's ``1 + 0.1 ln 2`` factor on cos and sin, i.e. rotary logits multiplied
             by ``(1 + 0.1 ln 2)^2 ~ 1.143``; off by default, as the paper's equation.
     """
@@ -46,7 +46,7 @@ class String(PositionMethod):
     name = "string"
     paper = "An et al. 2025, Why Does the Effective Context Length of LLMs Fall Short? (arXiv:2410.18745)"
     changes = "positions: P = d for d < S, else d - S + W (drops the undertrained tail)"
-    ranges = {"shift": "integer, local_window < shift < L (default round(L/3))", "local_window": "integer, 0 < local_window < shift (default min(128, L // 32))", "mscale": "True/False: official 1 + 0.1 ln 2 on cos/sin"}
+    ranges = {"shift": "integer, local_window < shift < L (default round(L/3))", "local_window": "integer, 0 < local_window < shift (default min(128, L // 16))", "mscale": "True/False: official 1 + 0.1 ln 2 on cos/sin"}
 
     training_window: int
     shift: int | None = None
@@ -63,7 +63,7 @@ class String(PositionMethod):
         require_int("shift", self.shift, 1, L - 1, f"local_window < shift < L = {L}")
         require_int("local_window", self.local_window, 1, None, f"0 < local_window < shift = {self.shift}")
         if not self.local_window < self.shift:
-            where = f" (the default at L = {L}, min(128, L // 32): give a smaller local_window, or a larger shift)" if defaulted else ""
+            where = f" (the default at L = {L}, min(128, L // 16): give a smaller local_window, or a larger shift)" if defaulted else ""
             raise ValueError(
                 f"local_window={self.local_window} is out of range: 0 < local_window < shift = {self.shift} < L = {L}{where}"
             )

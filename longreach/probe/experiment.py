@@ -25,7 +25,7 @@ LOWER_THRESHOLD = 75.0
 """A second effective-length threshold, reported beside RULER's 85.6: these small models plateau at 85-95% over
 mid distances, so at 85.6 one checkpoint's effective length can jump from 32 to 156 and back; chosen after
 seeing the first run, and said so in docs/probing.md."""
-LOCAL_WINDOW = 8  # STRING's local window W in every run: the default at L = 256 (min(128, L // 32)), kept at 512 (default 16)
+LOCAL_WINDOW = 8  # STRING's local window W in every run, as published (the default, min(128, L // 16), is 16 at 256)
 
 
 @dataclass(frozen=True)
