@@ -4,6 +4,7 @@ every back-off (``qa.py``, ``common_words_extraction.py``)."""
 
 import random
 import re
+from types import SimpleNamespace
 
 import nltk
 import pytest
@@ -87,8 +88,9 @@ def test_a_punkt_model_other_than_punkt_tab_english_is_refused(monkeypatch):
     import punkt
 
     model = punkt.load_model("english")
-    model.abbrev_types.add("approx")
-    monkeypatch.setattr(punkt, "load_model", lambda language: model)
+    other = SimpleNamespace(abbrev_types=model.abbrev_types | {"approx"}, collocations=model.collocations, sent_starters=model.sent_starters,
+                            numeric_abbrev_types=model.numeric_abbrev_types, ortho_context=model.ortho_context)
+    monkeypatch.setattr(punkt, "load_model", lambda language: other)
     haystack._punkt.cache_clear()
     try:
         with pytest.raises(RuntimeError, match="is not the punkt_tab English RULER splits with"):
