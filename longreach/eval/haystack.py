@@ -190,10 +190,10 @@ _SEARCHED: dict[tuple, int] = {}
 
 def fit_as_ruler(tokenizer, length: int, budget: int, build: Callable[[int], str], search_build: Callable[[int], str],
                  search: RulerSearch, key: tuple, *, search_budget: int | None = None, least: int = 1, most: int | None = None,
-                 what: str = "case", unit: str = "units") -> tuple[int, str, int]:
-    """RULER's packing of one case: ``(n, prompt, tokens)`` with ``n`` the size RULER's search finds for the
+                 what: str = "case", unit: str = "units") -> tuple[int, str, int, int]:
+    """RULER's packing of one case: ``(n, prompt, tokens, size)``, ``size`` the size RULER's search finds for the
     task and length (:func:`ruler_size`, on ``search_build`` within ``search_budget``, default ``budget``;
-    cached under ``key``), backed off ``search.step`` units at a time until ``build(n)`` fits the budget.
+    cached under ``key``), ``n`` that size backed off ``search.step`` units at a time until ``build(n)`` fits the budget.
     Where RULER would loop for ever (a size of ``step`` units that still does not fit) or back off below the
     ``least`` units the task is whole with (cwe's 10 common words), a one-line error; so is a length that
     needs more than the ``most`` units a finite pool holds (RULER repeats its pool)."""
@@ -206,7 +206,7 @@ def fit_as_ruler(tokenizer, length: int, budget: int, build: Callable[[int], str
         prompt = build(n)
         used = count_tokens(tokenizer, prompt)
         if used <= budget:
-            return n, prompt, used
+            return n, prompt, used, size
         if n - search.step < max(least, 1):
             raise ValueError(f"{what}: the prompt with {n} {unit} takes {used} tokens, over the budget of {budget} "
                              f"(RULER's search gave {size}, backing off {search.step} at a time)")

@@ -57,6 +57,8 @@ FIELDS = {  # field -> (what it must be, the test); every field but REQUIRED may
     "prefill_tokens": ("a whole number >= 0", _integer(0)),
     "n_tokens": ("a whole number >= 0", _integer(0)),
     "max_new_tokens": ("a whole number >= 0", _integer(0)),
+    "haystack_units": ("a whole number >= 0", _integer(0)),
+    "searched_units": ("a whole number >= 0", _integer(0)),
     "empty": ("true or false", lambda v: isinstance(v, bool)),
     "answer": ("a text", _text),
     "machine": ("a text", _text),

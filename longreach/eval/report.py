@@ -19,7 +19,7 @@ from statistics import mean, median
 import numpy as np
 
 from .. import plots
-from . import ruler, stats, tasks
+from . import prompt_sizes, ruler, stats, tasks
 from .records import RESULTS, read_results
 
 RULER_THRESHOLD = stats.RULER_THRESHOLD
@@ -119,7 +119,7 @@ def build(out: Path, threshold: float = RULER_THRESHOLD) -> str:
     for r in records:
         by_task[r["model"], r["task"]].append(r)
     summary = {"threshold": threshold, "confidence": stats.CONFIDENCE, "cells": [], "paired": [], "effective_length": [],
-               "ruler": [], "ruler_paired": [], "failed": len(failed)}
+               "ruler": [], "ruler_paired": [], "sizes": prompt_sizes.sizes(records), "failed": len(failed)}
     sections = [f"# longreach results\n\nModel: {', '.join(models)}; {len(records)} cases; every score is the mean "
                 f"with its 95% interval [low, high] and n (Wilson for pass/fail, bootstrap for means); effective length "
                 f"threshold {threshold:g}.\n"]
@@ -131,6 +131,7 @@ def build(out: Path, threshold: float = RULER_THRESHOLD) -> str:
     for (model, task), rows in sorted(by_task.items()):
         title = task if len(models) == 1 else f"{task} — {model}"
         sections.append(_task_section(out, title, rows, threshold, summary))
+    sections.append(prompt_sizes.section(summary["sizes"], _fmt_length))
     sections.append(_time_section(records))
     if failed:
         sections.append(_errors_section(failed))

@@ -90,7 +90,7 @@ class VariableTracking:
                                               least=least, what=what, unit="noise lines")
         else:
             run = "run"
-            n, text, _ = haystack.fit_as_ruler(tokenizer, self.example_length, self.example_length, lambda n: prompt_of(n, f"run/{n}"),
+            n, text, *_ = haystack.fit_as_ruler(tokenizer, self.example_length, self.example_length, lambda n: prompt_of(n, f"run/{n}"),
                                                lambda n: prompt_of(n, f"search/{n}"), haystack.RulerSearch(5), (self.name, "example"),
                                                what=what, unit="noise lines")
         return text + " " + " ".join(names[f"{run}/{n}"]) + "\n"
