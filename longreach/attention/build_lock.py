@@ -17,7 +17,6 @@ import os
 import socket
 import sys
 import time
-import warnings
 from pathlib import Path
 
 LOCK = "longreach-build.lock"  # ours, with its holder
@@ -36,7 +35,7 @@ def holding(folder: Path, limit: float = BUILD_LIMIT):
         holder = _holder(lock)
         why = _stale(holder, lock, limit)
         if why:
-            warnings.warn(f"longreach: removed a stale build lock {lock} ({why}); building the CPU kernel again", stacklevel=3)
+            print(f"longreach: removed a stale build lock {lock} ({why}); building the CPU kernel again", file=sys.stderr, flush=True)
             for name in (LOCK, TORCH_LOCK):
                 with contextlib.suppress(FileNotFoundError):
                     (folder / name).unlink()

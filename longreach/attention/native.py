@@ -185,21 +185,34 @@ def _module():
     (:mod:`.build_lock`: a build killed midway does not block the next)."""
     from torch.utils import cpp_extension
 
-    source = SOURCE.read_text()
-    flags = ["-O3", "-fopenmp"]
-    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):  # PyTorch's vector types in their AVX2 form
-        flags += ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"]
-    digest = hashlib.sha256("\n".join([source, torch.__version__, sys.implementation.cache_tag, *flags]).encode()).hexdigest()[:12]
-    name = f"longreach_parts_{digest}"
-    folder = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()) / name
+    flags = _flags()
+    folder = _build_folder()
     path = os.environ.get("PATH", "")
     try:
         # torch runs ninja by name: the one pip installed beside this Python counts too
         os.environ["PATH"] = os.pathsep.join([path, os.path.dirname(sys.executable)])
         with build_lock.holding(folder):
-            return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
+            return cpp_extension.load(name=folder.name, sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
                                       build_directory=str(folder), verbose=False)
     except (OSError, RuntimeError, ImportError, SystemExit, subprocess.SubprocessError) as error:  # a compiler that fails its version check
         raise BuildError(f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}") from error
     finally:
         os.environ["PATH"] = path
+
+
+def _flags() -> list[str]:
+    """The compiler flags: -O3, OpenMP, and PyTorch's vector types in their AVX2 form where the CPU has AVX2."""
+    flags = ["-O3", "-fopenmp"]
+    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
+        flags += ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"]
+    return flags
+
+
+def _build_folder() -> Path:
+    """Where the kernel is built: ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``), then a name that
+    holds a hash of the source, the PyTorch and Python releases and the flags."""
+    from torch.utils import cpp_extension
+
+    digest = hashlib.sha256("\n".join([SOURCE.read_text(), torch.__version__, sys.implementation.cache_tag, *_flags()]).encode())
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+    return Path(root) / f"longreach_parts_{digest.hexdigest()[:12]}"
