@@ -119,6 +119,7 @@ def _dispersion(args: argparse.Namespace) -> None:
         raise ValueError(f"--length={args.length} gives {len(lengths)} lengths: give one, e.g. 12k")
     specs = [runner.MethodSpec.parse(m) for m in (args.method or ["rope", "dynamic_drop"])]
     out = writable_folder(args.out)
+    runner.check_methods(specs, models.load_config(args.model), args.training_window)
     model, tokenizer = models.load(args.model)
     window = args.training_window or longreach.training_window(model.config)
     runner.check_lengths(lengths, window)

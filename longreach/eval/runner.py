@@ -127,9 +127,9 @@ def check_lengths(lengths: list[int], window: int) -> None:
         print(f"note: lengths {', '.join(map(str, beyond))} exceed the model's training window L = {window}")
 
 
-def check_methods(grid: "Grid", config) -> None:
-    """Apply each of ``grid``'s methods to an empty (meta) model built from ``config``: every ``--method`` is checked,
-    parameters and ranges included, before any weights load."""
+def check_methods(methods: list[MethodSpec], config, training_window: int | None = None) -> None:
+    """Apply each method to an empty (meta) model built from ``config``: every ``--method`` is checked, parameters and
+    ranges included, before any weights load."""
     import copy
 
     import torch
@@ -139,8 +139,8 @@ def check_methods(grid: "Grid", config) -> None:
 
     with torch.device("meta"):
         empty = AutoModelForCausalLM.from_config(copy.deepcopy(config))
-    window = grid.training_window or longreach.training_window(config)
-    for spec in grid.methods:
+    window = training_window or longreach.training_window(config)
+    for spec in methods:
         spec.apply(empty, window)
 
 
@@ -239,7 +239,7 @@ def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, batch_size
     path = out / RESULTS
     specs = {m.label: m for m in grid.methods}
     if loaded is None:
-        check_methods(grid, models.load_config(grid.model))  # in a second: a typo must not wait for the weights
+        check_methods(grid.methods, models.load_config(grid.model), grid.training_window)  # in a second: a typo must not wait for the weights
     model, tokenizer = loaded or models.load(grid.model, dtype=grid.dtype if grid.dtype == "auto" else getattr(torch, grid.dtype),
                                              device=world.device(), tp=tp)
     if tokenizer is None and (text := [t for t in grid.tasks if not getattr(tasks.get(t), "token_ids", False)]):
