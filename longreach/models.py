@@ -62,9 +62,9 @@ def load(name: str = DEFAULT, dtype: torch.dtype = torch.float32, device: str = 
         ``(model, tokenizer)``; the tokenizer is ``None`` for a checkpoint of ``longreach probe train`` (token ids only).
 
     Raises:
-        RuntimeError: a missing default model or folder, a folder without ``config.json`` or without
-            safetensors weights, a hub id while offline, key/value heads that do not split over the
-            processes.
+        RuntimeError: a missing default model or folder, a folder without ``config.json``, without
+            safetensors weights or without a tokenizer, a hub id while offline, key/value heads that do not split
+            over the processes.
         ValueError: a malformed ``longreach`` record in ``config.json`` (one line naming the file and the field).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -95,7 +95,8 @@ def load_config(name: str = DEFAULT, trust_remote_code: bool = False):
 
 
 def _source(name: str) -> str:
-    """What ``from_pretrained`` reads for ``name``: a folder holding a config and safetensors weights, or a hub id."""
+    """What ``from_pretrained`` reads for ``name``: a folder holding a config, safetensors weights and a tokenizer (a
+    checkpoint of ``longreach probe train`` has none), or a hub id."""
     source = str(default_path()) if name == DEFAULT else name
     if not Path(source).exists() and not _hub_reachable():
         raise RuntimeError(
@@ -108,6 +109,9 @@ def _source(name: str) -> str:
         pickles = sorted(p.name for p in Path(source).glob("*.bin")) or ["no weights file"]
         raise RuntimeError(f"cannot load model {name!r}: the folder {source} has no safetensors weights ({', '.join(pickles[:3])}); "
                            "longreach refuses .bin on purpose (pickles can run code): save the model with safe_serialization=True")
+    if Path(source).is_dir() and not any(Path(source).glob("tokenizer*")) and not _probe_checkpoint(source):
+        raise RuntimeError(f"cannot load model {name!r}: the folder {source} has no tokenizer (no tokenizer.json or "
+                           f"tokenizer_config.json); save it beside the model: tokenizer.save_pretrained({source!r})")
     return source
 
 

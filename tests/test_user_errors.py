@@ -88,6 +88,27 @@ def test_a_model_folder_without_a_model_says_so(tmp_path, capsys):
     assert "has no safetensors weights (pytorch_model.bin); longreach refuses .bin on purpose" in message
 
 
+def test_a_saved_model_without_its_tokenizer_names_the_call_that_saves_it(tmp_path, capsys, monkeypatch):
+    """``model.save_pretrained("out"); longreach.load("out")`` (the API guide's two lines) ended in transformers'
+    six-line error about converting a slow tokenizer: the tokenizer was never saved. Now one line, before any weights
+    load, naming ``tokenizer.save_pretrained``; with the tokenizer saved too, the model comes back applied."""
+    model = tiny_model("llama")
+    longreach.apply(model, "string", shift=40, local_window=8)
+    model.save_pretrained(tmp_path / "out")
+    folder = str(tmp_path / "out")
+    with monkeypatch.context() as patched:
+        patched.setattr("transformers.AutoModelForCausalLM.from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
+        with pytest.raises(RuntimeError) as error:
+            longreach.load(folder)
+        message = cli_error(["eval", "niah", "--model", folder, "--out", str(tmp_path / "runs")], capsys)
+    assert str(error.value) == (f"cannot load model {folder!r}: the folder {folder} has no tokenizer (no tokenizer.json or "
+                                f"tokenizer_config.json); save it beside the model: tokenizer.save_pretrained({folder!r})")
+    assert f"tokenizer.save_pretrained({folder!r})" in message
+    byte_tokenizer().save_pretrained(folder)
+    loaded, tokenizer = longreach.load(folder)
+    assert longreach.describe(loaded) == longreach.describe(model) and tokenizer is not None
+
+
 @pytest.mark.parametrize("record, expected", [
     ("string", "the 'longreach' record is str 'string'; allowed: a dict with method, training_window"),
     (["string"], "the 'longreach' record is list ['string']; allowed: a dict"),
@@ -277,7 +298,7 @@ def test_processes_probing_one_out_folder_at_once_do_not_trip_each_other(tmp_pat
     the other's probe between its write and its unlink ("No such file or directory")."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from longreach.cli import writable_folder
+    from longreach.cli.arguments import writable_folder
 
     with ThreadPoolExecutor(8) as pool:
         folders = list(pool.map(lambda _: writable_folder(str(tmp_path / "out")), range(2000)))
