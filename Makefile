@@ -93,8 +93,9 @@ docs: $(STAMP)
 docs-serve: $(STAMP)
 	$(BIN)/mkdocs serve
 
-# The built site in headless Chromium (installed from Debian's packages when missing): screenshots of the home
-# page and an API page into site-check/ (ignored); fails on a blank page or a console error.
+# The built site in headless Chromium (installed from Debian's packages when missing): every page opened, a
+# screenshot of each into site-check/ (ignored); fails on a blank page, an image or internal link (anchor included)
+# that does not load, or a console error.
 docs-check: docs
 	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 		{ $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
