@@ -177,8 +177,8 @@ def segmented_block_mask(cells: list[tuple[int, int, Region]], q_segments: int, 
     """One block mask over queries and keys laid side by side in tile-aligned segments (``segment_length`` rows or
     keys each): cell ``(a, c, region)`` gives query segment ``a`` against key segment ``c`` the pairs of ``region``
     (row ``a s_q + t`` is query ``t`` as a part moves it, key ``c s_k + j`` key ``j``); pairs of no cell are out.
-    The regions share ``offset`` and ``padding``. With one query segment the parts meet in one softmax (SPEC.md
-    "STRING, efficiently", in one call); with several, each query segment's rows are merged by log-sum-exp."""
+    The regions share ``offset`` and ``padding``. With one query segment the parts meet in one softmax (the log-sum-exp
+    merge of docs/how-it-works.md, in one call); with several, each query segment's rows are merged by log-sum-exp."""
     q_segment, kv_segment = segment_length(q_len), segment_length(kv_len)
     q_tiles, kv_tiles = q_segment // TILE, kv_segment // TILE
     classes = [(a, c, *_tile_classes(region, q_len, kv_len, device)) for a, c, region in cells]

@@ -1,7 +1,7 @@
 """Every part of a method in one Triton kernel: one pass over the keys, one softmax per row.
 
 A method's parts (:class:`~longreach.methods.Part`) are disjoint regions of the causal pairs, each with
-its own view of q and k (SPEC.md section 1). Here they are the kernel's *cells*: cell ``c`` scores its pairs
+its own view of q and k (:mod:`longreach.methods.base`). Here they are the kernel's *cells*: cell ``c`` scores its pairs
 ``lo_c <= i - j < hi_c`` (and, for DCA, key positions in ``[first_c(i), stop_c(i))``) as ``q_c . k_c``, and all
 cells meet in one online softmax (Dao et al. 2022, FlashAttention, Algorithm 1) -- no log-sum-exp merge. The
 cell's query ``q_c`` is moved on the host (a query is one row per token); its keys are the cached keys,

@@ -1,4 +1,4 @@
-"""Running a plan: every part's blocks, merged by their log-sum-exp (SPEC.md "STRING, efficiently")::
+"""Running a plan: every part's blocks, merged by their log-sum-exp (docs/how-it-works.md)::
 
     O = (exp(lse_a) O_a + exp(lse_b) O_b) / (exp(lse_a) + exp(lse_b))
 """

@@ -1,4 +1,4 @@
-"""Which calls cover a part: the tile plans of the kernel (SPEC.md "STRING, efficiently").
+"""Which calls cover a part: the tile plans of the kernel (docs/how-it-works.md).
 
 A part's pairs ``lo <= i - j < hi`` are covered by :class:`Block` s, each one backend call: query rows
 against a slice of keys, unmasked, top-left causal, or with a tile-sized additive mask. An unbounded

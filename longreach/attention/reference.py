@@ -1,7 +1,8 @@
 """The dense oracle: attention with RoPE applied at per-pair relative positions. Tests only.
 
 For each (query i, key j) the score is RoPE's ``<R(P[i, j]) q_i, k_j>`` with ``P`` the method's
-relative-position matrix (SPEC.md section 1), computed from *unrotated* q and k. It builds
+relative-position matrix (its paper's rule, :meth:`~longreach.methods.base.PositionMethod.relative_positions`;
+every rule side by side in docs/methods.md), computed from *unrotated* q and k. It builds
 O(n^2 * D) tensors on purpose -- it is the slow, obvious definition the kernel is checked against
 -- and shares no code with :mod:`longreach.attention.rotary` or the kernel.
 """

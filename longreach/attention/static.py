@@ -5,8 +5,9 @@ call a backend on just the keys a part reaches. Under ``torch.compile(fullgraph=
 graphs, ``mode="reduce-overhead"`` -- a decoding step must not: here every slot of the cache (a
 ``StaticCache`` keeps empty ones) is scored for every part, each part's pairs are chosen by a mask computed
 on the device from the keys' positions, and the chosen scores meet in one softmax. The parts are disjoint
-and cover the causal pairs (SPEC.md section 1), so this is exactly the method's attention. The scores are
-``[B, Hq, Lq, Lkv]`` for the few queries of a step: O(n) memory, as SDPA's own decoding.
+and cover the causal pairs (every method's ``parts``; the tests check it), so this is exactly the method's
+attention. The scores are ``[B, Hq, Lq, Lkv]`` for the few queries of a step: O(n) memory, as SDPA's own
+decoding.
 """
 
 from __future__ import annotations

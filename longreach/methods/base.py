@@ -1,8 +1,8 @@
 """What every position method is made of.
 
 A position method is a rule ``P(i, j)``: the relative position RoPE must see for the query at
-position ``i`` and the key at ``j`` (SPEC.md section 1). It is given twice, and the tests check
-that both agree:
+position ``i`` and the key at ``j`` (from each method's paper; every rule side by side in
+docs/methods.md). It is given twice, and the tests check that both agree:
 
 * :meth:`PositionMethod.parts` -- the efficient form the kernel computes: disjoint regions of
   the causal triangle, each with a position shift for its queries and keys (RoPE rotations add,

@@ -9,13 +9,13 @@ every key sits at ``j mod c``. The query's position depends on where the key is:
     earlier chunks:   P = min(2c - 1, s) - (j mod c)
 
 This follows the official ChunkLlama code (``chunkllama_attn_replace.py``), whose earlier-chunk
-query sits at ``min(2c - 1, s)``; that equals SPEC.md's ``s`` whenever ``s >= 2l + 1`` (always
+query sits at ``min(2c - 1, s)``; that is ``s`` itself whenever ``s >= 2l + 1`` (always
 with the defaults). ``mscale=True`` reproduces the official code's length-dependent temperature:
 once a sequence of ``n`` tokens is longer than ``L``, cos and sin are multiplied by
 ``0.05 ln(n / L) + 1``, so the rotary logits by its square (``get_mscale`` in
-``chunkllama_attn_replace.py``, with ``n`` the tokens so far, cache included). The paper's defaults are ``s = 3L/4``; the local window is ``L/8`` here
-(SPEC.md), ``L/16`` in the official code. Three parts, one per chunk relation, with per-token
-shifts and chunk-aligned key spans.
+``chunkllama_attn_replace.py``, with ``n`` the tokens so far, cache included). The paper's defaults are ``s = 3L/4``;
+the local window is ``L/8`` here (longreach's default, docs/methods.md), ``L/16`` in the official code. Three parts,
+one per chunk relation, with per-token shifts and chunk-aligned key spans.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 // Every part of a position method in one pass on the CPU: one online softmax per query row.
 //
 // A method's parts are disjoint regions of the causal pairs, lo <= i - j < hi (and, for DCA, keys in a span
-// [first(t), stop(t)) per query row), each scored with its own view of q and k (SPEC.md section 1). Here a part
+// [first(t), stop(t)) per query row), each scored with its own view of q and k (longreach/methods/base.py). Here a part
 // is a *cell* (query view, key view, lo, hi, span) and all cells of a row meet in one online softmax (Dao et al.
 // 2022, FlashAttention, Algorithm 1): no log-sum-exp merge.
 //
