@@ -6,7 +6,8 @@ import pytest
 import torch
 from conftest import TINY_VOCAB, byte_tokenizer, tiny_model
 
-from longreach.eval import haystack, report, runner, scoring, tasks
+from longreach import provenance
+from longreach.eval import haystack, pictures, report, runner, scoring, tasks
 
 
 @pytest.fixture(scope="module")
@@ -113,9 +114,9 @@ def test_time_per_case_keeps_batch_sizes_apart():
 
 def test_file_names_of_long_method_labels_stay_short_and_apart():
     dpe = "dpe:dimensions=docs/study/dpe_dimensions_16k.safetensors,group_scales=4;4;4;4;4;4;4;4,local_window=1024,top_k=24"
-    names = {report._slug(dpe), report._slug(dpe.replace("top_k=24", "top_k=32")), report._slug(dpe + ",layers=" + ";".join(map(str, range(80))))}
+    names = {pictures.slug(dpe), pictures.slug(dpe.replace("top_k=24", "top_k=32")), pictures.slug(dpe + ",layers=" + ";".join(map(str, range(80))))}
     assert len(names) == 3 and all(len(name) <= 60 and name.startswith("dpe_dimensions_docs_study") for name in names)
-    assert report._slug("string:shift=300,local_window=8") == "string_shift_300_local_window_8"  # short ones unchanged
+    assert pictures.slug("string:shift=300,local_window=8") == "string_shift_300_local_window_8"  # short ones unchanged
 
 
 def test_the_pipeline_end_to_end_on_a_tiny_model(tmp_path):
@@ -128,8 +129,11 @@ def test_the_pipeline_end_to_end_on_a_tiny_model(tmp_path):
     assert all(r["n_tokens"] + r["max_new_tokens"] <= r["length"] for r in records if r["task"] != "ppl")
     assert {r["resolved"] for r in records} == {"rope [L=1024]", "string(shift=300, local_window=8, mscale=False) [L=1024]"}
     assert all(r["prompt_hash"] and r["seconds"] >= 0 and r["machine"] == "cpu" and r["batch"] >= 1 and r["dtype"] == "float32" for r in records)
+    (run,) = provenance.read(tmp_path)  # who ran it: recorded before the first case
+    assert run["longreach"] == provenance.version() and run["model"] == run["model_name"] == "tiny" and run["cases"] == len(grid)
+    assert run["command"].startswith("longreach ") and run["torch"] == torch.__version__
     markdown = report.build(tmp_path)
-    for name in ["summary.md", "summary.json", "compare_niah4.png", "compare_ppl.png", "heatmap_niah_rope.png",
+    for name in ["summary.md", "summary.json", "summary.csv", "compare_niah4.png", "compare_ppl.png", "heatmap_niah_rope.png",
                  "heatmap_niah4_string_local_window_8_shift_300.png"]:
         assert (tmp_path / name).stat().st_size > 0, name
     assert "## niah4" in markdown and "effective length" in markdown and "Fraction of the needles" in markdown

@@ -14,7 +14,8 @@ import copy
 from dataclasses import dataclass
 from pathlib import Path
 
-DEVICES_GB = (24, 80, 141)
+DEVICES_GIB = (24, 80, 140)  # GPU memory as nvidia-smi reports it, rounded to GiB: a "24 GB" card, an 80 GB A100/H100, a 141 GB H200
+GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1}
 
 
@@ -79,7 +80,7 @@ def table(shape: Shape, lengths: list[int], dtype_bytes: int = 2, window: int = 
 
     Returns:
         One dict per length: ``tokens``, ``full_flops``, ``causal_flops``, ``sliding_flops``,
-        ``kv_bytes``, ``weight_bytes`` and whether weights and cache fit in 24, 80 and 141 GB.
+        ``kv_bytes``, ``weight_bytes`` and whether weights and cache fit in 24, 80 and 140 GiB.
     """
     weights = shape.parameters * dtype_bytes
     rows = []
@@ -92,27 +93,28 @@ def table(shape: Shape, lengths: list[int], dtype_bytes: int = 2, window: int = 
             "sliding_flops": attention_flops(shape, n, "sliding", window),
             "kv_bytes": kv,
             "weight_bytes": weights,
-            **{f"fits_{gb}GB": weights + kv <= gb * 10**9 for gb in DEVICES_GB},
+            **{f"fits_{gib}GiB": weights + kv <= gib * GIB for gib in DEVICES_GIB},
         })
     return rows
 
 
 def markdown(rows: list[dict], window: int) -> str:
-    fits = " | ".join(f"fits {gb} GB" for gb in DEVICES_GB)
-    lines = [f"| tokens | attention FLOPs (full) | causal | sliding w={window} | KV cache | weights | {fits} |",
-             "|---" * (6 + len(DEVICES_GB)) + "|"]
+    from ..plots import length_text
+
+    fits = " | ".join(f"fits {gib} GiB" for gib in DEVICES_GIB)
+    lines = [f"| tokens (K = 1024) | attention FLOPs (full) | causal | sliding w={window} | KV cache | weights | {fits} |",
+             "|---" * (6 + len(DEVICES_GIB)) + "|"]
     for r in rows:
-        marks = " | ".join("yes" if r[f"fits_{gb}GB"] else "no" for gb in DEVICES_GB)
-        lines.append(f"| {r['tokens']:,} | {r['full_flops']:.3g} | {r['causal_flops']:.3g} | {r['sliding_flops']:.3g} | "
-                     f"{_bytes(r['kv_bytes'])} | {_bytes(r['weight_bytes'])} | {marks} |")
+        marks = " | ".join("yes" if r[f"fits_{gib}GiB"] else "no" for gib in DEVICES_GIB)
+        lines.append(f"| {length_text(r['tokens'])} | {r['full_flops']:.3g} | {r['causal_flops']:.3g} | {r['sliding_flops']:.3g} | "
+                     f"{_gib(r['kv_bytes'])} | {_gib(r['weight_bytes'])} | {marks} |")
     return "\n".join(lines)
 
 
-def _bytes(n: int) -> str:
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
+def _gib(n: int) -> str:
+    """Bytes in GiB, the plot's unit too: three significant digits, whole GiB from 1,000 up."""
+    gib = n / GIB
+    return f"{gib:,.0f} GiB" if gib >= 1000 else f"{gib:.3g} GiB"
 
 
 def plot(shape: Shape, lengths: list[int], path: Path, dtype_bytes: int = 2, window: int = 4096) -> Path:
@@ -122,19 +124,24 @@ def plot(shape: Shape, lengths: list[int], path: Path, dtype_bytes: int = 2, win
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib import ticker
+
+    from ..plots import length_text
 
     n = np.unique(np.geomspace(min(lengths), max(lengths), 60).astype(int))
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     for mode, label in (("full", "full attention"), ("causal", "causal attention"), ("sliding", f"sliding window {window}")):
         left.loglog(n, [attention_flops(shape, int(x), mode, window) for x in n], label=label)
-    left.set(xlabel="tokens", ylabel="attention FLOPs per forward pass", title="compute: quadratic vs sliding window")
-    right.loglog(n, [kv_cache_bytes(shape, int(x), dtype_bytes) / 1e9 for x in n], label="KV cache")
-    right.axhline(shape.parameters * dtype_bytes / 1e9, color="grey", linestyle="--", label="weights")
-    for gb in DEVICES_GB:
-        right.axhline(gb, color="black", linestyle=":", linewidth=0.8)
-        right.text(n[0], gb, f" {gb} GB", va="bottom", fontsize=7)
-    right.set(xlabel="tokens", ylabel="GB", title=f"memory: linear KV cache ({dtype_bytes}-byte values)")
+    left.set(xlabel="context length (tokens)", ylabel="attention FLOPs per forward pass", title="compute: quadratic vs sliding window")
+    right.loglog(n, [kv_cache_bytes(shape, int(x), dtype_bytes) / GIB for x in n], label="KV cache")
+    right.axhline(shape.parameters * dtype_bytes / GIB, color="grey", linestyle="--", label="weights")
+    for gib in DEVICES_GIB:
+        right.axhline(gib, color="black", linestyle=":", linewidth=0.8)
+        right.text(n[0], gib, f" {gib} GiB", va="bottom", fontsize=7)
+    right.set(xlabel="context length (tokens)", ylabel="memory (GiB)", title=f"memory: linear KV cache ({dtype_bytes}-byte values)")
     for ax in (left, right):
+        ax.set_xticks(lengths, [length_text(x) for x in lengths])  # the table's lengths, as it writes them
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
     fig.suptitle(shape.name)

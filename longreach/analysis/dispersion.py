@@ -64,7 +64,7 @@ def plot(results: dict[str, dict], path: Path, window: int | None = None) -> Pat
     }
     top_k = next(iter(results.values()))["top_k"]
     title = "max attention probability" if top_k == 1 else f"mean of the top-{top_k} attention probabilities"
-    return plots.panels(series, f"{title} vs query position, per layer", path, xlabel="query position",
+    return plots.panels(series, f"{title} vs query position, per layer", path, xlabel="query position (tokens)",
                         marks={"window": window} if window else None)
 
 

@@ -127,5 +127,5 @@ def plot(lengths, window: int, path: Path, title: str = "position frequency") ->
         s = shares(f)
         series[f"{packing} ({s['i < L/2']:.0%} at i < L/2, {s['i >= 3L/4']:.1%} at i >= 3L/4)"] = (
             list(range(window)), list(f / f.sum()))
-    return plots.lines(series, title, path, ylabel="share of occurrences", xlabel="relative position i",
+    return plots.lines(series, title, path, ylabel="share of all occurrences", xlabel="relative position i (tokens; K = 1024)", tokens="positions",
                        marks={"L/2": window / 2, "3L/4": 3 * window / 4}, markers=False)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 RESULTS = "results.jsonl"
 MAX_LENGTH = 1 << 24  # 16M tokens: beyond any model; runner.check_lengths bounds lengths by the model's L
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # what --dtype takes; auto: the checkpoint's own (a record keeps what it resolved to)
 REQUIRED = ("model", "method", "task", "length", "depth", "seed", "score")
 CUT_OFF = "  <- cut off by a crash; the case was run again"  # ends such a line (append only: nothing is rewritten)
 

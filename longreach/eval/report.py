@@ -7,19 +7,16 @@ an effective length computed on it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import re
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean, median
 
-import numpy as np
-
-from .. import plots
-from . import prompt_sizes, ruler, stats, tasks
+from .. import provenance
+from ..plots import length_text
+from . import pictures, prompt_sizes, ruler, stats, summary_csv, tasks
 from .records import RESULTS, read_results
 
 RULER_THRESHOLD = stats.RULER_THRESHOLD
@@ -84,21 +81,8 @@ def _number(value: float) -> float | None:
     return None if isinstance(value, float) and math.isnan(value) else value
 
 
-def _fmt_length(n: int) -> str:
-    return f"{n // 1024}K" if n % 1024 == 0 else str(n)
-
-
-def _slug(text: str, limit: int = 60) -> str:
-    """``text`` as part of a file name; past ``limit`` characters cut, with 8 hex digits of its hash to stay
-    unique (a method's label with paths and per-layer lists runs past 100 characters)."""
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")
-    if len(slug) <= limit:
-        return slug
-    return slug[: limit - 9].rstrip("_.-") + "_" + hashlib.sha1(text.encode()).hexdigest()[:8]
-
-
 def build(out: Path, threshold: float = RULER_THRESHOLD) -> str:
-    """Write ``summary.md``, ``summary.json`` and the plots of a results folder (what ``longreach report`` does).
+    """Write ``summary.md``, ``summary.json``, ``summary.csv`` and the plots of a results folder (what ``longreach report`` does).
 
     Args:
         out: the results folder; its ``results.jsonl`` is read.
@@ -118,9 +102,12 @@ def build(out: Path, threshold: float = RULER_THRESHOLD) -> str:
     by_task = defaultdict(list)
     for r in records:
         by_task[r["model"], r["task"]].append(r)
+    runs = provenance.read(out)
+    resolved = {run["model"]: run.get("model_name") for run in runs}
     summary = {"threshold": threshold, "confidence": stats.CONFIDENCE, "cells": [], "paired": [], "effective_length": [],
-               "ruler": [], "ruler_paired": [], "sizes": prompt_sizes.sizes(records), "failed": len(failed)}
-    sections = [f"# longreach results\n\nModel: {', '.join(models)}; {len(records)} cases; every score is the mean "
+               "ruler": [], "ruler_paired": [], "sizes": prompt_sizes.sizes(records), "failed": len(failed), "runs": runs}
+    names = ", ".join(f"{m} = {resolved[m]}" if resolved.get(m) and resolved[m] != m else m for m in models)
+    sections = [f"# longreach results\n\nModel: {names}; {len(records)} cases; every score is the mean "
                 f"with its 95% interval [low, high] and n (Wilson for pass/fail, bootstrap for means); effective length "
                 f"threshold {threshold:g}.\n"]
     for model in models:
@@ -131,28 +118,17 @@ def build(out: Path, threshold: float = RULER_THRESHOLD) -> str:
     for (model, task), rows in sorted(by_task.items()):
         title = task if len(models) == 1 else f"{task} — {model}"
         sections.append(_task_section(out, title, rows, threshold, summary))
-    sections.append(prompt_sizes.section(summary["sizes"], _fmt_length))
+    sections.append(prompt_sizes.section(summary["sizes"], length_text))
     sections.append(_time_section(records))
     if failed:
         sections.append(_errors_section(failed))
+    sections.append(_runs_section(runs))
     markdown = "\n".join(sections)
-    _remove_stale_pictures(out, markdown)
+    pictures.remove_stale(out, markdown)
     (out / "summary.md").write_text(markdown, encoding="utf-8")
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    summary_csv.write(out / summary_csv.NAME, summary)
     return markdown
-
-
-PICTURES = ("compare_*.png", "heatmap_*.png", "loss_by_position_*.png")  # what a report draws in its folder
-
-
-def _remove_stale_pictures(out: Path, markdown: str) -> None:
-    """Remove the pictures of the report's own kinds that this report no longer draws (a method or a
-    task gone from the results, a heatmap renamed): only what ``summary.md`` links stays."""
-    linked = set(re.findall(r"\]\(([^)]+\.png)\)", markdown))
-    for pattern in PICTURES:
-        for picture in out.glob(pattern):
-            if picture.name not in linked:
-                picture.unlink()
 
 
 def _cells(rows: list[dict]) -> dict[tuple[str, int], Cell]:
@@ -171,7 +147,7 @@ def _effective(by_length: dict[int, Cell], threshold: float) -> dict:
 def _fmt_effective(effective: dict) -> str:
     if effective["point"] is None:  # no complete length to read it on
         return "—"
-    name = lambda n: _fmt_length(n) if n else "none"
+    name = lambda n: length_text(n) if n else "none"
     return f"{name(effective['point'])} (sure: {name(effective['sure'])})"
 
 
@@ -181,7 +157,7 @@ def _task_section(out: Path, task: str, rows: list[dict], threshold: float, summ
     lengths = sorted({r["length"] for r in rows})
     cells = _cells(rows)
     name = rows[0]["task"]
-    header = "| method | " + " | ".join(_fmt_length(n) for n in lengths) + " |"
+    header = "| method | " + " | ".join(length_text(n) for n in lengths) + " |"
     lines = [f"## {task}\n"]
     if (source := tasks.revision(name)):
         lines.append(f"Reproduces {source}; {rows[0].get('max_new_tokens', '?')} tokens to generate, inside the length.\n")
@@ -195,7 +171,7 @@ def _task_section(out: Path, task: str, rows: list[dict], threshold: float, summ
         for n, cell in mine.items():
             low, high = cell.interval
             summary["cells"].append({"model": rows[0]["model"], "task": name, "method": method, "length": n, "n": cell.n,
-                                     "score": cell.score, "low": _number(low), "high": _number(high), "empty": cell.empty,
+                                     "metric": cell.rows[0]["metric"], "score": cell.score, "low": _number(low), "high": _number(high), "empty": cell.empty,
                                      "seconds_per_case": _seconds_by_batch(cell.rows),
                                      "machines": sorted({r.get("machine", "not recorded") for r in cell.rows})})
         if perplexity:
@@ -208,7 +184,7 @@ def _task_section(out: Path, task: str, rows: list[dict], threshold: float, summ
             row = " | ".join(mine[n].text() if n in mine else "—" for n in lengths)
             lines.append(f"| {method} | {row} | {_fmt_effective(effective)} |")
         series[method] = (list(mine), [c.score for c in mine.values()], [c.interval for c in mine.values()])
-    baselines = _baselines(rows)
+    baselines, paired = _baselines(rows), defaultdict(dict)
     if not perplexity and baselines:
         lines += ["", f"Minus {BASELINE} on the same cases (mean paired difference, bootstrap interval over the pairs, pairs):", "",
                   header, "|---" * (len(lengths) + 1) + "|"]
@@ -220,6 +196,8 @@ def _task_section(out: Path, task: str, rows: list[dict], threshold: float, summ
                 summary["paired"].append({"model": rows[0]["model"], "task": name, "method": method, "minus": baseline, "length": n,
                                           "difference": _number(value), "low": _number(low), "high": _number(high), "n": pairs})
                 texts.append(difference(value, (low, high), pairs) if pairs else "—")
+                if pairs:
+                    paired[method][n] = (value, (low, high))
             lines.append(f"| {method} | " + " | ".join(texts) + " |")
     if any("fraction" in r for r in rows):
         lines += ["", "Fraction of the needles found (mean, bootstrap interval):", "", header, "|---" * (len(lengths) + 1) + "|"]
@@ -233,15 +211,16 @@ def _task_section(out: Path, task: str, rows: list[dict], threshold: float, summ
     if not perplexity:
         lines.append(f"\nEmpty answers: {empty} of {len(rows)}.")
     window = rows[0].get("window")
-    ylabel = "perplexity" if perplexity else "score"
-    picture = plots.lines({m: s[:2] for m, s in series.items()}, f"{task}: {ylabel} vs length", out / f"compare_{_slug(task)}.png",
-                          ylabel=ylabel, threshold=None if perplexity else threshold, marks={"window": window} if window else None,
-                          log_y=perplexity, bands=None if perplexity else {m: s[2] for m, s in series.items()})
+    if perplexity:
+        picture = pictures.perplexity(out, task, {m: s[:2] for m, s in series.items()}, window)
+    else:
+        picture = pictures.compare(out, task, task, {m: s[:2] for m, s in series.items()}, {m: s[2] for m, s in series.items()},
+                                   _differences(paired), rows[0]["metric"], threshold, window, BASELINE)
     lines += ["", f"![{task}]({picture.name})"]
     if perplexity:
-        lines.append(f"![{task} by position]({_loss_by_position(out, task, rows, methods, window).name})")
+        lines.append(f"![{task} by position]({pictures.loss_by_position(out, task, rows, methods, window).name})")
     for method in methods:
-        heat = _heatmap(out, task, method, [r for r in rows if r["method"] == method], lengths)
+        heat = pictures.heatmap(out, task, method, [r for r in rows if r["method"] == method], lengths)
         if heat:
             lines.append(f"![{task} {method}]({heat.name})")
     return "\n".join(lines) + "\n"
@@ -262,7 +241,7 @@ def _ruler_section(out: Path, model: str, family: str, rows: list[dict], thresho
              f"{source} The RULER score of a length is the mean of its task means (13 tasks; "
              "'11 tasks' marks a run without QA data, not comparable with 13-task tables; any other set of tasks is marked "
              "incomplete and left out of the averages; [?]: one case per task leaves no interval).\n",
-             "| method | " + " | ".join(_fmt_length(n) for n in lengths) + " | Avg. | wAvg (inc) | wAvg (dec) | effective length |",
+             "| method | " + " | ".join(length_text(n) for n in lengths) + " | Avg. | wAvg (inc) | wAvg (dec) | effective length |",
              "|---" * (len(lengths) + 5) + "|"]
     series, by_interval = {}, {}
     for method in methods:
@@ -291,10 +270,11 @@ def _ruler_section(out: Path, model: str, family: str, rows: list[dict], thresho
         series[method] = complete
         tail = " | ".join(f"{averages[k]:.1f}" for k in ("avg", "wavg_inc", "wavg_dec")) if averages else "— | — | —"
         lines.append(f"| {method} | " + " | ".join(texts) + f" | {tail} | {_fmt_effective(effective)} |")
+    paired = defaultdict(dict)
     if (baselines := _baselines(rows)):
         lines += ["", f"Minus {BASELINE} on the same cases (the mean over tasks of each task's mean paired difference; "
                   "bootstrap interval resampling each task's pairs; pairs):", "",
-                  "| method | " + " | ".join(_fmt_length(n) for n in lengths) + " |", "|---" * (len(lengths) + 1) + "|"]
+                  "| method | " + " | ".join(length_text(n) for n in lengths) + " |", "|---" * (len(lengths) + 1) + "|"]
         for method, baseline in baselines.items():
             texts = []
             for n in lengths:
@@ -304,19 +284,26 @@ def _ruler_section(out: Path, model: str, family: str, rows: list[dict], thresho
                 tasks = len(by_case[method, n])  # fewer than 13: a partial average, marked as in the scores' table
                 texts.append((difference(value, (low, high), pairs) + ("" if tasks == len(ruler.TASKS) else f" ({tasks} tasks)"))
                              if pairs else "—")
+                if pairs and n in series[method]:  # pictured where the score is: a complete set of tasks
+                    paired[method][n] = (value, (low, high))
             lines.append(f"| {method} | " + " | ".join(texts) + " |")
     if any(series.values()):
-        picture = plots.lines({m: (list(c), [s for s, _ in c.values()]) for m, c in series.items() if c},
-                              f"{RULER_FAMILIES[family]}: score vs length{' — ' + model if model else ''}",
-                              out / f"compare_{family}{'_' + _slug(model) if model else ''}.png",
-                              ylabel="RULER score (mean of task means)", threshold=threshold, marks={"window": rows[0]["window"]},
-                              bands={m: [by_interval[m, n] for n in c] for m, c in series.items() if c})
+        picture = pictures.compare(out, f"{family}{'_' + model if model else ''}", f"{RULER_FAMILIES[family]}{' — ' + model if model else ''}",
+                                   {m: (list(c), [s for s, _ in c.values()]) for m, c in series.items() if c},
+                                   {m: [by_interval[m, n] for n in c] for m, c in series.items() if c}, _differences(paired),
+                                   "ruler", threshold, rows[0]["window"], BASELINE)
         lines.append(f"\n![RULER]({picture.name})")
     empty = defaultdict(int)
     for r in rows:
         empty[r["task"]] += bool(r.get("empty"))
     lines.append("\nEmpty answers per task (RULER's 'Nulls'): " + ", ".join(f"{t.split(':')[1]} {empty[t]}" for t in sorted(empty)) + ".")
     return "\n".join(lines) + "\n"
+
+
+def _differences(paired: dict[str, dict[int, tuple]]) -> dict[str, tuple[list, list, list]]:
+    """``paired[method][length] = (difference, interval)`` as the picture's ``(lengths, differences, intervals)`` per method."""
+    return {method: (list(by_length), [v for v, _ in by_length.values()], [i for _, i in by_length.values()])
+            for method, by_length in paired.items() if by_length}
 
 
 def _seconds_by_batch(rows: list[dict]) -> dict[str, float]:
@@ -341,7 +328,7 @@ def _time_section(records: list[dict]) -> str:
     lines = ["## Time per case\n", "Seconds per case (the median over the cases, so one slow batch among several moves it "
              "little), on the machine and precision that ran it, per number of cases decoded together (a cell's last "
              "batch can be smaller).\n",
-             f"| {'model | ' if several else ''}machine | task | method | batch | cases | " + " | ".join(_fmt_length(n) for n in lengths) + " |",
+             f"| {'model | ' if several else ''}machine | task | method | batch | cases | " + " | ".join(length_text(n) for n in lengths) + " |",
              "|---" * (len(lengths) + 5 + several) + "|"]
     for row in sorted({row for row, _ in seconds}):
         *names, batch = row
@@ -358,8 +345,26 @@ def _errors_section(failed: list[dict]) -> str:
         groups[r["task"], r["length"], r["method"]].append(r["error"])
     lines = [f"## Failed cases\n\n{len(failed)} cases raised an error and are not in the tables above "
              "(rerun the same command to retry them).\n", "| task | length | method | cases | first error |", "|---|---|---|---|---|"]
-    lines += [f"| {task} | {_fmt_length(length)} | {method} | {len(errors)} | {errors[0][:200]} |"
+    lines += [f"| {task} | {length_text(length)} | {method} | {len(errors)} | {errors[0][:200]} |"
               for (task, length, method), errors in sorted(groups.items())]
+    return "\n".join(lines) + "\n"
+
+
+def _runs_section(runs: list[dict]) -> str:
+    """Who made these results: each run of the grid (``runs.jsonl``) with longreach's version and commit, the model
+    it resolved to, the new cases it set out to run and its command line."""
+    lines = ["## Runs\n"]
+    if not runs:
+        return "\n".join(lines + ["Not recorded: this folder's cases ran before longreach kept runs.jsonl.\n"])
+    lines += ["Each run that had cases to run (runs.jsonl), with the longreach that ran it and the model its --model resolved to.\n",
+              "| started | longreach | model | new cases | command |", "|---|---|---|---|---|"]
+    for run in runs:
+        clone = run.get("git") or {}
+        version = f"{run.get('longreach', '?')}" + (f" (git {clone['commit'][:12]}{', uncommitted changes' if clone.get('uncommitted_changes') else ''})"
+                                                     if clone.get("commit") else "")
+        command = str(run.get("command", "?")).replace("|", "\\|")
+        lines.append(f"| {run.get('started', '?')} | {version} | {run.get('model_name') or run.get('model', '?')} | {run.get('cases', '?')} | "
+                     f"`{command}` |")
     return "\n".join(lines) + "\n"
 
 
@@ -394,40 +399,3 @@ def _model_names(records: list[dict]) -> list[dict]:
         shown = first[key]
         return shown if len(identities[shown]) == 1 else f"{shown} @{key.rpartition('@')[2][:8]}"
     return [{**r, "model": name(r)} for r in records]
-
-
-def _loss_by_position(out: Path, task: str, rows: list[dict], methods: list[str], window: int | None) -> Path:
-    """Mean loss per position bucket at the longest tested length, one line per method."""
-    longest = max(r["length"] for r in rows)
-    series = {}
-    for method in methods:
-        mine = [r for r in rows if r["method"] == method and r["length"] == longest]
-        if mine:
-            edges = mine[0]["bucket_edges"]
-            centres = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:])]
-            series[method] = (centres, [mean(values) for values in zip(*(r["bucket_loss"] for r in mine))])
-    return plots.lines(series, f"{task}: loss by position at {_fmt_length(longest)} tokens", out / f"loss_by_position_{_slug(task)}.png",
-                       ylabel="mean next-token loss (nats)", xlabel="position (tokens)",
-                       marks={"window": window} if window and window < longest else None)
-
-
-def _heatmap(out: Path, task: str, method: str, rows: list[dict], lengths: list[int]) -> Path | None:
-    """Score by needle depth x length: by grid depth, or each needle at the depth it was placed (quarters)."""
-    if all(r["depth"] is not None for r in rows):
-        depths = sorted({r["depth"] for r in rows})
-        labels = [f"{d:.0%}" for d in depths]
-        place = lambda r: [(depths.index(r["depth"]), r["score"])]
-    elif all(r.get("found") and len(r["found"]) == len(r.get("needle_depths") or []) for r in rows):
-        labels = ["0-25%", "25-50%", "50-75%", "75-100%"]
-        place = lambda r: [(min(3, int(d * 4)), 100.0 * f) for d, f in zip(r["needle_depths"], r["found"])]
-    else:
-        return None
-    sums, counts = np.zeros((len(labels), len(lengths))), np.zeros((len(labels), len(lengths)))
-    for r in rows:
-        for row, value in place(r):
-            sums[row, lengths.index(r["length"])] += value
-            counts[row, lengths.index(r["length"])] += 1
-    with np.errstate(invalid="ignore"):
-        grid = sums / counts
-    return plots.heatmap(grid, labels, [_fmt_length(n) for n in lengths], f"{task} — {method}",
-                         out / f"heatmap_{_slug(task)}_{_slug(method)}.png")

@@ -20,9 +20,10 @@ from typing import Iterator
 
 from tqdm import tqdm
 
+from .. import provenance
 from . import ruler, tasks
 from .distributed import World, shares
-from .records import MAX_LENGTH, RESULTS, case_key, end_cut_off_line, read_results
+from .records import DTYPES, MAX_LENGTH, RESULTS, case_key, end_cut_off_line, read_results
 
 MAX_SAMPLES = 10_000  # cases per (task, length, method): a pass rate's 95% interval is then within +-1 point
 
@@ -151,9 +152,6 @@ def depth_grid(count: int) -> list[float]:
     return [0.5] if count == 1 else [round(i / (count - 1), 4) for i in range(count)]
 
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: the checkpoint's own
-
-
 @dataclass
 class Grid:
     """Every case of an evaluation: ``samples`` cases per (task, length, method).
@@ -204,7 +202,7 @@ class Grid:
 
 
 def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, batch_size: int = 1, tp: bool = False,
-        prefill_tokens: int | None = None) -> Path:
+        prefill_tokens: int | None = None, command: str | None = None) -> Path:
     """Run the grid's missing cases (what ``longreach eval`` does), appending each to ``out/results.jsonl``.
 
     Cases already in the file are skipped, so a rerun resumes. Cases of one (task, length) are built
@@ -221,6 +219,7 @@ def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, batch_size
         tp: shard the model over the ``torchrun`` processes (tensor parallelism).
         prefill_tokens: read the prompts in chunks of at most this many tokens over the batch (0: in one
             forward; ``None``: 4096 for a batch, one forward for a lone case).
+        command: the command line recorded in ``out/runs.jsonl`` (default: this process's, as ``longreach ...``).
 
     Returns:
         The path of ``results.jsonl``.
@@ -269,9 +268,10 @@ def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, batch_size
     if world.writes:
         where = f"process {world.rank} of {world.size}: " if world.shares_cases else ""
         print(f"{where}{mine} cases in the grid, {already} already in {out}, running {len(pending)}")
-    if pending:
+    if pending:  # process 0 records who ran it, with what, on which model, as its first case is written
+        this_run = provenance.run(grid.model, model.config, len(pending), world.size, command) if world.rank == 0 else None
         _run_cases(grid, pending, model, tokenizer, specs, resolved, window, batch_size, world, world.results_file(out, RESULTS), dtype,
-                   prefill_tokens, model_key)
+                   prefill_tokens, model_key, this_run)
     longreach.remove(model)
     world.barrier()
     if world.rank == 0 and world.shares_cases:
@@ -304,8 +304,9 @@ def check_dtype(records: list[dict], dtype: str, out: Path) -> None:
 
 
 def _run_cases(grid, pending, model, tokenizer, specs, resolved, window, batch_size, world, path, dtype, prefill_tokens,
-               model_key) -> None:
-    """Run ``pending`` cases, one JSON line each in ``path`` (only where ``world`` writes)."""
+               model_key, this_run: dict | None) -> None:
+    """Run ``pending`` cases, one JSON line each in ``path`` (only where ``world`` writes); ``this_run`` (process 0's) goes
+    into the folder's ``runs.jsonl`` with the first case, so a run that fails before it leaves nothing behind."""
     state = {"applied": None}
 
     def apply(label: str) -> None:
@@ -343,6 +344,9 @@ def _run_cases(grid, pending, model, tokenizer, specs, resolved, window, batch_s
                                   "task": task_name, "length": length, "depth": depth, "seed": seed, **record,
                                   "seconds": round(seconds + build_seconds, 3), "batch": decoded_with, "machine": machine, "dtype": dtype}
                         if sink:
+                            if this_run is not None:
+                                provenance.record(path.parent, this_run)
+                                this_run = None
                             sink.write(json.dumps(record) + "\n")
                             sink.flush()
                             os.fsync(sink.fileno())

@@ -4,8 +4,8 @@ publishing the results folders' reports into ``docs/study/``.
 ``python -m longreach.eval.study best FOLDER --exclude rope string --count 2`` prints the labels of the
 methods with the highest mean score over the folder's (task, length) cells, one per line;
 ``python -m longreach.eval.study publish FOLDER... --to docs/study`` rebuilds each folder's report
-(:func:`.report.build`), copies its results (every case), summary.md, summary.json and the plots it links to
-``docs/study/<part>/`` and writes ``docs/study/index.md``: per part the cells with their n, and the
+(:func:`.report.build`), copies its results (every case), runs.jsonl, summary.md, summary.json, summary.csv
+and the plots it links to ``docs/study/<part>/`` and writes ``docs/study/index.md``: per part the cells with their n, and the
 paired differences against rope (RULER's: of its average over tasks).
 """
 
@@ -19,7 +19,9 @@ from collections import defaultdict
 from pathlib import Path
 from statistics import mean
 
-from . import report
+from .. import provenance
+from ..plots import length_text
+from . import report, summary_csv
 from .records import RESULTS, read_results
 
 
@@ -52,7 +54,8 @@ def publish(folders: list[Path], to: Path) -> Path:
         if part.exists():
             shutil.rmtree(part)
         part.mkdir(parents=True)
-        for name in [RESULTS, "summary.md", "summary.json", *_pictures(folder / "summary.md")]:
+        kept = [name for name in (provenance.RUNS,) if (folder / name).exists()]  # absent in a folder run before it was kept
+        for name in [RESULTS, *kept, "summary.md", "summary.json", summary_csv.NAME, *_pictures(folder / "summary.md")]:
             shutil.copy2(folder / name, part / name)
         parts.append((folder, part, json.loads((folder / "summary.json").read_text(encoding="utf-8"))))
     if not parts:
@@ -80,7 +83,7 @@ def _index(parts: list[tuple[Path, Path, dict]], to: Path) -> str:
         for entry in summary["ruler"]:
             counts[entry.get("family", "ruler"), entry["method"]][entry["length"]] = entry["cases"]
         lengths = sorted({n for row in counts.values() for n in row})
-        lines += ["| task | method | " + " | ".join(report._fmt_length(n) for n in lengths) + " |",
+        lines += ["| task | method | " + " | ".join(length_text(n) for n in lengths) + " |",
                   "|---" * (len(lengths) + 2) + "|"]
         lines += [f"| {task} | {method} | " + " | ".join(str(row.get(n, "—")) for n in lengths) + " |"
                   for (task, method), row in sorted(counts.items()) if ":" not in task]  # a RULER task: in its family's row
@@ -90,7 +93,7 @@ def _index(parts: list[tuple[Path, Path, dict]], to: Path) -> str:
                 paired[p["task"], p["method"]][p["length"]] = report.difference(p["difference"], (_nan(p["low"]), _nan(p["high"])), p["n"])
         if paired:
             lines += ["", f"Minus {report.BASELINE} on the same cases (mean paired difference, 95% bootstrap interval, pairs):", "",
-                      "| task | method | " + " | ".join(report._fmt_length(n) for n in lengths) + " |", "|---" * (len(lengths) + 2) + "|"]
+                      "| task | method | " + " | ".join(length_text(n) for n in lengths) + " |", "|---" * (len(lengths) + 2) + "|"]
             lines += [f"| {task} | {method} | " + " | ".join(row.get(n, "—") for n in lengths) + " |"
                       for (task, method), row in sorted(paired.items())]
         lines.append("")

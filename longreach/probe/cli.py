@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..cli import positive, threshold, writable_folder
+from ..cli.arguments import positive, threshold, writable_folder
 from ..eval.stats import RULER_THRESHOLD
 
 EXPERIMENT_STEPS = 1200
@@ -27,13 +27,13 @@ def add_commands(commands) -> None:
     training.add_argument("--steps", type=positive, default=2000, help="optimizer steps (default 2000)")
     training.add_argument("--rows", type=positive, default=16, help="windows per step (default 16)")
     training.add_argument("--save-every", type=positive, default=250, help="checkpoint every N steps (default 250)")
-    training.add_argument("--layers", type=positive, default=2)
-    training.add_argument("--hidden", type=positive, default=128)
-    training.add_argument("--heads", type=positive, default=4)
-    training.add_argument("--kv-heads", type=positive, default=2)
+    training.add_argument("--layers", type=positive, default=2, help="decoder layers (default 2)")
+    training.add_argument("--hidden", type=positive, default=128, help="hidden size (default 128)")
+    training.add_argument("--heads", type=positive, default=4, help="attention heads (default 4)")
+    training.add_argument("--kv-heads", type=positive, default=2, help="key/value heads (default 2)")
     training.add_argument("--rope-theta", type=float, default=80.0, help="RoPE's base (default 80: see longreach.probe.train.Shape)")
     training.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
-    training.add_argument("--seed", type=int, default=0)
+    training.add_argument("--seed", type=int, default=0, help="random seed of the initial weights and of the batches drawn (default 0)")
     training.add_argument("--out", help="run folder; a rerun resumes it (default runs/probe/DISTRIBUTION_WINDOW)")
     training.set_defaults(run=_train)
     measuring = actions.add_parser("measure", help="retrieval accuracy by distance of every checkpoint of a run, per method")
@@ -46,7 +46,8 @@ def add_commands(commands) -> None:
     reporting = actions.add_parser("report", help="effective length vs tokens seen and vs position frequency; accuracy by distance")
     reporting.add_argument("folders", nargs="+", metavar="RUN", help="measured run folders")
     reporting.add_argument("--out", default="runs/probe/report", help="report folder (default runs/probe/report)")
-    reporting.add_argument("--threshold", type=threshold, default=RULER_THRESHOLD, help="effective-length threshold (RULER: 85.6)")
+    reporting.add_argument("--threshold", type=threshold, default=RULER_THRESHOLD, help="the accuracy an effective length must reach "
+                           "at every distance up to it (default RULER's 85.6)")
     reporting.set_defaults(run=_report)
     whole = actions.add_parser("experiment", help="the whole experiment (make probing): four runs trained in parallel, "
                                "measured, reported (resumable)")
