@@ -74,7 +74,7 @@ def method_name(label: str) -> str:
 def legend_label(label: str, width: int = 56) -> str:
     """A method string as a legend shows it (:func:`method_name`), broken after its commas into lines of at most
     ``width`` characters, so a long one (a calibrated DPE's, 120 characters) stays readable."""
-    return textwrap.fill(method_name(label).replace(",", ", "), width)
+    return textwrap.fill(re.sub(r",(?! )", ", ", method_name(label)), width)
 
 
 def _draw(ax, series: dict[str, tuple[list[float], list[float]]], bands: dict | None, markers: bool) -> None:
