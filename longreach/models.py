@@ -13,6 +13,7 @@ import copy
 import hashlib
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -221,6 +222,8 @@ def default_path() -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = default_gguf()
+    print(f"longreach: converting the default model (SmolLM2-135M-Instruct) from GGUF to safetensors, once (about 20 s), "
+          f"into {target}", file=sys.stderr, flush=True)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # save_pretrained refuses a GGUF-loaded model: rebuild from a plain config, copy the weights.

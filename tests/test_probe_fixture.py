@@ -10,9 +10,10 @@ import pytest
 from longreach.eval.runner import MethodSpec
 from longreach.eval.stats import RULER_THRESHOLD
 from longreach.integrations.transformers import remove
+from longreach import demo
 from longreach.probe import cli, corpus, experiment, measure, task, train
 
-FIXTURE = Path(__file__).parent / "fixtures" / "probe_natural_256"  # a run folder holding its final checkpoint
+FIXTURE = demo.MODEL  # a run folder holding the experiment's final window-256 natural checkpoint, shipped in the package
 WINDOW = 256
 STRING = f"string:local_window={experiment.LOCAL_WINDOW}"  # the experiment's STRING at its default S = L/3
 CASES = 50  # per distance; the last third of the experiment's 16 distances holds 5: n = 250

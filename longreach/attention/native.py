@@ -192,6 +192,8 @@ def _module():
         # torch runs ninja by name: the one pip installed beside this Python counts too
         os.environ["PATH"] = os.pathsep.join([path, os.path.dirname(sys.executable)])
         with build_lock.holding(folder):
+            if not (folder / f"{folder.name}.so").exists():
+                print(f"longreach: building the CPU attention kernel once (about 25 s on 2 cores) in {folder}", file=sys.stderr, flush=True)
             return cpp_extension.load(name=folder.name, sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
                                       build_directory=str(folder), verbose=False)
     except (OSError, RuntimeError, ImportError, SystemExit, subprocess.SubprocessError) as error:  # a compiler that fails its version check
