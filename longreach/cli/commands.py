@@ -11,9 +11,7 @@ from pathlib import Path
 
 from .arguments import existing_file, writable_file, writable_folder
 
-DEMO_LENGTHS = "2k,4k,6k,8k"
 EVAL_SAMPLES = 100  # a pass rate's 95% interval is then at most +-10 points (Wilson, p = 0.5)
-DEMO_SAMPLES = 2
 MAX_MATRIX = 4096  # matrix pictures are dense length x length arrays
 
 
@@ -203,7 +201,47 @@ def calibrate(args: argparse.Namespace) -> None:
 
 
 def demo(args: argparse.Namespace) -> None:
-    args.task, args.method, args.lengths, args.depths = ["niah4"], ["rope", "string"], DEMO_LENGTHS, 1
-    evaluate(args)
+    from ..demo import main
+
+    out = writable_folder(args.out)
+    print(main(out, args.cases))
+    print(f"\ndemo.txt (this report), demo.png (the picture) and demo.json (every case) in {out}/\n"
+          "Your own document, each method side by side: longreach ask FILE \"QUESTION\"   or, in a browser: longreach serve-demo")
+
+
+def _methods(args: argparse.Namespace) -> list:
+    from ..eval import runner
+
+    return [runner.MethodSpec.parse(m) for m in (args.method or ["rope", "string"])]
+
+
+def ask(args: argparse.Namespace) -> None:
+    import longreach
+
+    from .. import ask as asking
+    from .. import models
+    from ..eval import runner
+
+    document, methods = asking.read_document(args.file), _methods(args)
+    runner.check_methods(methods, models.load_config(args.model), args.training_window)
+    model, tokenizer = models.load(args.model)
+    if tokenizer is None:
+        raise ValueError(f"model {args.model} has no tokenizer (a probe checkpoint): ask needs a text model")
+    window = args.training_window or longreach.training_window(model.config)
+    text, reading = asking.reading(tokenizer, window, document, args.question, args.max_new_tokens)
+    print(reading.describe(), flush=True)
+    for answer in asking.answers(model, tokenizer, text, methods, window, args.max_new_tokens):
+        distance = asking.distance_to_question(tokenizer, document, answer.text)
+        where = "" if distance is None else f"; its words stand {distance:,} tokens before the question"
+        print(f"\n[{answer.method}] ({answer.seconds:.1f} s{where})\n{answer.text}", flush=True)
+
+
+def serve_demo(args: argparse.Namespace) -> None:
+    from .. import demo_page, models
+    from ..eval import runner
+
+    methods = _methods(args)
+    runner.check_methods(methods, models.load_config(args.model))
+    demo_page.serve(args.model, methods, args.host, args.port, args.max_new_tokens)
 
 

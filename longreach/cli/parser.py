@@ -85,9 +85,32 @@ def _eval_commands(subcommands) -> None:
     report.add_argument("--threshold", type=threshold, default=RULER_THRESHOLD, help=THRESHOLD_HELP)
     report.set_defaults(run=commands.report)
 
-    demo = subcommands.add_parser("demo", help=f"niah4 at {commands.DEMO_LENGTHS} on the default model with rope and string")
-    _grid_options(demo, "runs/demo", commands.DEMO_SAMPLES)
+    demo = subcommands.add_parser("demo", help="STRING's effect where it can be measured in minutes: rope and string by "
+                                  "distance on the probing experiment's window-256 model (make demo; resumable)")
+    demo.add_argument("--cases", type=positive, default=100, help="cases per distance and method (default 100)")
+    demo.add_argument("--out", default="runs/demo", help="folder for demo.txt, demo.png and demo.json (default runs/demo)")
     demo.set_defaults(run=commands.demo)
+
+    asking = subcommands.add_parser("ask", help="ask a question about your own document; each method answers it, side by side")
+    asking.add_argument("file", metavar="FILE", help="a text (.txt), Markdown (.md) or PDF (.pdf) file")
+    asking.add_argument("question", metavar="QUESTION", help="what to ask about it")
+    _answer_options(asking)
+    asking.add_argument("--training-window", type=positive, help=TRAINING_WINDOW_HELP)
+    asking.set_defaults(run=commands.ask)
+
+    page = subcommands.add_parser("serve-demo", help="a local web page: paste or upload a document, ask, and read each "
+                                  "method's answer side by side")
+    _answer_options(page)
+    page.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    page.add_argument("--port", type=positive, default=7860, help="port (default 7860)")
+    page.set_defaults(run=commands.serve_demo)
+
+
+def _answer_options(p: argparse.ArgumentParser) -> None:
+    """The options ``ask`` and ``serve-demo`` share."""
+    p.add_argument("--model", default="default", help=MODEL_HELP)
+    p.add_argument("--method", action="append", help="method[:param=value,...], repeatable (default: rope and string)")
+    p.add_argument("--max-new-tokens", type=positive, default=64, help="tokens each answer may take (default 64)")
 
 
 def _analysis_commands(subcommands) -> None:

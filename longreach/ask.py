@@ -1,0 +1,134 @@
+"""Ask a question about your own document and read each method's answer side by side (``longreach ask``, and the
+page of ``longreach serve-demo``).
+
+The prompt is the official STRING demo's (HKUNLP/STRING ``chat_with_pdf.py``: "Read the this paper and answer the
+question after the paper.", the document, then the question), in the tokenizer's chat template as every task here
+is; greedy decoding. Each method is applied in turn to the one loaded model, so the answers differ by the method
+alone. Where the answer's words are found in the document, the distance from them to the question is given against
+STRING's shift ``S``: beyond ``S`` STRING reads that pair at a smaller, better trained position; within it, at the
+same one as RoPE.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .eval import haystack
+from .eval.runner import LENGTH_BOUND, MethodSpec
+
+INSTRUCTION = "Read the document and answer the question after it."
+SUFFIXES = {".txt": "text", ".md": "Markdown", ".markdown": "Markdown", ".pdf": "PDF"}
+MAX_NEW_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One method's answer: what it wrote, as ``longreach.describe`` names the method, and how long it took."""
+
+    method: str
+    described: str
+    text: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What the model read: the prompt's tokens against the window, and STRING's shift at that window."""
+
+    prompt_tokens: int
+    document_tokens: int
+    window: int
+    shift: int
+
+    def describe(self) -> str:
+        where = "inside" if self.prompt_tokens <= self.window else "BEYOND"
+        return (f"the prompt is {self.prompt_tokens:,} tokens ({self.document_tokens:,} of them the document), {where} the model's "
+                f"window L = {self.window:,}; STRING's shift S = {self.shift:,}: a fact more than {self.shift:,} tokens before "
+                f"the question is read at a shifted position")
+
+
+def read_document(path: str | Path) -> str:
+    """The text of a text, Markdown or PDF file; one line naming the file and what is wrong otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"FILE={path} does not exist or is not a file")
+    kind = SUFFIXES.get(path.suffix.lower())
+    if kind is None:
+        raise ValueError(f"FILE={path} is not a text, Markdown or PDF file ({', '.join(SUFFIXES)})")
+    if kind == "PDF":
+        text = _pdf_text(path)
+    else:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(f"FILE={path} is not UTF-8 text (byte {error.start}): save it as UTF-8") from None
+    if not text.strip():
+        raise ValueError(f"FILE={path} holds no text" + (" (a scanned PDF holds images of pages, not text)" if kind == "PDF" else ""))
+    return text
+
+
+def _pdf_text(path: Path) -> str:
+    from pypdf import PdfReader
+    from pypdf.errors import PdfReadError
+
+    try:
+        reader = PdfReader(path)
+        return "\n".join(page.extract_text() or "" for page in reader.pages)
+    except (PdfReadError, ValueError, OSError) as error:
+        raise ValueError(f"FILE={path} cannot be read as a PDF ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})") from None
+
+
+def prompt(tokenizer, document: str, question: str) -> str:
+    """The official demo's request, in the model's chat template (its bare text for a tokenizer without one)."""
+    return haystack.with_bos(tokenizer, haystack.templated(tokenizer, f"{INSTRUCTION}\n\n{document.strip()}\n\n{question.strip()}"))
+
+
+def reading(tokenizer, window: int, document: str, question: str, max_new_tokens: int = MAX_NEW_TOKENS) -> tuple[str, Reading]:
+    """The prompt and what it is against the window; a document far beyond any method's reach is refused in one line."""
+    if not question.strip():
+        raise ValueError("the question is empty: ask something about the document")
+    text = prompt(tokenizer, document, question)
+    tokens = haystack.count_tokens(tokenizer, text)
+    if tokens + max_new_tokens > LENGTH_BOUND * window:
+        raise ValueError(f"the document is {tokens:,} tokens: out of range, at most {LENGTH_BOUND} x L = {LENGTH_BOUND * window:,} for "
+                         f"this model (L = {window:,})")
+    return text, Reading(tokens, haystack.count_tokens(tokenizer, document), window, string_shift(window))
+
+
+def string_shift(window: int) -> int:
+    """STRING's default shift ``S`` at the window ``L``."""
+    from .methods import create
+
+    return create("string", training_window=window).shift
+
+
+def answers(model, tokenizer, text: str, methods: list[MethodSpec], window: int, max_new_tokens: int = MAX_NEW_TOKENS) -> list[Answer]:
+    """Each method's greedy answer to the prompt ``text``, the method applied in turn; the model is left as it came."""
+    import longreach
+
+    from .eval.generate import greedy
+
+    results = []
+    try:
+        for spec in methods:
+            spec.apply(model, window)
+            started = time.perf_counter()
+            (reply,) = greedy(model, tokenizer, [text], max_new_tokens=max_new_tokens)
+            results.append(Answer(spec.label, longreach.describe(model), reply, time.perf_counter() - started))
+    finally:
+        longreach.remove(model)
+    return results
+
+
+def distance_to_question(tokenizer, document: str, answer: str) -> int | None:
+    """Tokens from the last place the answer's words stand in the document to the document's end (where the question
+    follows), or ``None`` where they stand nowhere: a number of the answer first, else the whole answer."""
+    numbers = re.findall(r"\d[\d,.]*\d|\d", answer)
+    for needle in [*numbers, answer.strip().rstrip(".")]:
+        at = document.rfind(needle) if len(needle) >= 3 else -1  # shorter ones stand anywhere
+        if at >= 0:
+            return haystack.count_tokens(tokenizer, document[at:])
+    return None

@@ -1,0 +1,94 @@
+"""``longreach ask`` and the page of ``longreach serve-demo``: a person's own document, each method's answer side by side."""
+
+import re
+
+import pytest
+import torch
+from conftest import TINY_VOCAB, byte_tokenizer, tiny_model
+
+import longreach
+from longreach import ask, demo_page
+from longreach.eval.runner import MethodSpec
+
+METHODS = [MethodSpec.parse("rope"), MethodSpec.parse("string:shift=20,local_window=4")]
+DOCUMENT = "The key is 4471. " + "Grass is green. " * 3
+WINDOW = 512  # tokens: the byte tokenizer's prompt of DOCUMENT fits
+
+
+def model():
+    return tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=WINDOW)
+
+
+def test_documents_are_read_as_text_markdown_or_pdf(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    (tmp_path / "notes.md").write_text("# Notes\n\nThe key is 4471.\n", encoding="utf-8")
+    assert "The key is 4471." in ask.read_document(tmp_path / "notes.md")
+    figure = plt.figure()
+    figure.text(0.1, 0.5, "The key is 4471.")
+    figure.savefig(tmp_path / "paper.pdf")  # a PDF whose text is text, not an image
+    plt.close(figure)
+    assert "The key is 4471." in ask.read_document(tmp_path / "paper.pdf")
+
+
+@pytest.mark.parametrize("name, content, expected", [
+    ("missing.txt", None, "FILE=.*missing.txt does not exist or is not a file"),
+    ("report.docx", b"x", r"FILE=.*report.docx is not a text, Markdown or PDF file \(.txt, .md, .markdown, .pdf\)"),
+    ("blank.txt", b"  \n", "FILE=.*blank.txt holds no text$"),
+    ("latin.txt", "caf\xe9".encode("latin-1"), r"FILE=.*latin.txt is not UTF-8 text \(byte 3\): save it as UTF-8"),
+    ("broken.pdf", b"%PDF-1.4 not really", "FILE=.*broken.pdf cannot be read as a PDF"),
+])
+def test_a_bad_document_is_one_line(tmp_path, name, content, expected):
+    if content is not None:
+        (tmp_path / name).write_bytes(content)
+    with pytest.raises(ValueError, match=expected):
+        ask.read_document(tmp_path / name)
+
+
+@torch.no_grad()
+def test_each_method_answers_the_same_prompt_and_the_model_is_left_as_it_came():
+    tokenizer = byte_tokenizer()
+    text, reading = ask.reading(tokenizer, WINDOW, DOCUMENT, "What is the key?", max_new_tokens=4)
+    assert reading.prompt_tokens == len(tokenizer(text, add_special_tokens=False)["input_ids"]) and reading.shift == 171
+    assert text.startswith("<|im_start|>user\n" + ask.INSTRUCTION) and text.rstrip().endswith("assistant")
+    applied = model()
+    got = ask.answers(applied, tokenizer, text, METHODS, WINDOW, max_new_tokens=4)
+    assert [a.method for a in got] == ["rope", "string:local_window=4,shift=20"]
+    assert got[1].described == f"string(shift=20, local_window=4, mscale=False) [L={WINDOW}]" and all(a.seconds > 0 for a in got)
+    assert longreach.describe(applied) == "rope" and longreach.applied(applied) is None  # removed after
+    from longreach.eval.generate import greedy
+
+    assert greedy(model(), tokenizer, [text], max_new_tokens=4) == [got[0].text]  # rope's answer is the stock model's
+
+
+def test_a_question_and_a_length_are_checked():
+    tokenizer = byte_tokenizer()
+    with pytest.raises(ValueError, match="the question is empty"):
+        ask.reading(tokenizer, WINDOW, DOCUMENT, "  ")
+    with pytest.raises(ValueError, match=r"the document is [\d,]+ tokens: out of range, at most 32 x L = 16,384 for this model \(L = 512\)"):
+        ask.reading(tokenizer, WINDOW, "x" * 17000, "Why?")
+
+
+def test_the_answers_distance_to_the_question_is_found_in_the_document():
+    tokenizer = byte_tokenizer()
+    assert ask.distance_to_question(tokenizer, DOCUMENT, "It is 4471.") == len(DOCUMENT) - DOCUMENT.index("4471")
+    assert ask.distance_to_question(tokenizer, DOCUMENT, "green") == len(DOCUMENT) - DOCUMENT.rindex("green")
+    assert ask.distance_to_question(tokenizer, DOCUMENT, "no idea") is None
+
+
+@torch.no_grad()
+def test_the_page_answers_with_each_method_and_says_what_is_wrong_in_one_line():
+    app = demo_page.create_app(model(), byte_tokenizer(), "tiny", WINDOW, METHODS, max_new_tokens=4)
+    client = app.test_client()
+    form = client.get("/").get_data(as_text=True)
+    assert 'id="document"' in form and 'id="question"' in form and "S = 171 tokens" in form
+    page = client.post("/", data={"document": DOCUMENT, "question": "What is the key?"}).get_data(as_text=True)
+    assert 'id="answer-0"' in page and 'id="answer-1"' in page and "string:local_window=4,shift=20" in page
+    assert re.search(r"the prompt is [\d,]+ tokens \([\d,]+ of them the document\), inside the model&#39;s window L = 512", page)
+    empty = client.post("/", data={"document": DOCUMENT, "question": ""}).get_data(as_text=True)
+    assert 'id="error">the question is empty' in empty and 'id="answer-0"' not in empty
+    escaped = client.post("/", data={"document": "<script>alert(1)</script>", "question": "Why?"}).get_data(as_text=True)
+    assert "<script>alert(1)</script>" not in escaped and "&lt;script&gt;" in escaped
