@@ -8,8 +8,8 @@ that its longest distances are rarely trained, as a 128K model's are. RoPE and S
 distance by default, and the paired difference over the last third of the window comes with its interval.
 
 Not the default model (SmolLM2-135M): on it STRING's effect inside the window is a few points, which takes hours of
-CPU to separate from noise (docs/results.md); nor STRING's 4-needle test, which needs 50 cases per length (minutes
-each at 8K) to say anything, where the earlier demo ran 2. Every finished cell is kept in ``OUT/demo.json``: a
+CPU to separate from noise (docs/results.md); nor STRING's 4-needle test, which needs 50 cases per length (up to a
+minute each at 8K) to say anything, where the earlier demo ran 2 and could not. Every finished cell is kept in ``OUT/demo.json``: a
 rerun goes on where it stopped.
 """
 
@@ -23,15 +23,17 @@ METHODS = ("rope", "string")
 CASES = 100
 RESULTS = "demo.json"
 
-READING = """How to read it. Each row is a distance d: a query asks for a record d tokens back, among 4 records in a
-window of filler; a case passes when the model's next token is that record's value (chance: 1 in 8). Both methods
-answer the same cases; [low, high] is the 95% Wilson interval of the pass rate. This model saw short distances in
-almost every training document and the longest ones in almost none, so RoPE's pass rate sags towards d = {longest}.
-STRING keeps every distance below S = {shift} as it is and reads a farther pair at d - S + W, a position trained far
-more often; below S the asked pair is read at the same position by both (only tokens farther back move), so the
-rows stay close there. The last line pairs the
-methods case by case over the window's last third, the rarely trained distances: an interval above 0 is an effect
-this many cases can tell from noise."""
+READING = """How to read it. Each row is a distance d: a query asks for a record d tokens back, among 4 records in a window of
+filler; a case passes when the model's next token is that record's value (chance: 1 in 8). Both methods answer the
+same cases; [low, high] is the 95% Wilson interval of the pass rate. This model saw short distances in almost every
+training document and the longest ones in almost none, so RoPE's pass rate sags towards d = {longest}. STRING keeps
+every distance below S = {shift} as it is and reads a farther pair at d - S + W, a position trained far more often;
+below S the asked pair is read at the same position by both (only tokens farther back move), so the rows stay close
+there. The last line pairs the methods case by case over the window's last third, the rarely trained distances: an
+interval above 0 is an effect this many cases can tell from noise."""
+
+DEFAULT_MODEL_NOTE = """On the default model (SmolLM2-135M-Instruct, L = 8,192) STRING's effect inside the window is a few points, which
+takes hours of CPU and 50-130 cases per cell to tell from noise: docs/results.md ("The study") has those measurements."""
 
 
 def run(out: Path, cases: int = CASES, progress: bool = True) -> dict:
@@ -88,7 +90,7 @@ def report(summary: dict) -> str:
     last = summary["last_third"]
     lines += ["", f"string minus rope over the last third (d >= {summary['band'][0]}), the same {last['n']} cases: "
               f"{last['difference']:+.1f} points [{last['low']:+.1f}, {last['high']:+.1f}] (95% paired bootstrap)", "",
-              READING.format(longest=summary["grid"][-1], shift=summary["shift"])]
+              READING.format(longest=summary["grid"][-1], shift=summary["shift"]), "", DEFAULT_MODEL_NOTE]
     return "\n".join(lines)
 
 
@@ -120,8 +122,8 @@ def plot(summary: dict, path: Path) -> Path:
 
 def main(out: Path, cases: int = CASES) -> str:
     """``longreach demo``: measure, write ``demo.json``, ``demo.png`` and ``demo.txt`` into ``out``; returns the report."""
-    print(f"measuring RoPE and STRING on the probing experiment's window-256 model ({cases} cases per distance; about 2 "
-          "minutes on 2 CPU cores)", flush=True)
+    print(f"measuring RoPE and STRING on the probing experiment's window-256 model ({cases} cases per distance and method; "
+          "about 15 seconds on 2 CPU cores at 100, once the CPU kernel is built)", flush=True)
     summary = run(out, cases)
     text = report(summary)
     (out / "demo.txt").write_text(text + "\n", encoding="utf-8")

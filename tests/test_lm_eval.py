@@ -171,7 +171,7 @@ def test_missing_lm_eval_names_the_install_command(monkeypatch):
     for name in [m for m in sys.modules if m == "lm_eval" or m.startswith(("lm_eval.", "longreach.lm_eval"))]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "lm_eval", None)
-    with pytest.raises(ImportError, match=r"pip install 'longreach\[lm-eval\]'"):
+    with pytest.raises(ImportError, match=r'run: pip install "lm_eval>=0.4.13,<0.5" \(or, in a clone of longreach: pip install -e "\.\[lm-eval\]"\)'):
         import longreach.lm_eval  # noqa: F401
 
 

@@ -27,7 +27,7 @@ import torch
 from ..integrations.transformers import apply
 from ..methods import available
 
-INSTALL = "pip install 'longreach[lm-eval]'"
+INSTALL = 'pip install "lm_eval>=0.4.13,<0.5" (or, in a clone of longreach: pip install -e ".[lm-eval]")'
 
 try:
     from lm_eval.api.registry import register_model
