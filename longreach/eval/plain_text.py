@@ -18,22 +18,12 @@ def tables(summary: dict) -> str:
     effective = {(e["model"], e["task"], e["method"]): e for e in summary["effective_length"]}
     several = len({c["model"] for c in summary["cells"]}) > 1
     blocks = []
-    ruler = defaultdict(list)
-    for entry in summary["ruler"]:
-        ruler[entry["model"], entry["family"]].append(entry)
-    paired = defaultdict(list)
-    for entry in summary["ruler_paired"]:
-        paired[entry["model"], entry["family"]].append(entry)
-    for (model, family), entries in ruler.items():
+    paired = _grouped(summary["ruler_paired"], "model", "family")
+    for (model, family), entries in _grouped(summary["ruler"], "model", "family").items():
         title = f"{family} (RULER score: the mean of the task means, %)" + (f" — {model}" if several else "")
         blocks.append(_block(title, entries, paired[model, family], effective, (model, family), decimals=1))
-    cells = defaultdict(list)
-    for cell in summary["cells"]:
-        cells[cell["model"], cell["task"]].append(cell)
-    paired = defaultdict(list)
-    for entry in summary["paired"]:
-        paired[entry["model"], entry["task"]].append(entry)
-    for (model, task), entries in cells.items():
+    paired = _grouped(summary["paired"], "model", "task")
+    for (model, task), entries in _grouped(summary["cells"], "model", "task").items():
         metric = entries[0].get("metric", "")
         unit = "perplexity, lower is better" if metric == "perplexity" else score_label(metric)
         title = f"{task}: {unit}" + (f" — {model}" if several else "")
@@ -41,6 +31,14 @@ def tables(summary: dict) -> str:
     if summary.get("failed"):
         blocks.append(f"{summary['failed']} cases failed (summary.md lists them; a rerun retries them).")
     return "\n\n".join(blocks)
+
+
+def _grouped(entries: list[dict], *keys: str) -> defaultdict:
+    """``entries`` in lists by the values of ``keys``, in their order."""
+    groups = defaultdict(list)
+    for entry in entries:
+        groups[tuple(entry[key] for key in keys)].append(entry)
+    return groups
 
 
 def _block(title: str, entries: list[dict], paired: list[dict], effective: dict, where: tuple, decimals: int) -> str:
