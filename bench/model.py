@@ -118,7 +118,7 @@ def main() -> None:
     weights = " (random weights)" if args.weights == "random" else ""
     header = (f"SmolLM2-135M-Instruct{weights} (30 layers, 9 query / 3 KV heads), {args.dtype}, batch 1, {args.length} tokens, "
               f"{machine(args.device)}; "
-              f"L = {longreach.integrations.transformers.training_window(model.config)} (each method's defaults).")
+              f"L = {longreach.training_window(model.config)} (each method's defaults).")
     print(header, flush=True)
     steps = decoding(model, ids, methods, args.steps)
     lines = table(f"decoding step against {args.length} cached tokens ({args.steps} rounds)", steps, 1e-3, "ms")
