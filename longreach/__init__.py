@@ -1,7 +1,7 @@
 """longreach: measure and extend the context RoPE language models really use.
 
     import longreach
-    longreach.apply(model, "string")          # STRING, shift round(L/3), local window 128
+    longreach.apply(model, "string")          # STRING, shift round(L/3), local window min(128, L // 16)
     longreach.apply(model, "dca", scaling={"rope_type": "yarn", "factor": 2.0})   # compose
     longreach.remove(model)                   # back to the model's own attention and frequencies
     model, tokenizer = longreach.load(path)   # a model saved after apply comes back applied
