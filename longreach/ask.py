@@ -50,6 +50,21 @@ class Reading:
                 f"the question is read at a shifted position")
 
 
+def load(model_name: str, methods: list[MethodSpec], training_window: int | None = None):
+    """``(model, tokenizer, L)`` for ``longreach ask`` and the page: every method checked on the model's config first,
+    then the model; a checkpoint without a tokenizer (a probe model) is refused in one line."""
+    import longreach
+    from longreach import models
+
+    from .eval import runner
+
+    runner.check_methods(methods, models.load_config(model_name), training_window)
+    model, tokenizer = models.load(model_name)
+    if tokenizer is None:
+        raise ValueError(f"model {model_name} has no tokenizer (a probe checkpoint): asking about a document needs a text model")
+    return model, tokenizer, training_window or longreach.training_window(model.config)
+
+
 def read_document(path: str | Path) -> str:
     """The text of a text, Markdown or PDF file; one line naming the file and what is wrong otherwise."""
     path = Path(path)

@@ -99,14 +99,8 @@ def _shown(answer: ask.Answer, tokenizer, document: str, shift: int) -> dict:
 
 
 def serve(model_name: str, methods: list, host: str = "127.0.0.1", port: int = 7860, max_new_tokens: int = ask.MAX_NEW_TOKENS) -> None:
-    """Load the model once and serve the page until Ctrl-C."""
-    import longreach
-    from longreach import models
-
-    model, tokenizer = models.load(model_name)
-    if tokenizer is None:
-        raise ValueError(f"model {model_name} has no tokenizer (a probe checkpoint): the page needs a text model")
-    window = longreach.training_window(model.config)
+    """Load the model once (:func:`longreach.ask.load`) and serve the page until Ctrl-C."""
+    model, tokenizer, window = ask.load(model_name, methods)
     app = create_app(model, tokenizer, model_name, window, methods, max_new_tokens)
     print(f"longreach: serving {model_name} (L = {window:,}) with {', '.join(m.label for m in methods)} at http://{host}:{port}/ "
           "(Ctrl-C stops it)", flush=True)

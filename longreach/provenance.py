@@ -46,10 +46,14 @@ def _git(*args: str) -> str:
 
 def describe() -> str:
     """``longreach 0.1.0 (git 0bf9c23)``, with uncommitted changes said; the version alone outside a clone."""
-    clone = commit()
-    if clone is None:
-        return f"longreach {version()}"
-    return f"longreach {version()} (git {clone['commit'][:12]}{', with uncommitted changes' if clone['uncommitted_changes'] else ''})"
+    return f"longreach {label(version(), commit())}"
+
+
+def label(release: str, clone: dict | None) -> str:
+    """A version with the clone it ran from (:func:`commit`'s dict, or ``None``): ``0.1.0 (git 0bf9c23...)``."""
+    if not clone or not clone.get("commit"):
+        return release
+    return f"{release} (git {clone['commit'][:12]}{', with uncommitted changes' if clone.get('uncommitted_changes') else ''})"
 
 
 def command_line(argv: list[str] | None = None) -> str:

@@ -216,18 +216,10 @@ def _methods(args: argparse.Namespace) -> list:
 
 
 def ask(args: argparse.Namespace) -> None:
-    import longreach
-
     from .. import ask as asking
-    from .. import models
-    from ..eval import runner
 
     document, methods = asking.read_document(args.file), _methods(args)
-    runner.check_methods(methods, models.load_config(args.model), args.training_window)
-    model, tokenizer = models.load(args.model)
-    if tokenizer is None:
-        raise ValueError(f"model {args.model} has no tokenizer (a probe checkpoint): ask needs a text model")
-    window = args.training_window or longreach.training_window(model.config)
+    model, tokenizer, window = asking.load(args.model, methods, args.training_window)
     text, reading = asking.reading(tokenizer, window, document, args.question, args.max_new_tokens)
     print(reading.describe(), flush=True)
     for answer in asking.answers(model, tokenizer, text, methods, window, args.max_new_tokens):
@@ -237,11 +229,8 @@ def ask(args: argparse.Namespace) -> None:
 
 
 def serve_demo(args: argparse.Namespace) -> None:
-    from .. import demo_page, models
-    from ..eval import runner
+    from .. import demo_page
 
-    methods = _methods(args)
-    runner.check_methods(methods, models.load_config(args.model))
-    demo_page.serve(args.model, methods, args.host, args.port, args.max_new_tokens)
+    demo_page.serve(args.model, _methods(args), args.host, args.port, args.max_new_tokens)
 
 

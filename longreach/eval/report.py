@@ -359,9 +359,7 @@ def _runs_section(runs: list[dict]) -> str:
     lines += ["Each run that had cases to run (runs.jsonl), with the longreach that ran it and the model its --model resolved to.\n",
               "| started | longreach | model | new cases | command |", "|---|---|---|---|---|"]
     for run in runs:
-        clone = run.get("git") or {}
-        version = f"{run.get('longreach', '?')}" + (f" (git {clone['commit'][:12]}{', uncommitted changes' if clone.get('uncommitted_changes') else ''})"
-                                                     if clone.get("commit") else "")
+        version = provenance.label(str(run.get("longreach", "?")), run.get("git"))
         command = str(run.get("command", "?")).replace("|", "\\|")
         lines.append(f"| {run.get('started', '?')} | {version} | {run.get('model_name') or run.get('model', '?')} | {run.get('cases', '?')} | "
                      f"`{command}` |")
