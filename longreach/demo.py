@@ -95,29 +95,17 @@ def report(summary: dict) -> str:
 
 
 def plot(summary: dict, path: Path) -> Path:
-    """Pass rate by distance for both methods, their 95% intervals shaded, S and the last third marked."""
-    import matplotlib
+    """Pass rate by distance for both methods with their 95% intervals (:func:`longreach.plots.lines`), S and the last
+    third marked, STRING minus RoPE over the last third in the title."""
+    from .plots import lines
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(7.5, 4.2))
-    for method, colour in zip(METHODS, ("tab:blue", "tab:orange")):
-        rows = [summary["tables"][method][d] for d in summary["grid"]]
-        axes.plot(summary["grid"], [r["accuracy"] for r in rows], marker="o", color=colour, label=method)
-        axes.fill_between(summary["grid"], [r["low"] for r in rows], [r["high"] for r in rows], color=colour, alpha=0.15)
-    axes.axvline(summary["shift"], color="grey", linestyle="--", label=f"S = {summary['shift']} (STRING's shift)")
-    axes.axvspan(summary["band"][0], summary["window"], color="grey", alpha=0.08, label="last third of the window")
-    axes.set(xlabel="distance from the query to its record (tokens)", ylabel="pass rate (%)", ylim=(0, 102),
-             xlim=(0, summary["window"]))
-    last = summary["last_third"]
-    axes.set_title(f"probe model, window L = {summary['window']}, {summary['cases']} cases per point\nstring minus rope over the last "
-                   f"third: {last['difference']:+.1f} points [{last['low']:+.1f}, {last['high']:+.1f}], n = {last['n']} paired", fontsize=10)
-    axes.legend(loc="lower left", fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    tables, grid, last = summary["tables"], summary["grid"], summary["last_third"]
+    series = {m: (grid, [tables[m][d]["accuracy"] for d in grid]) for m in METHODS}
+    bands = {m: [(tables[m][d]["low"], tables[m][d]["high"]) for d in grid] for m in METHODS}
+    title = (f"probe model, window L = {summary['window']}, {summary['cases']} cases per point\nstring minus rope over the last "
+             f"third: {last['difference']:+.1f} points [{last['low']:+.1f}, {last['high']:+.1f}], n = {last['n']} paired")
+    return lines(series, title, path, ylabel="pass rate (%)", xlabel="distance from the query to its record (tokens)",
+                 marks={"S, STRING's shift": summary["shift"], "the last third from": summary["band"][0]}, bands=bands, tokens=None)
 
 
 def main(out: Path, cases: int = CASES) -> str:
