@@ -12,7 +12,7 @@ import longreach
 from longreach.attention import fused, kernel, merge, native, plan, reference, shifts
 from longreach.attention.rotary import rotate
 from longreach.methods import create
-from longreach.methods.base import Part
+from longreach.attention.parts import Part
 
 
 def inv_freq_for(rotary_dims: int) -> torch.Tensor:

@@ -21,7 +21,7 @@ from typing import Sequence
 
 import torch
 
-from ..methods.base import Part
+from .parts import Part
 from . import flex, fused, native, rows, windows
 from .autograd import PartsAttention
 from .backends import BACKENDS, BACKWARDS, expand_heads, math_block, pick

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..methods.base import Part
+from .parts import Part
 
 NEG_INF = float("-inf")
 SMALL_QUERY = 16  # decoding and short chunks: one small masked tile is cheapest

@@ -21,7 +21,7 @@ from typing import Iterator, NamedTuple, Sequence
 
 import torch
 
-from ..methods.base import Part
+from .parts import Part
 from . import backends, plan, shifts
 from .rotary import compute_dtype
 

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import torch
 
-from ..methods.base import Part
+from .parts import Part
 from .rotary import apply_rotation, compute_dtype, rotate, rotation
 
 MAX_FOLDED_BLOCKS = 64  # decoding: at most this many per-chunk parts replace a per-token key shift

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import torch
 
-from ..methods.base import Part
+from .parts import Part
 from .backends import expand_heads, grouped_matmul
 from .plan import upper_bound
 from .rotary import compute_dtype

@@ -16,43 +16,11 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, fields
-from typing import Callable, ClassVar, Union
+from typing import ClassVar
 
 import torch
 
-
-Shift = Union[float, Callable[[torch.Tensor], torch.Tensor]]
-"""A position shift: a constant, or a function of the tokens' absolute positions ``[B, L]`` (Self-Extend,
-DCA) returning ``[B, L]``, or ``[B, L, G]`` for a shift per frequency: one value per group of ``P / G``
-consecutive rotary pairs, highest frequency first (DPE)."""
-
-
-@dataclass(frozen=True, eq=False)
-class Part:
-    """Pairs with ``min_distance <= i - j < max_distance`` (``None``: no upper bound).
-
-    RoPE sees the query at ``i + query_shift`` and the key at ``j + key_shift`` inside the part, so
-    the relative position there is ``i - j + query_shift - key_shift``; a shift may be a function of
-    the absolute positions. ``key_span``, for regions not given by distance alone (DCA's chunks),
-    maps query positions ``[B, Lq]`` to the ``[first, stop)`` key positions they may attend here.
-    ``key_shift_block = b`` declares that the key shift is constant on every aligned block
-    ``[m b, (m + 1) b)`` of key positions (DCA's chunks): a decoding step then moves the query by
-    each block's shift instead of moving every cached key. ``pairs``, a boolean ``[query heads,
-    rotary pairs]`` tensor, limits the shifts to the pairs it marks in each head; the other pairs keep
-    their original positions there (DPE's selected dimensions).
-    """
-
-    min_distance: int = 0
-    max_distance: int | None = None
-    query_shift: Shift = 0.0
-    key_shift: Shift = 0.0
-    key_span: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
-    key_shift_block: int | None = None
-    pairs: torch.Tensor | None = None
-
-    @property
-    def needs_positions(self) -> bool:
-        return callable(self.query_shift) or callable(self.key_shift) or self.key_span is not None
+from ..attention.parts import Part, Shift  # noqa: F401 (re-exported: the contract methods produce)
 
 
 class PositionMethod:
