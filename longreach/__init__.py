@@ -14,12 +14,14 @@ The public names are imported on first use (module ``__getattr__``), so ``import
 import importlib
 from typing import TYPE_CHECKING
 
+from .provenance import VERSION
+
 if TYPE_CHECKING:  # what the names are, for readers and tools (the API reference); imported on first use below
     from .integrations.transformers import applied, apply, describe, remove, training_window
     from .methods import available
     from .models import load
 
-__version__ = "0.1.0"
+__version__ = VERSION
 __all__ = ["applied", "apply", "available", "describe", "load", "remove", "training_window"]
 
 _HOMES = {"applied": ".integrations.transformers", "apply": ".integrations.transformers", "describe": ".integrations.transformers",

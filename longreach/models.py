@@ -181,12 +181,19 @@ def identity(name: str) -> str:
     return f"{folder.resolve()}@{digest.hexdigest()[:16]}"
 
 
+def tensor_parallel_processes() -> int:
+    """The processes ``torchrun`` started, to shard a model over (``--tp``); a one-line error when it did not start us."""
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    if "RANK" not in os.environ or size < 2:
+        raise ValueError("--tp shards the model over processes: start under torchrun, e.g. "
+                         "torchrun --nproc-per-node 2 -m longreach eval ... --tp")
+    return size
+
+
 def _tp_plan(config) -> dict:
     """``from_pretrained``'s tensor-parallel arguments, after checking that ``torchrun`` started us and
     that the heads split evenly over its processes."""
-    from .eval.distributed import World
-
-    processes = World.from_environment(tp=True).size
+    processes = tensor_parallel_processes()
     text = config.get_text_config()
     heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
     if heads % processes:

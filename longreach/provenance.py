@@ -16,15 +16,14 @@ import sys
 import time
 from pathlib import Path
 
+VERSION = "0.1.0"  # pyproject.toml's; longreach.__version__
 RUNS = "runs.jsonl"  # one line per run of a results folder's grid
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what the bundled GGUF is (its metadata: general.organization, basename)
 SOURCE = Path(__file__).resolve().parent.parent  # a clone's root when longreach runs from one
 
 
 def version() -> str:
-    from . import __version__
-
-    return __version__
+    return VERSION
 
 
 def commit() -> dict | None:

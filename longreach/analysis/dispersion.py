@@ -13,10 +13,9 @@ from pathlib import Path
 
 import torch
 
-import longreach
-from longreach.integrations.recording import probing
-
 from .. import plots
+from ..integrations.recording import probing
+from ..integrations.transformers import applied, apply, remove
 
 
 @torch.no_grad()
@@ -43,15 +42,15 @@ def measure(model, tokenizer, text: str, length: int, points: int = 24, top_k: i
     if ids.shape[1] < length:
         raise ValueError(f"length={length} is out of range: the text has only {ids.shape[1]} tokens")
     rows = torch.linspace(length / points, length - 1, points).long()
-    temporary = longreach.applied(model) is None
+    temporary = applied(model) is None
     if temporary:
-        longreach.apply(model, "rope")  # identical to SDPA, and it lets the probe see the rows
+        apply(model, "rope")  # identical to SDPA, and it lets the probe see the rows
     try:
         with probing(rows, top_k) as record:
             model.get_decoder()(input_ids=ids)
     finally:
         if temporary:
-            longreach.remove(model)
+            remove(model)
     return {"positions": rows.tolist(), "top_k": top_k,
             "layers": {layer: values[0].tolist() for layer, values in sorted(record.items())}}
 

@@ -18,6 +18,8 @@ from typing import Iterable, Iterator
 
 import torch
 
+from ..models import tensor_parallel_processes
+
 
 @dataclass(frozen=True)
 class World:
@@ -29,10 +31,7 @@ class World:
 
     @classmethod
     def from_environment(cls, tp: bool = False) -> "World":
-        size = int(os.environ.get("WORLD_SIZE", "1"))
-        if tp and ("RANK" not in os.environ or size < 2):
-            raise ValueError("--tp shards the model over processes: start under torchrun, e.g. "
-                             "torchrun --nproc-per-node 2 -m longreach eval ... --tp")
+        size = tensor_parallel_processes() if tp else int(os.environ.get("WORLD_SIZE", "1"))
         return cls(int(os.environ.get("RANK", "0")), size, tp)
 
     @property
