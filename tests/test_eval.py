@@ -7,7 +7,7 @@ import torch
 from conftest import TINY_VOCAB, byte_tokenizer, tiny_model
 
 from longreach import provenance
-from longreach.eval import haystack, pictures, report, runner, scoring, tasks
+from longreach.eval import haystack, pictures, report, report_runs, runner, scoring, tasks
 
 
 @pytest.fixture(scope="module")
@@ -102,13 +102,13 @@ def test_time_per_case_keeps_batch_sizes_apart():
     """Cases decoded 8 at a time and one at a time get a row each: one median over both describes neither."""
     case = {"model": "m", "machine": "cpu", "dtype": "float32", "task": "passkey", "method": "rope", "length": 16384}
     records = [{**case, "batch": 8, "seconds": 220.0}] * 8 + [{**case, "batch": 1, "seconds": s} for s in (100.0, 110.0, 120.0)]
-    markdown = report._time_section(records)
+    markdown = report_runs.time_section(records)
     assert "| cpu, float32 | passkey | rope | 1 | 3 | 110.0 |" in markdown
     assert "| cpu, float32 | passkey | rope | 8 | 8 | 220.0 |" in markdown
     assert markdown.index("| rope | 1 |") < markdown.index("| rope | 8 |")
-    assert report._seconds_by_batch(records) == {"1": 110.0, "8": 220.0}  # summary.json's cells split them alike
+    assert report_runs.seconds_by_batch(records) == {"1": 110.0, "8": 220.0}  # summary.json's cells split them alike
     other = [{**case, "model": "other", "batch": 1, "seconds": 50.0}]  # two models in one folder: a row each
-    markdown = report._time_section(records[8:] + other)
+    markdown = report_runs.time_section(records[8:] + other)
     assert "| m | cpu, float32 | passkey | rope | 1 | 3 | 110.0 |" in markdown and "| other | cpu, float32 | passkey | rope | 1 | 1 | 50.0 |" in markdown
 
 

@@ -12,12 +12,13 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from statistics import mean, median
+from statistics import mean
 
 from .. import provenance
 from ..plots import length_text
 from . import pictures, prompt_sizes, ruler, stats, summary_csv, tasks
 from .records import RESULTS, read_results
+from .report_runs import errors_section, runs_section, seconds_by_batch, time_section
 
 RULER_THRESHOLD = stats.RULER_THRESHOLD
 RULER_FAMILIES = {"ruler": "RULER", "ruler-tight": "RULER, packed tight"}  # ruler:* and ruler-tight:* get a table each
@@ -119,10 +120,10 @@ def build(out: Path, threshold: float = RULER_THRESHOLD) -> str:
         title = task if len(models) == 1 else f"{task} — {model}"
         sections.append(_task_section(out, title, rows, threshold, summary))
     sections.append(prompt_sizes.section(summary["sizes"], length_text))
-    sections.append(_time_section(records))
+    sections.append(time_section(records))
     if failed:
-        sections.append(_errors_section(failed))
-    sections.append(_runs_section(runs))
+        sections.append(errors_section(failed))
+    sections.append(runs_section(runs))
     markdown = "\n".join(sections)
     pictures.remove_stale(out, markdown)
     (out / "summary.md").write_text(markdown, encoding="utf-8")
@@ -172,7 +173,7 @@ def _task_section(out: Path, task: str, rows: list[dict], threshold: float, summ
             low, high = cell.interval
             summary["cells"].append({"model": rows[0]["model"], "task": name, "method": method, "length": n, "n": cell.n,
                                      "metric": cell.rows[0]["metric"], "score": cell.score, "low": _number(low), "high": _number(high), "empty": cell.empty,
-                                     "seconds_per_case": _seconds_by_batch(cell.rows),
+                                     "seconds_per_case": seconds_by_batch(cell.rows),
                                      "machines": sorted({r.get("machine", "not recorded") for r in cell.rows})})
         if perplexity:
             logs = {n: mean(r["log_ppl"] for r in c.rows) for n, c in mine.items()}
@@ -304,66 +305,6 @@ def _differences(paired: dict[str, dict[int, tuple]]) -> dict[str, tuple[list, l
     """``paired[method][length] = (difference, interval)`` as the picture's ``(lengths, differences, intervals)`` per method."""
     return {method: (list(by_length), [v for v, _ in by_length.values()], [i for _, i in by_length.values()])
             for method, by_length in paired.items() if by_length}
-
-
-def _seconds_by_batch(rows: list[dict]) -> dict[str, float]:
-    """Median seconds per case for each number of cases decoded together ("0": not recorded), as the time table."""
-    seconds = defaultdict(list)
-    for r in rows:
-        seconds[r.get("batch") or 0].append(r.get("seconds", 0.0))
-    return {str(batch): median(values) for batch, values in sorted(seconds.items())}
-
-
-def _time_section(records: list[dict]) -> str:
-    """Seconds per case (decoding and building), per machine, task, method, batch size and length, so a
-    reader can plan a larger run: a batch's time is shared among its cases, and cases decoded in batches of
-    different sizes get a row each (a median over both would describe neither), with the row's case count."""
-    lengths = sorted({r["length"] for r in records})
-    several = len({r["model"] for r in records}) > 1
-    seconds = defaultdict(list)
-    for r in records:
-        row = (*((r["model"],) if several else ()), f"{r.get('machine', 'not recorded')}, {r.get('dtype', 'float32')}",
-               r["task"], r["method"], r.get("batch") or 0)
-        seconds[row, r["length"]].append(r.get("seconds", 0.0))
-    lines = ["## Time per case\n", "Seconds per case (the median over the cases, so one slow batch among several moves it "
-             "little), on the machine and precision that ran it, per number of cases decoded together (a cell's last "
-             "batch can be smaller).\n",
-             f"| {'model | ' if several else ''}machine | task | method | batch | cases | " + " | ".join(length_text(n) for n in lengths) + " |",
-             "|---" * (len(lengths) + 5 + several) + "|"]
-    for row in sorted({row for row, _ in seconds}):
-        *names, batch = row
-        cases = sum(len(seconds[row, n]) for n in lengths)
-        lines.append(f"| {' | '.join(names)} | {batch or '?'} | {cases} | " + " | ".join(
-            f"{median(seconds[row, n]):.1f}" if seconds[row, n] else "—" for n in lengths) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def _errors_section(failed: list[dict]) -> str:
-    """Cases that raised: counted per task, length and method, with the first message; a rerun retries them."""
-    groups = defaultdict(list)
-    for r in failed:
-        groups[r["task"], r["length"], r["method"]].append(r["error"])
-    lines = [f"## Failed cases\n\n{len(failed)} cases raised an error and are not in the tables above "
-             "(rerun the same command to retry them).\n", "| task | length | method | cases | first error |", "|---|---|---|---|---|"]
-    lines += [f"| {task} | {length_text(length)} | {method} | {len(errors)} | {errors[0][:200]} |"
-              for (task, length, method), errors in sorted(groups.items())]
-    return "\n".join(lines) + "\n"
-
-
-def _runs_section(runs: list[dict]) -> str:
-    """Who made these results: each run of the grid (``runs.jsonl``) with longreach's version and commit, the model
-    it resolved to, the new cases it set out to run and its command line."""
-    lines = ["## Runs\n"]
-    if not runs:
-        return "\n".join(lines + ["Not recorded: this folder's cases ran before longreach kept runs.jsonl.\n"])
-    lines += ["Each run that had cases to run (runs.jsonl), with the longreach that ran it and the model its --model resolved to.\n",
-              "| started | longreach | model | new cases | command |", "|---|---|---|---|---|"]
-    for run in runs:
-        version = provenance.label(str(run.get("longreach", "?")), run.get("git"))
-        command = str(run.get("command", "?")).replace("|", "\\|")
-        lines.append(f"| {run.get('started', '?')} | {version} | {run.get('model_name') or run.get('model', '?')} | {run.get('cases', '?')} | "
-                     f"`{command}` |")
-    return "\n".join(lines) + "\n"
 
 
 def _baselines(rows: list[dict]) -> dict[str, str]:
