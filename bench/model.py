@@ -26,7 +26,8 @@ from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
 
 import longreach
 from longreach import models
-from longreach.eval.runner import MethodSpec
+from longreach.eval import specs
+from longreach.methods.spec import MethodSpec
 from results import machine, timed, write_section
 
 METHODS = ["rope", "string", "rerope", "self_extend", "dca"]
@@ -44,7 +45,7 @@ def switch(model, method: str) -> None:
         longreach.remove(model)
     else:
         name = method.removesuffix(KEPT)
-        MethodSpec.parse(name).apply(model, longreach.training_window(model.config), keep_moved_keys=name != method)
+        specs.apply(model, MethodSpec.parse(name), longreach.training_window(model.config), keep_moved_keys=name != method)
 
 
 @torch.no_grad()

@@ -19,8 +19,8 @@ import torch
 
 import longreach
 from longreach import models
-from longreach.eval import generate, haystack
-from longreach.eval.runner import MethodSpec
+from longreach.eval import generate, haystack, specs
+from longreach.methods.spec import MethodSpec
 from results import machine, timed, write_section
 
 
@@ -42,7 +42,7 @@ def main() -> None:
     args = parser.parse_args()
     budgets = [int(t) for t in args.tokens.split(",")]
     model, tokenizer = models.load("default", dtype=getattr(torch, args.dtype), device=args.device)
-    MethodSpec.parse(args.method).apply(model, longreach.training_window(model.config))
+    specs.apply(model, MethodSpec.parse(args.method), longreach.training_window(model.config))
     batch = prompts(tokenizer, args.length, args.batch)
     header = (f"SmolLM2-135M-Instruct, {args.dtype}, {args.method}, {args.batch} prompts of {args.length - 8 * (args.batch - 1)}-"
               f"{args.length} tokens left-padded, 16 new tokens, {machine(args.device)}; medians of {args.rounds} interleaved rounds.")

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .eval import haystack
-from .eval.runner import LENGTH_BOUND, MethodSpec
+from .eval.runner import LENGTH_BOUND
+from .methods.spec import MethodSpec
 
 INSTRUCTION = "Read the document and answer the question after it."
 SUFFIXES = {".txt": "text", ".md": "Markdown", ".markdown": "Markdown", ".pdf": "PDF"}
@@ -53,16 +54,15 @@ class Reading:
 def load(model_name: str, methods: list[MethodSpec], training_window: int | None = None):
     """``(model, tokenizer, L)`` for ``longreach ask`` and the page: every method checked on the model's config first,
     then the model; a checkpoint without a tokenizer (a probe model) is refused in one line."""
-    import longreach
-    from longreach import models
+    from . import models
+    from .eval import specs
+    from .integrations.transformers import training_window as window_of
 
-    from .eval import runner
-
-    runner.check_methods(methods, models.load_config(model_name), training_window)
+    specs.check(methods, models.load_config(model_name), training_window)
     model, tokenizer = models.load(model_name)
     if tokenizer is None:
         raise ValueError(f"model {model_name} has no tokenizer (a probe checkpoint): asking about a document needs a text model")
-    return model, tokenizer, training_window or longreach.training_window(model.config)
+    return model, tokenizer, training_window or window_of(model.config)
 
 
 def read_document(path: str | Path) -> str:
@@ -122,19 +122,19 @@ def string_shift(window: int) -> int:
 
 def answers(model, tokenizer, text: str, methods: list[MethodSpec], window: int, max_new_tokens: int = MAX_NEW_TOKENS) -> list[Answer]:
     """Each method's greedy answer to the prompt ``text``, the method applied in turn; the model is left as it came."""
-    import longreach
-
+    from .eval import specs
     from .eval.generate import greedy
+    from .integrations.transformers import describe, remove
 
     results = []
     try:
         for spec in methods:
-            spec.apply(model, window)
+            specs.apply(model, spec, window)
             started = time.perf_counter()
             (reply,) = greedy(model, tokenizer, [text], max_new_tokens=max_new_tokens)
-            results.append(Answer(spec.label, longreach.describe(model), reply, time.perf_counter() - started))
+            results.append(Answer(spec.label, describe(model), reply, time.perf_counter() - started))
     finally:
-        longreach.remove(model)
+        remove(model)
     return results
 
 

@@ -40,9 +40,10 @@ def run(out: Path, cases: int = CASES, progress: bool = True) -> dict:
     """Measure RoPE and STRING by distance on the probe model into ``out`` (resumable); returns the summary."""
     from tqdm.auto import tqdm
 
-    from .eval.runner import MethodSpec
+    from .eval import specs
     from .integrations.transformers import remove
     from .methods import create
+    from .methods.spec import MethodSpec
     from .probe import measure, train
 
     out.mkdir(parents=True, exist_ok=True)
@@ -61,7 +62,7 @@ def run(out: Path, cases: int = CASES, progress: bool = True) -> dict:
         missing = [d for m, d in cells if m == method]
         if not missing:
             continue
-        MethodSpec.parse(method).apply(model, window)
+        specs.apply(model, MethodSpec.parse(method), window)
         for distance in missing:
             row = measure.by_distance(model, window, [distance], cases)[distance]
             done["tables"].setdefault(method, {})[str(distance)] = row

@@ -8,7 +8,7 @@ from conftest import TINY_VOCAB, byte_tokenizer, tiny_model
 
 import longreach
 from longreach import ask, demo_page
-from longreach.eval.runner import MethodSpec
+from longreach.methods.spec import MethodSpec
 
 METHODS = [MethodSpec.parse("rope"), MethodSpec.parse("string:shift=20,local_window=4")]
 DOCUMENT = "The key is 4471. " + "Grass is green. " * 3

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from longreach import demo_page
-from longreach.eval.runner import MethodSpec
+from longreach.methods.spec import MethodSpec
 
 DOCUMENT = ("Notes from the harbour office. The boats left at dawn and came back at noon. The pass code for the gate is 58291. "
             "The nets were mended in the afternoon, and the market closed at six. ") * 3

@@ -8,6 +8,7 @@ from conftest import TINY_VOCAB, byte_tokenizer, tiny_model
 
 from longreach import provenance
 from longreach.eval import haystack, pictures, report, report_runs, runner, scoring, tasks
+from longreach.methods.spec import MethodSpec
 
 
 @pytest.fixture(scope="module")
@@ -72,15 +73,15 @@ def test_ruler_expands_to_its_tasks_and_unknown_names_fail():
 def test_lengths_methods_and_depths_parse_with_clear_errors():
     assert runner.parse_lengths("2k, 4k,8192") == [2048, 4096, 8192]
     assert runner.depth_grid(5) == [0.0, 0.25, 0.5, 0.75, 1.0] and runner.depth_grid(1) == [0.5]
-    spec = runner.MethodSpec.parse("string:shift=2048,local_window=64,mscale=true")
+    spec = MethodSpec.parse("string:shift=2048,local_window=64,mscale=true")
     assert spec.name == "string" and dict(spec.params) == {"shift": 2048, "local_window": 64, "mscale": True}
     assert spec.label == "string:local_window=64,mscale=True,shift=2048"
-    assert dict(runner.MethodSpec.parse("drop:rate=0.3,layers=0;1;2").params) == {"rate": 0.3, "layers": (0, 1, 2)}
+    assert dict(MethodSpec.parse("drop:rate=0.3,layers=0;1;2").params) == {"rate": 0.3, "layers": (0, 1, 2)}
     for bad in ("2q", "2.5", "8"):
         with pytest.raises(ValueError, match=f"length '{bad}' is out of range: a whole number of tokens from 16"):
             runner.parse_lengths(bad)
     with pytest.raises(ValueError, match="must look like name=value"):
-        runner.MethodSpec.parse("string:shift")
+        MethodSpec.parse("string:shift")
     with pytest.raises(ValueError, match="--depths=0 is out of range"):
         runner.depth_grid(0)
 
@@ -93,8 +94,8 @@ def test_effective_length_rule():
 
 def tiny_grid(tmp_path):
     model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024)
-    grid = runner.Grid("tiny", ["niah", "niah4", "passkey", "ppl", "ruler-tight:niah_single_1"], [runner.MethodSpec.parse("rope"),
-                       runner.MethodSpec.parse("string:shift=300,local_window=8")], [700, 1000], [0.0, 1.0], 2)
+    grid = runner.Grid("tiny", ["niah", "niah4", "passkey", "ppl", "ruler-tight:niah_single_1"], [MethodSpec.parse("rope"),
+                       MethodSpec.parse("string:shift=300,local_window=8")], [700, 1000], [0.0, 1.0], 2)
     return grid, (model, byte_tokenizer())
 
 
@@ -159,7 +160,7 @@ def test_records_and_summary_say_what_a_length_meant(tmp_path):
     """Each case records its haystack size and, for ruler:*, the size RULER's search found for its task and length;
     summary.json and summary.md give per task and length the prompt tokens (mean, min, max) and that size."""
     model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024)
-    grid = runner.Grid("tiny", ["ruler:niah_single_1", "passkey"], [runner.MethodSpec.parse("rope")], [1000], [0.5], 3)
+    grid = runner.Grid("tiny", ["ruler:niah_single_1", "passkey"], [MethodSpec.parse("rope")], [1000], [0.5], 3)
     records = runner.read_results(runner.run(grid, tmp_path, loaded=(model, byte_tokenizer())))
     ruler_cases = [r for r in records if r["task"] == "ruler:niah_single_1"]
     (searched,) = {r["searched_units"] for r in ruler_cases}
@@ -277,24 +278,24 @@ def test_the_dtype_reaches_the_loader_and_a_folder_keeps_one_precision(tmp_path,
 
 
 def test_method_specs_expand_the_paper_protocol_and_compose():
-    assert runner.MethodSpec.parse("dca:protocol=paper").arguments(8192) == ("dca", {"chunk_size": 4095, "local_window": 682})
-    assert runner.MethodSpec.parse("yarn:protocol=paper").arguments(8192) == (
+    assert MethodSpec.parse("dca:protocol=paper").arguments(8192) == ("dca", {"chunk_size": 4095, "local_window": 682})
+    assert MethodSpec.parse("yarn:protocol=paper").arguments(8192) == (
         "yarn", {"factor": 1.5, "original_max_position_embeddings": 5461})
-    assert runner.MethodSpec.parse("string+yarn:factor=2,shift=100").arguments(300) == (
+    assert MethodSpec.parse("string+yarn:factor=2,shift=100").arguments(300) == (
         "string", {"scaling": {"rope_type": "yarn", "factor": 2}, "shift": 100})
     with pytest.raises(ValueError, match="protocol='llama' is not one of: paper"):
-        runner.MethodSpec.parse("dca:protocol=llama").arguments(8192)
+        MethodSpec.parse("dca:protocol=llama").arguments(8192)
     with pytest.raises(ValueError, match="after '\\+': unknown frequency method 'dca'; frequency methods: pi, ntk"):
-        runner.MethodSpec.parse("string+dca").arguments(8192)
+        MethodSpec.parse("string+dca").arguments(8192)
 
 
 def test_any_mix_of_methods_runs_through_the_runner(tmp_path):
     model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024)
     specs = ["rope", "string:shift=300,local_window=8", "dca:protocol=paper", "self_extend", "rerope:leak=2",
              "yarn:factor=2", "string+ntk:factor=2,shift=300,local_window=8", "dynamic_drop:chunk=100,layers=0;1"]
-    grid = runner.Grid("tiny", ["passkey"], [runner.MethodSpec.parse(m) for m in specs], [700], [0.5], 1)
+    grid = runner.Grid("tiny", ["passkey"], [MethodSpec.parse(m) for m in specs], [700], [0.5], 1)
     records = runner.read_results(runner.run(grid, tmp_path, loaded=(model, byte_tokenizer())))
-    assert [r["method"] for r in records] == [runner.MethodSpec.parse(m).label for m in specs]
+    assert [r["method"] for r in records] == [MethodSpec.parse(m).label for m in specs]
     assert records[2]["resolved"] == "dca(chunk_size=511, local_window=85, mscale=False) [L=1024]"
     assert records[-2]["resolved"].startswith("string(shift=300, local_window=8, mscale=False) + ntk(factor=2)")
     assert records[-1]["resolved"].startswith("rope + dynamic_drop(initial_rate=0.15") and "layers=[0, 1]" in records[-1]["resolved"]

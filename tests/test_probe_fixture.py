@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from longreach.eval.runner import MethodSpec
+from longreach.eval import specs
 from longreach.eval.stats import RULER_THRESHOLD
 from longreach.integrations.transformers import remove
+from longreach.methods.spec import MethodSpec
 from longreach import demo
-from longreach.probe import cli, corpus, experiment, measure, task, train
+from longreach.probe import corpus, experiment, measure, task, train
 
 FIXTURE = demo.MODEL  # a run folder holding the experiment's final window-256 natural checkpoint, shipped in the package
 WINDOW = 256
@@ -25,7 +26,7 @@ def last_third():
     model, _ = train.load(train.checkpoints(FIXTURE)[-1])
     band = [d for d in measure.distances(WINDOW) if d >= 2 * WINDOW / 3]
     rope = measure.by_distance(model, WINDOW, band, CASES)
-    MethodSpec.parse(STRING).apply(model, WINDOW)
+    specs.apply(model, MethodSpec.parse(STRING), WINDOW)
     string = measure.by_distance(model, WINDOW, band, CASES)
     remove(model)
     return band, rope, string
@@ -33,7 +34,7 @@ def last_third():
 
 def test_the_fixture_is_the_experiments_final_natural_model():
     state = train.state_of(train.checkpoints(FIXTURE)[-1])
-    assert state["step"] == cli.EXPERIMENT_STEPS and state["corpus"]["distribution"] == "natural"
+    assert state["step"] == experiment.STEPS and state["corpus"]["distribution"] == "natural"
     assert state["corpus"]["window"] == WINDOW and state["corpus"]["median"] * WINDOW == experiment.MEDIAN_TOKENS
     assert state["shape"] == asdict(train.Shape())  # the default model
 

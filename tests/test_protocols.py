@@ -11,6 +11,7 @@ from transformers import AutoTokenizer
 
 from longreach import models
 from longreach.eval import generate, report, ruler, runner, stats, tasks
+from longreach.methods.spec import MethodSpec
 
 ALL = list(tasks.TASKS)
 
@@ -310,8 +311,8 @@ def test_effective_length_is_reported_by_point_and_by_lower_bound(tmp_path):
 
 def test_a_batch_gives_the_answers_of_one_case_at_a_time_also_read_in_chunks(tmp_path):
     model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024)
-    grid = lambda: runner.Grid("tiny", ["passkey", "ruler-tight:niah_single_1"], [runner.MethodSpec.parse("rope"),
-                               runner.MethodSpec.parse("string:shift=200,local_window=8")], [700, 900], [0.5], 3)
+    grid = lambda: runner.Grid("tiny", ["passkey", "ruler-tight:niah_single_1"], [MethodSpec.parse("rope"),
+                               MethodSpec.parse("string:shift=200,local_window=8")], [700, 900], [0.5], 3)
     one = runner.read_results(runner.run(grid(), tmp_path / "one", loaded=(model, byte_tokenizer())))
     three = runner.read_results(runner.run(grid(), tmp_path / "three", loaded=(model, byte_tokenizer()), batch_size=3))
     chunked = runner.read_results(runner.run(grid(), tmp_path / "chunked", loaded=(model, byte_tokenizer()), batch_size=3,
@@ -328,7 +329,7 @@ def test_length_dependent_methods_answer_the_same_in_any_batch_and_chunking(tmp_
     frequencies follow a forward's longest sequence, decodes each case alone in one forward."""
     model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=512)
     methods = ["dynamic:factor=2", "dca:mscale=true,chunk_size=300,local_window=40", "dynamic_drop:chunk=64,layers=0;1"]
-    grid = lambda: runner.Grid("tiny", ["passkey"], [runner.MethodSpec.parse(m) for m in methods], [600, 700], [0.5], 3)
+    grid = lambda: runner.Grid("tiny", ["passkey"], [MethodSpec.parse(m) for m in methods], [600, 700], [0.5], 3)
     runs = {name: runner.read_results(runner.run(grid(), tmp_path / name, loaded=(model, byte_tokenizer()), **settings))
             for name, settings in (("one", {}), ("three", {"batch_size": 3}), ("chunked", {"batch_size": 3, "prefill_tokens": 301}))}
     answers = lambda records: {runner.case_key(r): (r["answer"], r["prompt_hash"]) for r in records}

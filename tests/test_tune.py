@@ -12,6 +12,7 @@ import longreach
 from longreach import cli
 from longreach.eval import calibrate, report, runner, tune
 from longreach.integrations.recording import pair_importance
+from longreach.methods.spec import MethodSpec
 
 
 def test_grids_parse_and_expand_with_clear_errors():
@@ -20,7 +21,7 @@ def test_grids_parse_and_expand_with_clear_errors():
     labels = [spec.label for spec in tune.settings("string", grid, {"mscale": True})]
     assert labels == ["string:local_window=8,mscale=True,shift=100", "string:local_window=16,mscale=True,shift=100",
                       "string:local_window=8,mscale=True,shift=200", "string:local_window=16,mscale=True,shift=200"]
-    assert runner.MethodSpec.parse(labels[1]).label == labels[1]  # labels read back as they are written
+    assert MethodSpec.parse(labels[1]).label == labels[1]  # labels read back as they are written
     for items, message in ((["shift"], "must look like name=value1,value2"), (["shift=1", "shift=2"], "names 'shift' twice"), ([], "empty")):
         with pytest.raises(ValueError, match=message):
             tune.parse_grid(items)

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import longreach
 from longreach import cli, models
 from longreach.eval import report, runner
+from longreach.methods.spec import MethodSpec
 
 
 @pytest.fixture(autouse=True)
@@ -186,7 +187,7 @@ def test_numpy_numbers_are_numbers():
 
 
 def small_grid(tmp_path, methods=("rope",), model="tiny", window=None):
-    grid = runner.Grid(model, ["passkey"], [runner.MethodSpec.parse(m) for m in methods], [300], [0.5], 1, window)
+    grid = runner.Grid(model, ["passkey"], [MethodSpec.parse(m) for m in methods], [300], [0.5], 1, window)
     return grid, (tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024), byte_tokenizer())
 
 
@@ -217,7 +218,7 @@ def test_cases_are_keyed_on_the_models_folder_and_weights_not_the_name_given(tmp
     model, tokenizer = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024), byte_tokenizer()
     model.save_pretrained(tmp_path / "tiny")
     tokenizer.save_pretrained(tmp_path / "tiny")
-    run = lambda name: runner.run(runner.Grid(name, ["passkey"], [runner.MethodSpec.parse("rope")], [300], [0.5], 1),
+    run = lambda name: runner.run(runner.Grid(name, ["passkey"], [MethodSpec.parse("rope")], [300], [0.5], 1),
                                   tmp_path / "out", loaded=(model, tokenizer))
     run(str(tmp_path / "tiny"))
     run(str(tmp_path / "tiny") + "/")  # the same folder: done already

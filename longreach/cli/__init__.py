@@ -1,7 +1,12 @@
 """The ``longreach`` command: ``eval``, ``report``, ``demo``, ``tune``, ``calibrate``, ``probe`` and the analyses.
 
-``import longreach.cli`` is cheap: the parser (:mod:`.parser`) imports no torch, transformers or
-matplotlib, and each command (:mod:`.commands`) imports what it needs when it runs.
+One module per family of commands, each declaring its subcommands (``add``) and running them: :mod:`.evaluation`
+(eval, report), :mod:`.demos` (demo, ask, serve-demo), :mod:`.analyses` (dispersion, freq, matrix, cost, methods),
+:mod:`.tuning` (tune, calibrate), :mod:`.probing` (probe); the flags they share in :mod:`.flags`, argument types and
+output folders in :mod:`.arguments`, the parser that gathers them in :mod:`.parser`.
+
+``import longreach.cli`` is cheap: the parser imports no torch, transformers or matplotlib, and each command imports
+what it needs when it runs.
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ from .parser import build_parser
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the command line ``argv`` (default: this process's); bad input ends in one line, ``longreach: error: ...``."""
+    """Run the command line ``argv`` (default: this process's); bad input ends in one line,
+    ``longreach: error: ...``."""
     args = build_parser().parse_args(argv)
     args.command_line = command_line(argv)
     MADE.clear()

@@ -23,9 +23,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from ..methods.spec import MethodSpec
 from . import haystack, report, runner, tune
 from .distributed import World
-from .runner import MethodSpec
 
 PROBE = "ruler-tight:niah_multivalue"  # 4 values for one key, fraction found: the needles of DPE's own generator, the length filled
 GROUPS = 8
@@ -59,15 +59,15 @@ def fixed_scale(target: int, window: int) -> int:
 def measure_importance(model, tokenizer, out: Path, lengths: list[int], samples: int, text: str | None = None) -> Path:
     """Pair importance on essays (see the module); each (length, sample) is saved when done, so a rerun resumes.
     Returns ``out/dimensions.safetensors``."""
-    import longreach
-    from longreach.integrations.recording import pair_importance
+    from ..integrations.recording import pair_importance
+    from ..integrations.transformers import apply, describe, remove
 
     parts = out / "importance"
     parts.mkdir(parents=True, exist_ok=True)
     sentences = (text or haystack.essays()).split(".")
     todo = [(n, s) for n in lengths for s in range(samples) if not (parts / f"{n}_{s}.safetensors").exists()]
-    applied = longreach.describe(model)
-    longreach.apply(model, "rope")  # the stock positions, through longreach's attention (where the probe sits)
+    applied = describe(model)
+    apply(model, "rope")  # the stock positions, through longreach's attention (where the probe sits)
     device = next(model.parameters()).device
     try:
         for length, sample in tqdm(todo, desc="pair importance", unit="prefill"):
@@ -79,7 +79,7 @@ def measure_importance(model, tokenizer, out: Path, lengths: list[int], samples:
             save_file({"importance": torch.stack([record[layer][0] for layer in sorted(record)])}, str(parts / f"{length}_{sample}.safetensors"))
     finally:
         if applied == "rope":
-            longreach.remove(model)
+            remove(model)
     stacked = torch.stack([load_file(str(parts / f"{n}_{s}.safetensors"))["importance"] for n in lengths for s in range(samples)])
     path = (out / "dimensions.safetensors").resolve()  # the apply line names it from anywhere
     save_file({"importance": stacked.mean(0)}, str(path), metadata={"lengths": ",".join(map(str, lengths)), "samples": str(samples)})
@@ -125,12 +125,12 @@ def calibrate(model_name: str, target: int, out: Path, samples: int, local_windo
         The calibration: the chosen scales, ``top_k``, the sweeps and the combination's paired
         difference from ``rope``.
     """
-    import longreach
-    from longreach import models
+    from .. import models
+    from ..integrations.transformers import training_window as window_of
     from longreach.attention.rotary import find_rotary, rotary_pairs
 
     model, tokenizer = loaded or models.load(model_name, device=World.from_environment().device())  # a GPU when there is one
-    window = training_window or longreach.training_window(model.config)
+    window = training_window or window_of(model.config)
     runner.check_lengths([target], window)
     pairs = rotary_pairs(find_rotary(model))
     if pairs % groups:

@@ -10,16 +10,20 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from . import haystack
 from .case import Case
+from .task import EVALUATE
 
 
 @dataclass(frozen=True)
 class Perplexity:
     name: str = "ppl"
+    kind: ClassVar[str] = EVALUATE
+    token_ids: ClassVar[bool] = False
     buckets: int = 8
     uses_depth: bool = False
     max_new_tokens: int = 0

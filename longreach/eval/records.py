@@ -15,6 +15,7 @@ import numbers
 import os
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 RESULTS = "results.jsonl"
 MAX_LENGTH = 1 << 24  # 16M tokens: beyond any model; runner.check_lengths bounds lengths by the model's L
@@ -125,12 +126,31 @@ def read_results(path: Path) -> list[dict]:
     return records
 
 
-def case_key(record: dict) -> tuple:
+class CaseKey(NamedTuple):
+    """What makes a case: the model, the method, task, length, depth (``None``: the task draws its own) and seed.
+
+    In the grid (:meth:`longreach.eval.runner.Grid.keys`) the model is the name given and the method its label;
+    read from a record (:func:`case_key`) they are the model's identity and the method as resolved."""
+
+    model: str
+    method: str
+    task: str
+    length: int
+    depth: float | None
+    seed: int
+
+    @property
+    def case(self) -> tuple:
+        """``(task, length, depth, seed)``: the prompt, the same under every method."""
+        return self.task, self.length, self.depth, self.seed
+
+
+def case_key(record: dict) -> CaseKey:
     """What makes a case: the model (its identity, see :func:`longreach.models.identity`; the name given,
     for records written before it was kept), the method as resolved (every parameter and L), task,
     length, depth, seed."""
-    return (record.get("model_key") or record["model"], record["resolved"], record["task"], record["length"],
-            record["depth"], record["seed"])
+    return CaseKey(record.get("model_key") or record["model"], record["resolved"], record["task"], record["length"],
+                   record["depth"], record["seed"])
 
 
 def end_cut_off_line(path: Path, sink) -> None:

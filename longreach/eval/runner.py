@@ -2,102 +2,28 @@
 
 Every finished case is appended to ``DIR/results.jsonl`` at once (flushed and synced), so a crash or
 Ctrl-C loses nothing; a rerun with the same folder skips what is there (a truncated last line is
-ignored and recomputed). Greedy decoding; a progress bar with ETA; ``limit`` caps the new cases.
+ignored and recomputed). :mod:`.cases` runs them: greedy decoding, a progress bar with ETA; ``limit`` caps
+the new cases.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import itertools
 import json
 import math
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from tqdm import tqdm
-
 from .. import provenance
-from . import ruler, tasks
+from ..methods.spec import MethodSpec
+from . import specs, tasks
+from .cases import Setting, run_cases
 from .distributed import World, shares
-from .records import DTYPES, MAX_LENGTH, RESULTS, case_key, end_cut_off_line, read_results
+from .records import DTYPES, MAX_LENGTH, RESULTS, CaseKey, case_key, end_cut_off_line, read_results
 
 MAX_SAMPLES = 10_000  # cases per (task, length, method): a pass rate's 95% interval is then within +-1 point
-
-
-@dataclass(frozen=True)
-class MethodSpec:
-    """A method and its parameters as written on the command line: ``string:shift=2731,local_window=128``.
-
-    Lists take ``;``: ``drop:rate=0.3,layers=0;1;2``. ``MethodSpec.parse(text)`` reads one."""
-
-    name: str
-    params: tuple[tuple[str, object], ...] = ()
-
-    @classmethod
-    def parse(cls, text: str) -> "MethodSpec":
-        name, _, rest = text.partition(":")
-        params = {}
-        for item in filter(None, rest.split(",")):
-            key, sep, value = item.partition("=")
-            if not sep or not key.strip():
-                raise ValueError(f"method parameter {item!r} must look like name=value (in {text!r})")
-            if key.strip() in params:
-                raise ValueError(f"method parameter {key.strip()!r} is given twice (in {text!r}); give it once")
-            params[key.strip()] = parse_value(value.strip())
-        if not name.strip():
-            raise ValueError(f"--method {text!r} names no method; see `longreach methods`")
-        return cls(name.strip(), tuple(sorted(params.items())))
-
-    def arguments(self, training_window: int) -> tuple[str, dict]:
-        """``(method, kwargs)`` for ``longreach.apply``.
-
-        ``protocol=paper`` expands to the STRING paper's baseline set-up; ``position+frequency``
-        (e.g. ``string+yarn:factor=2``) composes, routing each parameter to the method that has it.
-        """
-        from ..methods import base, paper_baseline, scaling
-
-        params = dict(self.params)
-        protocol = params.pop("protocol", None)
-        if protocol not in (None, "paper"):
-            raise ValueError(f"protocol={protocol!r} is not one of: paper")
-        position, _, frequency = self.name.partition("+")
-        if protocol:
-            params = {**paper_baseline(frequency or position, training_window), **params}
-        if not frequency:
-            return position, params
-        if frequency not in scaling.ALIASES:
-            raise ValueError(f"after '+': {base.unknown(frequency, 'frequency method', list(scaling.PARAMETERS))}")
-        names = scaling.PARAMETERS[scaling.ALIASES[frequency]]
-        rescale = {"rope_type": frequency, **{k: v for k, v in params.items() if k in names}}
-        return position, {"scaling": rescale, **{k: v for k, v in params.items() if k not in names}}
-
-    def apply(self, model, training_window: int, **options) -> None:
-        """Apply this method to ``model`` with ``L = training_window``, unless the spec names its own; ``options``
-        are :func:`longreach.apply`'s own (``backend``, ``keep_moved_keys``)."""
-        import longreach
-
-        method, kwargs = self.arguments(training_window)
-        longreach.apply(model, method, **{"training_window": training_window, **kwargs}, **options)
-
-    @property
-    def label(self) -> str:
-        text = lambda v: ";".join(map(str, v)) if isinstance(v, tuple) else str(v)  # as parse reads it back
-        return self.name + (":" + ",".join(f"{k}={text(v)}" for k, v in self.params) if self.params else "")
-
-
-def parse_value(text: str):
-    if ";" in text:  # a list, e.g. layers=0;1;2
-        return tuple(parse_value(item) for item in text.split(";") if item)
-    for convert in (int, float):
-        try:
-            return convert(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False, "none": None}.get(text.lower(), text)
 
 
 def parse_lengths(text: str) -> list[int]:
@@ -126,23 +52,6 @@ def check_lengths(lengths: list[int], window: int) -> None:
                          f"for this model (L = {window})")
     if (beyond := [n for n in lengths if n > window]):
         print(f"note: lengths {', '.join(map(str, beyond))} exceed the model's training window L = {window}")
-
-
-def check_methods(methods: list[MethodSpec], config, training_window: int | None = None) -> None:
-    """Apply each method to an empty (meta) model built from ``config``: every ``--method`` is checked, parameters and
-    ranges included, before any weights load."""
-    import copy
-
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    import longreach
-
-    with torch.device("meta"):
-        empty = AutoModelForCausalLM.from_config(copy.deepcopy(config))
-    window = training_window or longreach.training_window(config)
-    for spec in methods:
-        spec.apply(empty, window)
 
 
 def depth_grid(count: int) -> list[float]:
@@ -191,14 +100,14 @@ class Grid:
     def __len__(self) -> int:
         return len(self.tasks) * len(self.lengths) * self.samples * len(self.methods)
 
-    def keys(self) -> Iterator[tuple]:
-        """Every case's key ``(model, method, task, length, depth, seed)``, made as they are read, longer
+    def keys(self) -> Iterator[CaseKey]:
+        """Every case's key (the model as named, the method's label), made as they are read, longer
         lengths last (early results are the cheap ones)."""
         for task in self.tasks:
             grid = tasks.get(task).uses_depth
             for length, seed, method in itertools.product(self.lengths, range(self.samples), self.methods):
                 depth = self.depths[seed % len(self.depths)] if grid else None
-                yield self.model, method.label, task, length, depth, seed
+                yield CaseKey(self.model, method.label, task, length, depth, seed)
 
 
 def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, batch_size: int = 1, tp: bool = False,
@@ -226,8 +135,8 @@ def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, batch_size
     """
     import torch
 
-    import longreach
-    from longreach import models
+    from .. import models
+    from ..integrations.transformers import describe, remove, training_window
 
     if batch_size < 1:
         raise ValueError(f"--batch-size={batch_size} is out of range: at least 1")
@@ -236,32 +145,30 @@ def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, batch_size
     world = World.from_environment(tp)
     out.mkdir(parents=True, exist_ok=True)
     path = out / RESULTS
-    specs = {m.label: m for m in grid.methods}
-    if loaded is None:
-        check_methods(grid.methods, models.load_config(grid.model), grid.training_window)  # in a second: a typo must not wait for the weights
-    model, tokenizer = loaded or models.load(grid.model, dtype=grid.dtype if grid.dtype == "auto" else getattr(torch, grid.dtype),
-                                             device=world.device(), tp=tp)
-    if tokenizer is None and (text := [t for t in grid.tasks if not getattr(tasks.get(t), "token_ids", False)]):
-        raise ValueError(f"model {grid.model} has no tokenizer (a probe checkpoint): {', '.join(text)} needs one; its tasks are "
-                         "probe and probe-tail")
+    if loaded is None:  # in a second: a typo must not wait for the weights
+        specs.check(grid.methods, models.load_config(grid.model), grid.training_window)
+    weights = grid.dtype if grid.dtype == "auto" else getattr(torch, grid.dtype)
+    model, tokenizer = loaded or models.load(grid.model, dtype=weights, device=world.device(), tp=tp)
+    if tokenizer is None and (text := [t for t in grid.tasks if not tasks.get(t).token_ids]):
+        raise ValueError(f"model {grid.model} has no tokenizer (a probe checkpoint): {', '.join(text)} needs one; its "
+                         f"tasks are {' and '.join(tasks.token_id_tasks())}")
     dtype = str(model.dtype).removeprefix("torch.")
-    window = grid.training_window or longreach.training_window(model.config)
+    window = grid.training_window or training_window(model.config)
     check_lengths(grid.lengths, window)
     resolved = {}
     for spec in grid.methods:  # validate every method before spending time; a case is keyed by the method as resolved
-        spec.apply(model, window)
-        resolved[spec.label] = longreach.describe(model)
+        specs.apply(model, spec, window)
+        resolved[spec.label] = describe(model)
     earlier = [r for file in [path, *shares(out, RESULTS)] for r in read_results(file)]
     check_dtype(earlier, dtype, out)
-    model_key = models.identity(grid.model)
-    # failed cases are tried again; records from before the model's identity was kept count under the name given
-    done = {(r.get("model_key") or (model_key if r["model"] == grid.model else r["model"]), *case_key(r)[1:])
-            for r in earlier if not r.get("error")}
+    setting = Setting(grid.model, models.identity(grid.model), window, dtype, {m.label: m for m in grid.methods},
+                      resolved, batch_size, prefill_tokens)
+    done = _finished(earlier, grid.model, setting.model_key)
     world.barrier()  # everyone has read what is done before anyone writes: tensor-parallel processes run the same cases
     mine, already, pending = 0, 0, []
-    for key in world.share(grid.keys(), lambda key: key[2:]):
+    for key in world.share(grid.keys(), lambda key: key.case):
         mine += 1
-        if (model_key, resolved[key[1]], *key[2:]) in done:
+        if key._replace(model=setting.model_key, method=resolved[key.method]) in done:
             already += 1
         elif limit is None or len(pending) < limit:
             pending.append(key)
@@ -270,13 +177,19 @@ def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, batch_size
         print(f"{where}{mine} cases in the grid, {already} already in {out}, running {len(pending)}")
     if pending:  # process 0 records who ran it, with what, on which model, as its first case is written
         this_run = provenance.run(grid.model, model.config, len(pending), world.size, command) if world.rank == 0 else None
-        _run_cases(grid, pending, model, tokenizer, specs, resolved, window, batch_size, world, world.results_file(out, RESULTS), dtype,
-                   prefill_tokens, model_key, this_run)
-    longreach.remove(model)
+        run_cases(setting, pending, model, tokenizer, world, world.results_file(out, RESULTS), this_run)
+    remove(model)
     world.barrier()
     if world.rank == 0 and world.shares_cases:
         merge(out)
     return path
+
+
+def _finished(records: list[dict], name: str, model_key: str) -> set[CaseKey]:
+    """The keys of the cases done (failed ones are tried again); records from before the model's identity was kept
+    count under the name given."""
+    return {case_key(r)._replace(model=model_key) if not r.get("model_key") and r["model"] == name else case_key(r)
+            for r in records if not r.get("error")}
 
 
 def merge(out: Path) -> None:
@@ -301,112 +214,3 @@ def check_dtype(records: list[dict], dtype: str, out: Path) -> None:
     if held - {dtype}:
         raise ValueError(f"--dtype resolves to {dtype}, but {out} holds results in {', '.join(sorted(held))}: "
                          f"resume it with that --dtype, or give another --out")
-
-
-def _run_cases(grid, pending, model, tokenizer, specs, resolved, window, batch_size, world, path, dtype, prefill_tokens,
-               model_key, this_run: dict | None) -> None:
-    """Run ``pending`` cases, one JSON line each in ``path`` (only where ``world`` writes); ``this_run`` (process 0's) goes
-    into the folder's ``runs.jsonl`` with the first case, so a run that fails before it leaves nothing behind."""
-    state = {"applied": None}
-
-    def apply(label: str) -> None:
-        if state["applied"] != label:
-            specs[label].apply(model, window)
-            state["applied"] = label
-
-    machine = _machine(model)
-    desc = f"cases (process {world.rank})" if world.shares_cases else "cases"
-    with (path.open("a", encoding="utf-8") if world.writes else contextlib.nullcontext()) as sink, \
-            tqdm(total=len(pending), desc=desc, unit="case", position=world.rank if world.shares_cases else 0, disable=not world.writes) as bar:
-        if sink:
-            end_cut_off_line(path, sink)
-        for (task_name, length), keys in itertools.groupby(pending, key=lambda key: (key[2], key[3])):
-            keys, task = list(keys), tasks.get(task_name)
-            cases = list(dict.fromkeys((key[4], key[5]) for key in keys))  # (depth, seed), in grid order
-            size = 1 if hasattr(task, "evaluate") else batch_size
-            for chunk in (cases[i : i + size] for i in range(0, len(cases), size)):
-                start = time.perf_counter()
-                built = {where: _build(task, tokenizer, length, *where) for where in chunk}
-                build_seconds = (time.perf_counter() - start) / len(chunk)
-                for label in specs:
-                    batch = [key for key in keys if key[1] == label and (key[4], key[5]) in built]
-                    if not batch:
-                        continue
-                    bar.set_postfix_str(f"{task_name} {length} {label}")
-                    results = _run_batch(task, model, tokenizer, [built[key[4], key[5]] for key in batch], lambda: apply(label),
-                                         prefill_tokens)
-                    for key, (record, seconds) in zip(batch, results):
-                        _, _, _, _, depth, seed = key
-                        if record.get("error"):
-                            bar.write(f"case {task_name} {length} {label} seed {seed} failed: {record['error']}")
-                        decoded_with = record.pop("batch", len(batch))
-                        record = {"model": grid.model, "model_key": model_key, "method": label, "resolved": resolved[label], "window": window,
-                                  "task": task_name, "length": length, "depth": depth, "seed": seed, **record,
-                                  "seconds": round(seconds + build_seconds, 3), "batch": decoded_with, "machine": machine, "dtype": dtype}
-                        if sink:
-                            if this_run is not None:
-                                provenance.record(path.parent, this_run)
-                                this_run = None
-                            sink.write(json.dumps(record) + "\n")
-                            sink.flush()
-                            os.fsync(sink.fileno())
-                        bar.update()
-
-
-def _machine(model) -> str:
-    """What ran the cases, for the time per case: 'cpu' or the GPU's name, e.g. 'cuda: NVIDIA H100 80GB HBM3'."""
-    import torch
-
-    return f"cuda: {torch.cuda.get_device_name(model.device)}" if model.device.type == "cuda" else model.device.type
-
-
-def _build(task, tokenizer, length: int, depth, seed: int):
-    """The case, or the error that building it raised (an error row for every method, the grid goes on)."""
-    try:
-        return task.build(tokenizer, length, depth, seed)
-    except Exception as error:
-        return error
-
-
-def _error(error: BaseException) -> dict:
-    return {"score": None, "error": f"{error.__class__.__name__}: {error}"}
-
-
-def _run_batch(task, model, tokenizer, cases: list, apply, prefill_tokens: int | None) -> list[tuple[dict, float]]:
-    """``(record fields, seconds)`` per case: decoded together; a case that could not be built, or a
-    batch that raises, becomes error rows (one failing case must not stop the grid; a rerun retries).
-    A method whose frequencies follow the forward's longest sequence (dynamic NTK) decodes each case
-    alone, in one forward: its answer is then its own, whatever the batch size and prefill budget."""
-    from ..integrations.transformers import one_case_per_forward
-    from . import generate
-
-    ready = [case for case in cases if not isinstance(case, Exception)]
-    start = time.perf_counter()
-    try:
-        apply()
-        if hasattr(task, "evaluate"):
-            outcomes = [task.evaluate(model, tokenizer, case) for case in ready]
-        else:
-            alone = one_case_per_forward(model) and len(ready) > 1
-            budget = 0 if one_case_per_forward(model) else generate.prefill_budget(len(ready), prefill_tokens)
-            groups = [[case] for case in ready] if alone else [ready] if ready else []
-            answers = [a for group in groups for a in generate.greedy(model, tokenizer, [c.prompt for c in group], task.max_new_tokens, budget)]
-            outcomes = [{"answer": answer, "empty": not ruler.postprocess(answer), "prefill_tokens": budget, **({"batch": 1} if alone else {}),
-                         **task.score(answer, case)} for answer, case in zip(answers, ready)]
-    except Exception as error:
-        outcomes = [_error(error)] * len(ready)
-    seconds = (time.perf_counter() - start) / max(1, len(ready))
-    outcome = iter(outcomes)
-    results = []
-    for case in cases:
-        if isinstance(case, Exception):
-            results.append((_error(case), 0.0))
-        else:
-            fields = next(outcome)
-            if not fields.get("error"):
-                fields = {"n_tokens": case.n_tokens, "max_new_tokens": case.max_new_tokens, "haystack_units": case.haystack_units,
-                          **({"searched_units": case.searched_units} if case.searched_units is not None else {}),
-                          "prompt_hash": hashlib.sha256(case.prompt.encode()).hexdigest()[:16], "references": case.references,
-                          "needle_depths": case.needle_depths, "metric": case.metric, **fields}
-            results.append((dict(fields), seconds))
-    return results

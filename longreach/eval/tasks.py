@@ -7,7 +7,8 @@
   all; ``ruler-tight:<name>`` / ``ruler-tight`` pack each case to the largest haystack that fits;
 * ``niah`` -- RULER's niah_single_2 with the needle at each grid depth (the depth x length heatmap);
 * ``ppl`` -- perplexity by position (:mod:`.perplexity`);
-* ``probe`` / ``probe-tail`` -- retrieval on a checkpoint of ``longreach probe train`` (:mod:`longreach.probe.task`).
+* tasks other packages define and :func:`register` here: ``probe`` / ``probe-tail``, retrieval on a checkpoint of
+  ``longreach probe train`` (:mod:`longreach.probe.task`, registered when imported: the command line imports it).
 
 ``raw`` tasks are plain text as the papers ran base models; ``-chat`` ones put the same request in
 the model's chat template. Every prompt plus the tokens to generate fits the length, counted with
@@ -19,9 +20,11 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
+from typing import ClassVar
 
 from . import haystack, ruler, scoring
 from .case import Case
+from .task import GENERATE, AnyTask
 
 STRING_REVISION = "HKUNLP/STRING@216cc2f niah/test_niah_llama.py"
 PASSKEY_REVISION = "epfml/landmark-attention@d963e50 llama/run_test.py"
@@ -43,6 +46,8 @@ class StringNeedles:
     """
 
     name: str
+    kind: ClassVar[str] = GENERATE
+    token_ids: ClassVar[bool] = False
     chat: bool = False
     needles: int = 4
     needed: int = 2
@@ -95,6 +100,8 @@ class Passkey:
     """
 
     name: str
+    kind: ClassVar[str] = GENERATE
+    token_ids: ClassVar[bool] = False
     chat: bool = False
     uses_depth: bool = False
     max_new_tokens: int = 10
@@ -147,19 +154,34 @@ def revision(task: str) -> str:
     return REVISIONS.get(re.split(r"[:-]", task)[0], "")
 
 
-def get(name: str):
+REGISTERED: dict[str, AnyTask] = {}  # tasks defined outside this package, by name (register puts them here)
+GROUPS: dict[str, str] = {}  # each registered group's names ("probe and probe-tail") -> what it is, for the error
+
+
+def register(group: dict[str, AnyTask], what: str) -> None:
+    """Make ``group``'s tasks (name -> task) known by name; ``what`` says what they are, in the list of tasks an
+    unknown name gets. The package that defines them calls it (:mod:`longreach.probe.task` does, when imported)."""
+    REGISTERED.update(group)
+    GROUPS[" and ".join(group)] = what
+
+
+def token_id_tasks() -> list[str]:
+    """The registered tasks whose prompts are token ids (the tasks of a model without a tokenizer)."""
+    return [name for name, task in REGISTERED.items() if task.token_ids]
+
+
+def get(name: str) -> AnyTask:
     if name == "ppl":
         from .perplexity import Perplexity
 
         return Perplexity()
-    if name in ("probe", "probe-tail"):
-        from ..probe.task import TASKS as PROBES
-
-        return PROBES[name]
+    if name in REGISTERED:
+        return REGISTERED[name]
     if name not in TASKS:
         shown = [n for n in TASKS if not n.startswith("ruler-tight:")]
-        raise ValueError(f"unknown task {name!r}; available: {', '.join(shown)}, ruler (all RULER tasks), ruler-tight:<name> "
-                         "and ruler-tight (packed tight), ppl, probe and probe-tail (a probe checkpoint's retrieval)")
+        groups = "".join(f", {names} ({what})" for names, what in GROUPS.items())
+        raise ValueError(f"unknown task {name!r}; available: {', '.join(shown)}, ruler (all RULER tasks), "
+                         f"ruler-tight:<name> and ruler-tight (packed tight), ppl{groups}")
     return TASKS[name]
 
 

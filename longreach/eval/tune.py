@@ -16,8 +16,8 @@ from pathlib import Path
 from statistics import mean
 
 from .. import plots
+from ..methods.spec import MethodSpec, parse_value
 from . import report, runner, stats
-from .runner import MethodSpec
 
 
 def parse_grid(items: list[str]) -> dict[str, list]:
@@ -30,7 +30,7 @@ def parse_grid(items: list[str]) -> dict[str, list]:
             raise ValueError(f"--grid {item!r} must look like name=value1,value2 (e.g. shift=1024,2048)")
         if name in grid:
             raise ValueError(f"--grid names {name!r} twice; give all its values in one name=value1,value2")
-        grid[name] = [runner.parse_value(v.strip()) for v in values.split(",") if v.strip()]
+        grid[name] = [parse_value(v.strip()) for v in values.split(",") if v.strip()]
     if not grid:
         raise ValueError("--grid is empty: give e.g. shift=1024,2048 local_window=64,128")
     return grid

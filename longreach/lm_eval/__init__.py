@@ -26,6 +26,7 @@ import torch
 
 from ..integrations.transformers import apply
 from ..methods import available
+from ..methods.spec import parse_value
 
 INSTALL = 'pip install "lm_eval>=0.4.13,<0.5" (or, in a clone of longreach: pip install -e ".[lm-eval]")'
 
@@ -45,8 +46,6 @@ def _claim(name: str | None, role: str, arguments: dict) -> dict:
         return {}
     if name not in PARAMETERS:
         raise ValueError(f"{role}={name!r} is not a longreach method; choose from: {', '.join(PARAMETERS)}")
-    from ..eval.runner import parse_value
-
     # lm-eval hands strings on: read them as the command line does (lists with ';', none)
     return {key: parse_value(value) if isinstance(value := arguments.pop(key), str) else value
             for key in sorted(PARAMETERS[name] & set(arguments))}

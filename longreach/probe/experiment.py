@@ -18,6 +18,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+STEPS = 1200  # optimizer steps per run (`longreach probe experiment --steps`)
+SAVE_EVERY = 60  # a checkpoint, measured, every this many steps
 TOKENS_PER_STEP = 4096
 MEDIAN_TOKENS = 32  # natural documents: a log-normal of this median in tokens whatever the window, as the paper's 2K
 # and 4K models read the same corpus (the longer window cuts fewer documents short)

@@ -86,8 +86,9 @@ def measure_run(run, methods: list[str], cases: int = 100, count: int = 16, seed
 
     from tqdm.auto import tqdm
 
-    from ..eval.runner import MethodSpec
+    from ..eval import specs
     from ..integrations.transformers import remove
+    from ..methods.spec import MethodSpec
     from .train import checkpoints, load, state_of
 
     run = Path(run)
@@ -102,7 +103,7 @@ def measure_run(run, methods: list[str], cases: int = 100, count: int = 16, seed
         model, state = load(checkpoint)  # once per checkpoint: each method is applied, measured and removed
         window = state["corpus"]["window"]
         for method in missing:
-            MethodSpec.parse(method).apply(model, window)
+            specs.apply(model, MethodSpec.parse(method), window)
             table = by_distance(model, window, distances(window, count), cases, seed)
             remove(model)
             entry = results.setdefault(str(state["step"]), {"tokens_seen": state["tokens_seen"], "methods": {}})

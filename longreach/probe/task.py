@@ -4,16 +4,21 @@ prompts are token ids) scored by the 4-needle retrieval case of :func:`.corpus.r
 ``probe`` cycles its cases over the 16 distances of :func:`.measure.distances` (case ``s`` at distance
 ``s mod 16``); ``probe-tail`` over those in the last third of the window, the undertrained tail where STRING
 helps. A case passes when the greedy next token after ``ASK k`` is the record's value (score 100, else 0).
+
+Importing this module registers both in ``longreach eval``'s task registry (:func:`longreach.eval.tasks.register`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
 
+from ..eval import tasks
 from ..eval.case import Case
+from ..eval.task import EVALUATE
 from . import measure
 from .corpus import RECORD, retrieval_case
 
@@ -23,11 +28,12 @@ class ProbeRetrieval:
     """4-needle retrieval on a probe checkpoint, the window being the case's length."""
 
     name: str
+    kind: ClassVar[str] = EVALUATE
+    token_ids: ClassVar[bool] = True  # its prompts are token ids: it needs no tokenizer
     tail: bool = False
     uses_depth: bool = False
     max_new_tokens: int = 0
     metric: str = "probe_retrieval"
-    token_ids: bool = True  # its prompts are token ids: it needs no tokenizer
 
     def distances(self, length: int) -> list[int]:
         grid = measure.distances(length)
@@ -49,3 +55,4 @@ class ProbeRetrieval:
 
 
 TASKS = {"probe": ProbeRetrieval("probe"), "probe-tail": ProbeRetrieval("probe-tail", tail=True)}
+tasks.register(TASKS, "a probe checkpoint's retrieval")

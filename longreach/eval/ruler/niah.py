@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import ClassVar
 
 from .. import haystack, scoring
 from ..case import Case
 from ..haystack import NOISE
+from ..task import GENERATE
 from .common import (
     DEPTHS,
     FIXED_SEED,
@@ -38,6 +40,8 @@ class Niah:
     """
 
     name: str
+    kind: ClassVar[str] = GENERATE
+    token_ids: ClassVar[bool] = False
     haystack: str = "essay"  # essay, noise or needle
     type_k: str = "words"
     type_v: str = "numbers"

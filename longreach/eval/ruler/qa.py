@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass
+from typing import ClassVar
 from functools import lru_cache
 
 from .. import haystack, scoring
 from ..case import Case
+from ..task import GENERATE
 from .common import FIXED_SEED, case, fit, postprocess, stream_name
 
 QA_TEMPLATE = ("Answer the question based on the given documents. Only give me the answer and do not output any other words."
@@ -29,6 +31,8 @@ class QA:
     """
 
     name: str
+    kind: ClassVar[str] = GENERATE
+    token_ids: ClassVar[bool] = False
     dataset: str
     uses_depth: bool = False
     max_new_tokens: int = 32

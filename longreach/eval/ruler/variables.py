@@ -5,10 +5,12 @@ from __future__ import annotations
 import random
 import string
 from dataclasses import dataclass
+from typing import ClassVar
 
 from .. import haystack, scoring
 from ..case import Case
 from ..haystack import NOISE
+from ..task import GENERATE
 from .common import case, fit, postprocess, stream_name
 
 VT_TEMPLATE = ("Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n{context}\n"
@@ -43,6 +45,8 @@ class VariableTracking:
     """RULER ``vt`` (``variable_tracking.py``): one chain of 4 hops in noise, after one in-context example."""
 
     name: str = "ruler:vt"
+    kind: ClassVar[str] = GENERATE
+    token_ids: ClassVar[bool] = False
     hops: int = 4
     uses_depth: bool = False
     max_new_tokens: int = 30

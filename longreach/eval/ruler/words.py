@@ -7,9 +7,11 @@ import math
 import random
 import string
 from dataclasses import dataclass
+from typing import ClassVar
 
 from .. import haystack, scoring
 from ..case import Case
+from ..task import GENERATE
 from .common import FIXED_SEED, case, fit, postprocess, stream_name, wonderwords
 
 CWE_TEMPLATE = ("Below is a numbered list of words. In these words, some appear more often than others. "
@@ -40,6 +42,8 @@ class CommonWords:
     """
 
     name: str = "ruler:cwe"
+    kind: ClassVar[str] = GENERATE
+    token_ids: ClassVar[bool] = False
     common: int = 10
     uses_depth: bool = False
     max_new_tokens: int = 120
@@ -96,6 +100,8 @@ class FrequentWords:
     one is ``...`` (noise); name the next three. Vocabulary: (length - 50) // 50 words."""
 
     name: str = "ruler:fwe"
+    kind: ClassVar[str] = GENERATE
+    token_ids: ClassVar[bool] = False
     alpha: float = 2.0
     word_length: int = 6
     uses_depth: bool = False
