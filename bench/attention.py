@@ -44,7 +44,7 @@ def case(method: str, n: int, heads: int, dim: int, decode: bool, device: str = 
     import torch
 
     from longreach.attention import kernel
-    from longreach.methods import create, drop
+    from longreach.methods import create
 
     generator, dtype = torch.Generator().manual_seed(0), getattr(torch, dtype)
     q = torch.randn(batch, heads, 1 if decode else n, dim, generator=generator).to(device, dtype)
@@ -58,7 +58,7 @@ def case(method: str, n: int, heads: int, dim: int, decode: bool, device: str = 
     inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, device=device).float() / dim))
     if method in DROPS:
         positions = torch.arange(n - q.shape[2], n, device=device)[None]
-        rates = drop.create(method, **DROPS[method]).rates(positions, n // 2, generated=torch.full(positions.shape, decode, device=device))
+        rates = create(method, n // 2, **DROPS[method]).rates(positions, n // 2, generated=torch.full(positions.shape, decode, device=device))
         parts = create("rope", training_window=n).parts()
         return (lambda: kernel.attention(q, k, v, parts, inv_freq, drop=rates, key_padding=padding, backend=backend)), inputs
     if method in DPES:

@@ -7,7 +7,8 @@ from safetensors.torch import save_file
 
 import longreach
 from longreach.attention import backends, kernel
-from longreach.attention.rotary import find_rotary, rotary_pairs
+from longreach.attention.rotary import rotary_pairs
+from longreach.integrations.rotary_embedding import find_rotary
 from longreach.methods import create
 
 

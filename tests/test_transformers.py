@@ -303,11 +303,9 @@ def test_a_frequency_method_composes_over_the_models_own_scaling(own, tmp_path):
      {"rope_type": "yarn", "factor": 3.0, "original_max_position_embeddings": 8192, "truncate": False}),
 ])
 def test_the_composed_maps_equal_transformers_on_default_frequencies(name, params, transformers_parameters):
-    from longreach.methods.scaling import Scaling
-
     default = tiny_model("llama").model.rotary_emb
     scaled = tiny_model("llama", rope_parameters={"rope_theta": 10000.0, **transformers_parameters}).model.rotary_emb
-    inv_freq, attention_scaling = Scaling.create(name, 96, **params).over(default.inv_freq, 1.0, {"rope_type": "llama3"})
+    inv_freq, attention_scaling = longreach.methods.create(name, 96, **params).over(default.inv_freq, 1.0, {"rope_type": "llama3"})
     assert torch.allclose(inv_freq, scaled.inv_freq, rtol=1e-6)
     assert attention_scaling == pytest.approx(scaled.attention_scaling)
 

@@ -70,12 +70,3 @@ def rotary_pairs(rotary: nn.Module) -> int:
     """How many rotary pairs each head has: the length of the module's ``inv_freq`` (any layer type's)."""
     return next(buffer for name, buffer in rotary.named_buffers() if name == "inv_freq" or name.endswith("_inv_freq")).shape[-1]
 
-
-def find_rotary(model: nn.Module) -> nn.Module | None:
-    """The model's rotary embedding module (``model.model.rotary_emb`` on decoder-only models)."""
-    for _, module in model.named_modules():
-        if module.__class__.__name__.endswith("RotaryEmbedding") and any(
-            name == "inv_freq" or name.endswith("_inv_freq") for name, _ in module.named_buffers()
-        ):
-            return module
-    return None

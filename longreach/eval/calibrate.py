@@ -127,7 +127,8 @@ def calibrate(model_name: str, target: int, out: Path, samples: int, local_windo
     """
     from .. import models
     from ..integrations.transformers import training_window as window_of
-    from longreach.attention.rotary import find_rotary, rotary_pairs
+    from longreach.attention.rotary import rotary_pairs
+    from longreach.integrations.rotary_embedding import find_rotary
 
     model, tokenizer = loaded or models.load(model_name, device=World.from_environment().device())  # a GPU when there is one
     window = training_window or window_of(model.config)

@@ -5,6 +5,7 @@ dense reference, with one :class:`~longreach.attention.memo.Memo` per forward pa
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 
@@ -38,7 +39,8 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
         return query.new_empty(batch, q_len, query.shape[1], value.shape[-1]), None
     if torch.compiler.is_compiling() and q_len <= SMALL_QUERY and state.backend != "reference":
         return _compiled_step(state, module, query, key, value, attention_mask, scaling, kwargs.get("sliding_window")), None
-    kept_keys = state.kept_keys_of(getattr(module, "layer_idx", None))
+    layer = getattr(module, "layer_idx", None)
+    kept_keys = state.kept_keys_of(layer)
     if kept_keys is not None:
         kept_keys.begin(key, q_len)  # the key tensor the cache handed over, before it is cut to the real keys
     position_ids = kwargs.get("position_ids")
@@ -47,20 +49,13 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
                                    lambda: keys_of(attention_mask, key.shape[2], position_ids, batch, query.device))
     key, value = key[:, :, : keys.count], value[:, :, : keys.count]
     inv_freq = inverse_frequencies(state.rotary, getattr(module, "layer_type", None))
-    prompt = recording.declared_prompt(batch, query.device)
-    query_positions = keys.positions[:, -q_len:]
-    rates = None
-    if state.drop is not None and getattr(module, "layer_idx", None) in state.drop.layers:  # the same for every layer of the pass
-        generated = None if prompt is None else query_positions >= prompt[:, None]
-        rates = memo.get("drop rates", (state.drop,), (state.window, q_len), lambda: state.drop.rates(query_positions, state.window, generated))
-    tokens = keys.positions.amax(-1) + 1  # the sequence so far (right padding: its last real token); a prompt read in chunks counts whole
-    logit_scale = state.method.logit_scale_at(tokens if prompt is None else torch.maximum(tokens, prompt))
+    logit_scale, rates = _logit_scale_and_rates(state, layer, keys.positions, keys.positions[:, -q_len:], memo)
     sliding_window = kwargs.get("sliding_window")
     if state.backend == "reference":
         out = _reference(state, module, query, key, value, inv_freq, scaling, keys, sliding_window, logit_scale, rates)
     else:
         out = kernel.attention(
-            query, key, value, state.layer_parts(getattr(module, "layer_idx", None)), inv_freq, scaling=scaling, key_padding=keys.padding,
+            query, key, value, state.layer_parts(layer), inv_freq, scaling=scaling, key_padding=keys.padding,
             sliding_window=sliding_window, logit_scale=logit_scale, positions=keys.positions, drop=rates, backend=state.backend, memo=memo,
             kept_keys=kept_keys,
         )
@@ -80,16 +75,30 @@ def _compiled_step(state, module, query, key, value, attention_mask, scaling, sl
         positions = torch.arange(kv_len, device=query.device).expand(query.shape[0], -1)
     else:
         positions = attention_mask[:, 0, 0, :].to(query.device)
-    prompt = recording.declared_prompt(query.shape[0], query.device)
-    tokens = positions.amax(-1) + 1
-    logit_scale = state.method.logit_scale_at(tokens if prompt is None else torch.maximum(tokens, prompt))
+    layer = getattr(module, "layer_idx", None)
+    query_positions = static.query_positions(positions, query.shape[2])
+    logit_scale, rates = _logit_scale_and_rates(state, layer, positions, query_positions)
     inv_freq = inverse_frequencies(state.rotary, getattr(module, "layer_type", None))
-    rates = None
-    if state.drop is not None and getattr(module, "layer_idx", None) in state.drop.layers:
-        query_positions = static.query_positions(positions, query.shape[2])
-        rates = state.drop.rates(query_positions, state.window, None if prompt is None else query_positions >= prompt[:, None])
-    return static.attention(query, key, value, state.layer_parts(getattr(module, "layer_idx", None)), inv_freq, positions,
+    return static.attention(query, key, value, state.layer_parts(layer), inv_freq, positions,
                             scaling=scaling, sliding_window=sliding_window, logit_scale=logit_scale, drop=rates)
+
+
+def _logit_scale_and_rates(state, layer: int | None, positions: torch.Tensor, query_positions: torch.Tensor,
+                           memo=None) -> tuple[float | torch.Tensor, torch.Tensor | None]:
+    """The method's logit factor for the sequences so far (``positions [B, Lkv]``, the keys': the longest one
+    plus one; a prompt declared to :func:`.recording.generation` counts whole, however it is read) and, in a
+    layer that drops, the drop rate of each query ``[B, Lq]`` at ``query_positions`` (else None), the same for
+    every such layer of the pass: built once per pass with the pass's ``memo`` (none under ``torch.compile``)."""
+    prompt = recording.declared_prompt(positions.shape[0], positions.device)
+    tokens = positions.amax(-1) + 1  # right padding: its last real token
+    logit_scale = state.method.logit_scale_at(tokens if prompt is None else torch.maximum(tokens, prompt))
+    if state.drop is None or layer not in state.drop.layers:
+        return logit_scale, None
+    generated = None if prompt is None else query_positions >= prompt[:, None]
+    rates = functools.partial(state.drop.rates, query_positions, state.window, generated)
+    if memo is None:
+        return logit_scale, rates()
+    return logit_scale, memo.get("drop rates", (state.drop,), (state.window, query_positions.shape[-1]), rates)
 
 
 def _record(probe, method, module, query, key, inv_freq, scaling, keys, sliding_window, logit_scale, rates) -> None:

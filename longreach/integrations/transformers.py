@@ -14,15 +14,14 @@ transformers would pass ``None`` and padded batches would silently go wrong.
 
 This module applies and removes a method; the attention function is :mod:`.attention`, what a pass
 records or is told (dispersion, pair importance, prompt lengths) :mod:`.recording`, the per-pass memo
-:mod:`.passes` and the key positions :mod:`.positions`.
+:mod:`.passes`, the key positions :mod:`.positions` and the rotary module a frequency method swaps in
+:mod:`.rotary_embedding`.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
-import math
 import numbers
 from dataclasses import dataclass
 
@@ -33,16 +32,16 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from .. import methods
 from ..attention import backends, fused
-from ..attention.rotary import find_rotary, rotary_pairs
+from ..attention.rotary import rotary_pairs
 from ..attention.shifts import MovedKeys
 from ..methods import drop as drops
 from ..methods.base import PositionMethod, require_bool, require_int
-from ..methods.scaling import ALIASES as FREQUENCY_METHODS
 from ..methods.scaling import Scaling
-from . import kept_keys, recording
+from . import kept_keys, recording, rotary_embedding
 from .attention import attention_forward
 from .passes import Passes
 from .positions import key_positions_mask
+from .rotary_embedding import find_rotary
 
 NAME = "longreach"
 CONFIG_KEY = "longreach"  # the applied method, recorded in the model's config (saved by save_pretrained)
@@ -182,12 +181,13 @@ def apply(model: nn.Module, method: str = "string", *, training_window: int | No
     position_method, frequency, dropping = _resolve(model, window, method, scaling, drop, params)
     text = model.config.get_text_config()
     position_method.check_model(text.num_hidden_layers, text.num_attention_heads, rotary_pairs(rotary))
-    rescaled = _rescaled_rotary(model, frequency) if frequency else None  # may still refuse: before any change
+    # a frequency method may still refuse here, before any change
+    rescaled = rotary_embedding.rescaled(model, frequency, _state(model)) if frequency else None
     remove(model)
     applied = Applied(position_method, model.config._attn_implementation, window, find_rotary(model), backend, frequency, dropping,
                       keep_moved_keys=keep_moved_keys)
     if rescaled:
-        _install_rotary(model, applied, *rescaled)
+        rotary_embedding.install(model, applied, *rescaled)
     _attach(model, applied)
     if keep_moved_keys:
         kept_keys.watch(model)
@@ -230,11 +230,12 @@ def _resolve(model, window, method, scaling, drop, params):
     if not isinstance(method, str):
         raise ValueError(f"method={method!r} must be a method name; see longreach.available()")
     params = {k: _plain_number(v) for k, v in params.items()}
-    if method in FREQUENCY_METHODS:
+    kind = methods.kind_of(method)
+    if kind == "frequency":
         if scaling is not None:
             raise ValueError(f"{method} is a frequency method already; give scaling= with a position method instead")
         method, scaling, params = "rope", {"rope_type": method, **params}, {}
-    elif method in drops.DROPS:
+    elif kind == "drop":
         if drop is not None:
             raise ValueError(f"{method} is a drop method already; give drop= with a position method instead")
         method, drop, params = "rope", {"method": method, **params}, {}
@@ -244,15 +245,18 @@ def _resolve(model, window, method, scaling, drop, params):
         if not isinstance(scaling, dict):
             raise ValueError(f"scaling={scaling!r} must be a dict such as {{'rope_type': 'yarn', 'factor': 2.0}}")
         scaling = {k: _plain_number(v) for k, v in scaling.items()}
-        kind = scaling.pop("rope_type", None) or scaling.pop("method", None)
-        if kind is None:
+        rope_type = scaling.pop("rope_type", None) or scaling.pop("method", None)
+        if rope_type is None:
             raise ValueError(f"scaling={scaling!r} names no rope_type; give e.g. {{'rope_type': 'yarn', 'factor': 2.0}}")
-        frequency = Scaling.create(kind, window, **scaling)
+        methods.find(rope_type, "frequency")
+        frequency = methods.create(rope_type, window, **scaling)
     if drop is not None:
         if not isinstance(drop, dict):
             raise ValueError(f"drop={drop!r} must be a dict such as {{'method': 'dynamic_drop'}}")
         drop = {k: _plain_number(v) for k, v in drop.items()}
-        dropping = drops.create(drop.pop("method", "drop"), **drop)
+        name = drop.pop("method", "drop")
+        methods.find(name, "drop")
+        dropping = methods.create(name, window, **drop)
         layers = model.config.get_text_config().num_hidden_layers
         if max(dropping.layers) >= layers:
             raise ValueError(f"layers={list(dropping.layers)} is out of range: layer indices 0 .. {layers - 1}")
@@ -289,10 +293,7 @@ def remove(model: nn.Module) -> nn.Module:
         if wrapper.args[1] is not None:
             model.__dict__["generate"] = wrapper.args[1]
     model.set_attn_implementation(state.previous)
-    if state.replaced_rotary is not None:
-        parent, attribute = _parent_of(model, state.rotary)
-        setattr(parent, attribute, state.replaced_rotary)
-        model.config.get_text_config().rope_parameters = state.replaced_rope_parameters
+    rotary_embedding.restore(model, state)
     if hasattr(model.config, CONFIG_KEY):
         delattr(model.config, CONFIG_KEY)
     return model
@@ -347,69 +348,6 @@ def _attach(model: nn.Module, state: Applied) -> None:
     for module in model.modules():
         if hasattr(module, "layer_idx"):
             module.__dict__["_longreach"] = state
-
-
-def _parent_of(model: nn.Module, child: nn.Module) -> tuple[nn.Module, str]:
-    path = next(name for name, module in model.named_modules() if module is child)
-    parent_name, _, attribute = path.rpartition(".")
-    return model.get_submodule(parent_name), attribute
-
-
-def _own_rotary(model: nn.Module) -> tuple[nn.Module, dict]:
-    """The model's own rotary module and ``rope_parameters``, also while a frequency method replaces them."""
-    state = _state(model)
-    if state is not None and state.replaced_rotary is not None:
-        return state.replaced_rotary, state.replaced_rope_parameters
-    return find_rotary(model), model.config.get_text_config().rope_parameters
-
-
-def _rescaled_rotary(model: nn.Module, frequency: Scaling) -> tuple[nn.Module, dict]:
-    """A new rotary module of the model's own class for ``frequency``, and the ``rope_parameters`` to record;
-    the model is not touched (``apply`` validates everything first).
-
-    On a model with RoPE's default frequencies, transformers' own initialiser builds it from the new
-    ``rope_parameters``. A model that scales its frequencies already (``linear``, ``yarn``, ``llama3``)
-    keeps its scaling and ``frequency`` composes over it (:meth:`Scaling.over`); its ``rope_parameters``
-    stay its own, so plain ``from_pretrained`` cannot express the composition (``longreach.load`` can).
-    """
-    from ..methods.scaling import STATIC_TYPES, describe_own
-
-    own_rotary, own = _own_rotary(model)
-    if not isinstance(own, dict) or "rope_theta" not in own:
-        raise ValueError(
-            f"frequency methods need one set of rope_parameters; {model.__class__.__name__} has one per layer type "
-            f"({', '.join(own)}): apply a position method without scaling"
-        )
-    config = copy.deepcopy(model.config.get_text_config())
-    own_type = own.get("rope_type", "default")
-    if own_type == "default":
-        config.rope_parameters = frequency.rope_parameters(own, 2 * own_rotary.inv_freq.shape[-1])
-        rotary = type(own_rotary)(config).to(own_rotary.inv_freq.device)
-    elif own_type in STATIC_TYPES:
-        config.rope_parameters = copy.deepcopy(own)
-        rotary = type(own_rotary)(config).to(own_rotary.inv_freq.device)
-        inv_freq, rotary.attention_scaling = frequency.over(own_rotary.inv_freq, own_rotary.attention_scaling, own)
-        for name in ("inv_freq", "original_inv_freq"):
-            if hasattr(rotary, name):
-                getattr(rotary, name).copy_(inv_freq)
-    else:
-        raise ValueError(f"{model.__class__.__name__} has its own {describe_own(own)} scaling, whose frequencies change "
-                         f"during the forward pass: longreach composes no frequency method over it; apply a position method alone")
-    if rotary.inv_freq.device.type == "meta":  # an empty model (lm-eval checks the method before loading): no values
-        pass
-    elif not (torch.isfinite(rotary.inv_freq).all() and (rotary.inv_freq > 0).all() and math.isfinite(rotary.attention_scaling)):
-        raise ValueError(f"factor={frequency.params['factor']!r} is out of range: the scaled RoPE frequencies over- or underflow")
-    return rotary, copy.deepcopy(config.rope_parameters)
-
-
-def _install_rotary(model: nn.Module, state: Applied, rotary: nn.Module, rope_parameters: dict) -> None:
-    """Put ``rotary`` in place of the model's own rotary module (kept in ``state`` for :func:`remove`) and
-    record its ``rope_parameters`` in the config, so that saving the model keeps them."""
-    config = model.config.get_text_config()
-    parent, attribute = _parent_of(model, state.rotary)
-    setattr(parent, attribute, rotary)
-    state.replaced_rotary, state.replaced_rope_parameters, state.rotary = state.rotary, config.rope_parameters, rotary
-    config.rope_parameters = rope_parameters
 
 
 AttentionInterface.register(NAME, attention_forward)

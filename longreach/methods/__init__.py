@@ -1,60 +1,12 @@
-"""The methods registry: every method by name, as transformers' ``ROPE_INIT_FUNCTIONS`` does."""
+"""The methods: every one by name in :mod:`.registry`, built by :func:`create`; the STRING paper's baseline protocol."""
 
 from __future__ import annotations
 
-from dataclasses import MISSING, fields
+from . import registry, scaling
+from .base import Part, PositionMethod
+from .registry import REGISTRY, available, create, find, kind_of, names
 
-from . import drop, scaling
-from .base import Part, PositionMethod, unknown
-from .dca import DualChunk
-from .dpe import DPE
-from .rerope import ReRope
-from .rope import Rope
-from .self_extend import SelfExtend
-from .string import String
-
-METHODS: dict[str, type[PositionMethod]] = {cls.name: cls for cls in (Rope, String, ReRope, SelfExtend, DualChunk, DPE)}
-
-
-def names() -> list[str]:
-    """Every method name ``apply`` takes: position, frequency and drop methods."""
-    return [*METHODS, *scaling.PARAMETERS, *drop.DROPS]
-
-
-def create(name: str, training_window: int, **params) -> PositionMethod:
-    """Build method ``name`` for a model trained on ``training_window`` tokens; parameters are validated."""
-    if name not in METHODS:
-        raise ValueError(unknown(name, "method", names()))
-    cls = METHODS[name]
-    allowed = [f.name for f in fields(cls) if f.name != "training_window"]
-    unexpected = sorted(set(params) - set(allowed))
-    if unexpected:
-        raise ValueError(f"{name} has no parameter {', '.join(unexpected)}; its parameters: {', '.join(allowed) or 'none'}")
-    return cls(training_window=training_window, **params)
-
-
-def available() -> list[dict]:
-    """Every method longreach has, as ``longreach methods`` prints them.
-
-    Returns:
-        One dict per method: ``name``, ``kind`` (position, frequency, drop), ``paper``, ``changes`` (what
-        it changes), ``parameters`` (name to default) and ``ranges`` (name to what is allowed).
-    """
-    rows = []
-    for name, cls in METHODS.items():
-        params = {f.name: (None if f.default is MISSING else f.default) for f in fields(cls) if f.name != "training_window"}
-        rows.append({"name": name, "kind": "position", "paper": cls.paper, "changes": cls.changes,
-                     "parameters": params, "ranges": dict(cls.ranges)})
-    for name, params in scaling.PARAMETERS.items():
-        rows.append({"name": name, "kind": "frequency", "paper": scaling.PAPERS[name],
-                     "changes": f"RoPE frequencies: transformers' '{scaling.TRANSFORMERS_TYPE[name]}' rope type"
-                     + (" with rope_theta * factor^(d/(d-2))" if name == "ntk" else ""),
-                     "parameters": dict(params), "ranges": {k: scaling.RANGES[k] for k in params}})
-    for name, cls in drop.DROPS.items():
-        params = {f.name: f.default for f in fields(cls)}
-        rows.append({"name": name, "kind": "drop", "paper": cls.paper, "changes": drop.CHANGES[name],
-                     "parameters": params, "ranges": {k: drop.RANGES[k] for k in params}})
-    return rows
+METHODS: dict[str, type[PositionMethod]] = {name: REGISTRY[name] for name in names("position")}
 
 
 def paper_baseline(name: str, training_window: int) -> dict:
@@ -79,7 +31,7 @@ def paper_baseline(name: str, training_window: int) -> dict:
     short = 2 * training_window // 3
     if name in scaling.ALIASES:
         params = {"factor": 1.5}
-        if "original_max_position_embeddings" in scaling.PARAMETERS[scaling.ALIASES[name]]:
+        if "original_max_position_embeddings" in registry.parameters(find(name)):
             params["original_max_position_embeddings"] = short
         return params
     baselines = {
@@ -94,4 +46,5 @@ def paper_baseline(name: str, training_window: int) -> dict:
     return baselines[name]
 
 
-__all__ = ["METHODS", "Part", "PositionMethod", "available", "create", "paper_baseline"]
+__all__ = ["METHODS", "REGISTRY", "Part", "PositionMethod", "available", "create", "find", "kind_of", "names",
+           "paper_baseline"]

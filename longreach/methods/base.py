@@ -31,6 +31,7 @@ class PositionMethod:
     reference and the pictures.
     """
 
+    kind: ClassVar[str] = "position"
     name: ClassVar[str]
     paper: ClassVar[str]
     changes: ClassVar[str]

@@ -15,12 +15,14 @@ frequency method.
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
-from .base import require_int, require_number, unknown
+from .base import require_int, require_number
+
+LAYERS = "layer indices >= 0 (the paper: the first three)"
 
 
 def _check_rate(name: str, value) -> None:
@@ -45,8 +47,12 @@ class Drop:
         layers: the layers that drop (the paper: the first three).
     """
 
+    kind: ClassVar[str] = "drop"
     name: ClassVar[str] = "drop"
     paper: ClassVar[str] = "Dynamic Drop Attention paper, Drop Attention (DA), Eq. 1"
+    changes: ClassVar[str] = ("attention: per query, scores below the row's rate-quantile of its attendable scores "
+                              "-> -inf")
+    ranges: ClassVar[dict[str, str]] = {"rate": "0 <= rate < 1", "layers": LAYERS}
 
     rate: float = 0.3
     layers: tuple[int, ...] = (0, 1, 2)
@@ -77,8 +83,16 @@ class DynamicDrop:
         layers: the layers that drop (the paper: the first three).
     """
 
+    kind: ClassVar[str] = "drop"
     name: ClassVar[str] = "dynamic_drop"
     paper: ClassVar[str] = "Dynamic Drop Attention paper, DDA, Eq. 3 (best: 0.15, +0.05, max 0.3)"
+    changes: ClassVar[str] = ("attention: as drop, with rate 0 inside the window and "
+                              "min(initial_rate + k step, max_rate) in chunk k beyond it")
+    ranges: ClassVar[dict[str, str]] = {
+        "initial_rate": "0 <= initial_rate <= max_rate", "step": "step >= 0",
+        "max_rate": "initial_rate <= max_rate < 1", "chunk": "integer >= 1",
+        "generated_rate": "0 <= generated_rate < 1", "layers": LAYERS,
+    }
 
     initial_rate: float = 0.15
     step: float = 0.05
@@ -92,7 +106,8 @@ class DynamicDrop:
             _check_rate(name, getattr(self, name))
         require_number("step", self.step, "step >= 0", low=0)
         if self.max_rate < self.initial_rate:
-            raise ValueError(f"max_rate={self.max_rate} is out of range: initial_rate = {self.initial_rate} <= max_rate < 1")
+            raise ValueError(f"max_rate={self.max_rate} is out of range: "
+                             f"initial_rate = {self.initial_rate} <= max_rate < 1")
         require_int("chunk", self.chunk, 1, None, "an integer >= 1")
         object.__setattr__(self, "layers", _check_layers(self.layers))
 
@@ -107,23 +122,4 @@ class DynamicDrop:
                 f"chunk={self.chunk}, generated_rate={self.generated_rate}, layers={list(self.layers)})")
 
 
-DROPS = {cls.name: cls for cls in (Drop, DynamicDrop)}
-CHANGES = {
-    "drop": "attention: per query, scores below the row's rate-quantile of its attendable scores -> -inf",
-    "dynamic_drop": "attention: as drop, with rate 0 inside the window and min(initial_rate + k step, max_rate) in chunk k beyond it",
-}
-RANGES = {
-    "rate": "0 <= rate < 1", "initial_rate": "0 <= initial_rate <= max_rate", "step": "step >= 0",
-    "max_rate": "initial_rate <= max_rate < 1", "chunk": "integer >= 1", "generated_rate": "0 <= generated_rate < 1",
-    "layers": "layer indices >= 0 (the paper: the first three)",
-}
-
-
-def create(name: str, **params):
-    """Drop method ``name`` with its parameters, validated."""
-    if name not in DROPS:
-        raise ValueError(unknown(name, "drop method", list(DROPS)))
-    allowed = [f.name for f in fields(DROPS[name])]
-    if (unexpected := sorted(set(params) - set(allowed))):
-        raise ValueError(f"{name} has no parameter {', '.join(unexpected)}; its parameters: {', '.join(allowed)}")
-    return DROPS[name](**params)
+METHODS: tuple[type, ...] = (Drop, DynamicDrop)

@@ -1,0 +1,97 @@
+"""A model's rotary embedding module: found, rebuilt for a frequency method, swapped in and restored.
+
+A frequency method (:mod:`longreach.methods.scaling`) never edits the model's own rotary module: ``apply``
+builds a new one of the same class (:func:`rescaled`), puts it in its place (:func:`install`) and keeps the
+model's own in the applied state, which ``remove`` puts back (:func:`restore`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+from torch import nn
+
+from ..methods.scaling import STATIC_TYPES, Scaling, describe_own
+
+
+def find_rotary(model: nn.Module) -> nn.Module | None:
+    """The model's rotary embedding module (``model.model.rotary_emb`` on decoder-only models)."""
+    for _, module in model.named_modules():
+        if module.__class__.__name__.endswith("RotaryEmbedding") and any(
+            name == "inv_freq" or name.endswith("_inv_freq") for name, _ in module.named_buffers()
+        ):
+            return module
+    return None
+
+
+def rescaled(model: nn.Module, frequency: Scaling, state) -> tuple[nn.Module, dict]:
+    """A new rotary module of the model's own class for ``frequency``, and the ``rope_parameters`` to record;
+    the model is not touched (``apply`` validates everything first). ``state``: what is applied now, or None.
+
+    On a model with RoPE's default frequencies, transformers' own initialiser builds it from the new
+    ``rope_parameters``. A model that scales its frequencies already (``linear``, ``yarn``, ``llama3``)
+    keeps its scaling and ``frequency`` composes over it (:meth:`Scaling.over`); its ``rope_parameters``
+    stay its own, so plain ``from_pretrained`` cannot express the composition (``longreach.load`` can).
+    """
+    own_rotary, own = _own_rotary(model, state)
+    if not isinstance(own, dict) or "rope_theta" not in own:
+        raise ValueError(
+            f"frequency methods need one set of rope_parameters; {model.__class__.__name__} has one per layer type "
+            f"({', '.join(own)}): apply a position method without scaling"
+        )
+    config = copy.deepcopy(model.config.get_text_config())
+    own_type = own.get("rope_type", "default")
+    if own_type == "default":
+        config.rope_parameters = frequency.rope_parameters(own, 2 * own_rotary.inv_freq.shape[-1])
+        rotary = type(own_rotary)(config).to(own_rotary.inv_freq.device)
+    elif own_type in STATIC_TYPES:
+        config.rope_parameters = copy.deepcopy(own)
+        rotary = type(own_rotary)(config).to(own_rotary.inv_freq.device)
+        inv_freq, rotary.attention_scaling = frequency.over(own_rotary.inv_freq, own_rotary.attention_scaling, own)
+        for name in ("inv_freq", "original_inv_freq"):
+            if hasattr(rotary, name):
+                getattr(rotary, name).copy_(inv_freq)
+    else:
+        raise ValueError(f"{model.__class__.__name__} has its own {describe_own(own)} scaling, whose frequencies "
+                         f"change during the forward pass: longreach composes no frequency method over it; "
+                         f"apply a position method alone")
+    if rotary.inv_freq.device.type == "meta":  # an empty model (lm-eval checks the method before loading): no values
+        pass
+    elif not (torch.isfinite(rotary.inv_freq).all() and (rotary.inv_freq > 0).all()
+              and math.isfinite(rotary.attention_scaling)):
+        raise ValueError(f"factor={frequency.factor!r} is out of range: "
+                         f"the scaled RoPE frequencies over- or underflow")
+    return rotary, copy.deepcopy(config.rope_parameters)
+
+
+def install(model: nn.Module, state, rotary: nn.Module, rope_parameters: dict) -> None:
+    """Put ``rotary`` in place of the model's own rotary module (kept in ``state``, the applied state, for
+    :func:`restore`) and record its ``rope_parameters`` in the config, so that saving the model keeps them."""
+    config = model.config.get_text_config()
+    parent, attribute = _parent_of(model, state.rotary)
+    setattr(parent, attribute, rotary)
+    state.replaced_rotary, state.replaced_rope_parameters, state.rotary = state.rotary, config.rope_parameters, rotary
+    config.rope_parameters = rope_parameters
+
+
+def restore(model: nn.Module, state) -> None:
+    """Put back the rotary module and ``rope_parameters`` :func:`install` replaced (nothing if it did not)."""
+    if state.replaced_rotary is not None:
+        parent, attribute = _parent_of(model, state.rotary)
+        setattr(parent, attribute, state.replaced_rotary)
+        model.config.get_text_config().rope_parameters = state.replaced_rope_parameters
+
+
+def _own_rotary(model: nn.Module, state) -> tuple[nn.Module, dict]:
+    """The model's own rotary module and ``rope_parameters``, also while a frequency method replaces them."""
+    if state is not None and state.replaced_rotary is not None:
+        return state.replaced_rotary, state.replaced_rope_parameters
+    return find_rotary(model), model.config.get_text_config().rope_parameters
+
+
+def _parent_of(model: nn.Module, child: nn.Module) -> tuple[nn.Module, str]:
+    path = next(name for name, module in model.named_modules() if module is child)
+    parent_name, _, attribute = path.rpartition(".")
+    return model.get_submodule(parent_name), attribute
