@@ -36,7 +36,7 @@ def test_a_build_killed_midway_does_not_block_the_next(tmp_path, monkeypatch, ca
     """The issue's reproduction: a process takes the build's locks (ours, then torch's) and is killed with SIGKILL
     midway; the next build in this process, with a compiler that fails at once, must end in a BuildError (the
     fallback), not sleep forever on torch's lock. (With the real compiler the same sequence rebuilds the kernel.)"""
-    from longreach.attention import native
+    from longreach.attention.backends import cpu_fused as native
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
     monkeypatch.setenv("CXX", compiler(tmp_path, "failing-c++", "exit 1"))

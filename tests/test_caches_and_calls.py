@@ -312,16 +312,17 @@ def test_a_forward_builds_each_plan_once_whatever_the_number_of_layers(monkeypat
     """Plans, block masks, the C++ kernel's layout, shift angles and the scan for padding depend on positions alone:
     the first layer of a forward pass builds them and every other layer reuses them. DCA (three parts, key spans, a
     per-token key shift) on a left-padded batch, prefill and a decoding step: the same builds for 2 layers as for 5."""
-    from longreach.attention import flex, kernel, native
+    from longreach.attention import flex_masks, kernel, shifts, tiled
+    from longreach.attention.backends import cpu_fused, flex
     from longreach.integrations import attention as integration
 
     built = []
-    for module, name in ((kernel, "blocks"), (kernel, "padded_keys"), (kernel, "fold_block_key_shifts"), (native, "fold_block_key_shifts"),
-                         (native.Layout, "of"), (kernel.KEY_ROTATIONS, "get"), (integration, "keys_of")):
+    for module, name in ((tiled, "blocks"), (tiled, "padded_keys"), (kernel, "fold_block_key_shifts"), (cpu_fused.Layout, "of"),
+                         (shifts.KEY_ROTATIONS, "get"), (integration, "keys_of")):
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *args, real=real, name=name, **kwargs: built.append(name) or real(*args, **kwargs))
-    real_mask, real_launch_mask = flex.Region.block_mask, flex.segmented_block_mask
-    monkeypatch.setattr(flex.Region, "block_mask", lambda self, *args: built.append("block mask") or real_mask(self, *args))
+    real_mask, real_launch_mask = flex_masks.Region.block_mask, flex.segmented_block_mask
+    monkeypatch.setattr(flex_masks.Region, "block_mask", lambda self, *args: built.append("block mask") or real_mask(self, *args))
     monkeypatch.setattr(flex, "segmented_block_mask", lambda *args: built.append("one launch") or real_launch_mask(*args))
     counts = {}
     for layers in (2, 5):

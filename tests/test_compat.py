@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from longreach import compat
-from longreach.attention import backends, flex
+from longreach.attention import flex_masks
+from longreach.attention.backends import cpu_flash, flex
 
 
 def grouped_inputs(seed=0):
@@ -41,13 +42,13 @@ def test_cpu_flash_forward_and_backward_with_grouped_heads_on_either_branch(grou
         pytest.skip("this PyTorch release computes grouped heads wrongly in its CPU flash op: the other branch serves it")
     monkeypatch.setattr(compat, "cpu_flash_takes_grouped_heads", lambda: grouped)
     q, k, v = grouped_inputs()
-    out, lse = backends.cpu_flash(q, k, v, None, causal, 0.3)
+    out, lse = cpu_flash.block(q, k, v, None, causal, 0.3)
     want = repeated_attention(q, k, v, causal)
     assert torch.allclose(out, want, atol=1e-5)
     grad_out = torch.randn_like(want)
     expected = torch.autograd.grad(want, (q, k, v), grad_out)
     with torch.no_grad():
-        got = backends.cpu_flash_backward(grad_out, q, k, v, out, lse, None, causal, 0.3)
+        got = cpu_flash.backward(grad_out, q, k, v, out, lse, None, causal, 0.3)
     for mine, theirs in zip(got, expected):
         assert mine.shape == theirs.shape and torch.allclose(mine, theirs, atol=1e-5)
 
@@ -64,7 +65,7 @@ def test_the_grouped_heads_probe_answers_for_this_release():
 @pytest.mark.skipif(not flex.available(torch.device("cpu")), reason="no FlexAttention in this PyTorch")
 def test_flex_attention_returns_the_same_lse_through_either_interface():
     """``AuxRequest`` (PyTorch >= 2.9) and ``return_lse`` (before) give the same output and log-sum-exp."""
-    module = flex._flex_module
+    module = flex_masks._flex_module
     q, k, v = (x.detach() for x in grouped_inputs(2))
     k, v = (x.repeat_interleave(2, dim=1) for x in (k, v))
 

@@ -17,7 +17,8 @@ from test_gradients import gradients
 from test_kernel import BASELINES, case, expected
 
 import longreach
-from longreach.attention import backends, flex, kernel, plan, reference
+from longreach.attention import backends, kernel, plan, reference
+from longreach.attention.backends import flex
 from longreach.methods import create
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -174,9 +175,9 @@ def test_additive_masks_have_rows_aligned_for_cuda_efficient_attention():
 
 def test_auto_takes_flex_for_prefill_and_the_fused_kernel_for_decoding_steps():
     many, few = (torch.empty(1, 4, n, 16, device="cuda") for n in (plan.SMALL_QUERY + 1, plan.SMALL_QUERY))
-    assert backends.pick(many, "auto", fusable=True) is flex.part_attention
-    assert backends.pick(few, "auto", fusable=True) is backends.fused.parts_attention
-    assert backends.pick(few, "auto", fusable=False) is backends.math_block
+    assert backends.pick(many, "auto", fusable=True) is backends.REGISTRY["flex"]
+    assert backends.pick(few, "auto", fusable=True) is backends.REGISTRY["triton"]
+    assert backends.pick(few, "auto", fusable=False) is backends.REGISTRY["math"]
 
 
 def test_decoding_steps_reuse_the_compiled_flex_kernel():

@@ -6,7 +6,7 @@ from conftest import tiny_model
 from safetensors.torch import save_file
 
 import longreach
-from longreach.attention import backends, kernel
+from longreach.attention import heads, kernel
 from longreach.attention.rotary import rotary_pairs
 from longreach.integrations.rotary_embedding import find_rotary
 from longreach.methods import create
@@ -98,7 +98,7 @@ def test_other_pairs_change_other_logits_and_top_k_picks_the_most_important():
 def test_keys_are_repeated_per_query_head_only_in_prefill_and_only_when_a_group_disagrees(monkeypatch):
     """Decoding steps put the moved and the plain keys side by side instead (shifts.augmented)."""
     repeats = []
-    expand = backends.expand_heads
+    expand = heads.expand_heads
     monkeypatch.setattr(kernel, "expand_heads", lambda x, heads: repeats.append(heads) or expand(x, heads))
     q, k, v = torch.randn(1, 4, 30, 16), torch.randn(1, 2, 30, 16), torch.randn(1, 2, 30, 16)
     inv_freq = 1.0 / (10000 ** (torch.arange(0, 16, 2) / 16))

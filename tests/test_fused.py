@@ -1,4 +1,4 @@
-"""The fused Triton kernel (longreach.attention.fused) against the float64 dense reference.
+"""The fused Triton kernel (longreach.attention.backends.triton) against the float64 dense reference.
 
 Without a GPU it runs under Triton's interpreter (conftest sets ``TRITON_INTERPRET=1``); on a CUDA
 machine the same tests run compiled (tests/test_cuda.py adds bfloat16 there).
@@ -8,7 +8,8 @@ import pytest
 import torch
 from test_kernel import BASELINES, case, expected
 
-from longreach.attention import backends, fused, kernel
+from longreach.attention import backends, kernel
+from longreach.attention.backends import triton as fused
 from longreach.methods import create
 
 pytestmark = pytest.mark.skipif(not fused.available("cpu"), reason="needs Triton (TRITON_INTERPRET=1 on the CPU)")
@@ -87,8 +88,8 @@ def test_auto_decodes_with_the_kernel_on_cuda_only(monkeypatch):
 
     monkeypatch.setattr(fused, "available", lambda device, for_auto=False: True)
     monkeypatch.setattr(backends.flex, "available", lambda device, for_auto=False: True)
-    assert backends.pick(CudaQuery(1), "auto", fusable=True) is fused.parts_attention
-    assert backends.pick(CudaQuery(1), "auto", fusable=False) is backends.math_block  # gradients or DPE's per-head pairs
-    assert backends.pick(CudaQuery(4096), "auto", fusable=True) is backends.flex.part_attention
+    assert backends.pick(CudaQuery(1), "auto", fusable=True) is backends.REGISTRY["triton"]
+    assert backends.pick(CudaQuery(1), "auto", fusable=False) is backends.REGISTRY["math"]  # gradients or DPE's per-head pairs
+    assert backends.pick(CudaQuery(4096), "auto", fusable=True) is backends.REGISTRY["flex"]
     cpu = torch.zeros(1, 4, 1, 16)  # the CPU: the C++ kernel where it can be built (tests/test_native.py), else the tiled one
-    assert backends.pick(cpu, "auto", fusable=True) is (backends.native.parts_attention if backends.native.available("cpu") else backends.cpu_flash)
+    assert backends.pick(cpu, "auto", fusable=True) is backends.REGISTRY["cpu_fused" if backends.cpu_fused.available("cpu") else "cpu_flash"]

@@ -9,7 +9,9 @@ import torch
 from conftest import tiny_model
 
 import longreach
-from longreach.attention import fused, kernel, merge, native, plan, reference, shifts
+from longreach.attention import block_math, kernel, merge, plan, reference, shifts, views
+from longreach.attention.backends import cpu_fused as native
+from longreach.attention.backends import triton as fused
 from longreach.attention.rotary import rotate
 from longreach.methods import create
 from longreach.attention.parts import Part
@@ -105,7 +107,7 @@ def test_sliding_window_limits_every_part(backend):
 def test_flex_block_masks_sort_tiles_into_full_partial_and_empty():
     """STRING's far part (d >= 200) over 4 x 4 tiles of 128, and 300 tokens (the last tile cut short):
     the tile lists say exactly which tiles FlexAttention skips, computes whole, or masks pair by pair."""
-    from longreach.attention import flex
+    from longreach.attention import flex_masks as flex
 
     for n in (512, 300):
         mask = flex.Region(200, None, 0).block_mask(1, n, n, "cpu")
@@ -128,7 +130,7 @@ def test_flex_tile_classes_from_arithmetic_are_sound(name, params, q_len):
     """Block masks come from tile arithmetic (distance ranges, padding and key positions per tile), not a pass
     over the pairs: no allowed pair lies in a tile classed empty, no other pair in a tile classed full --
     padded batch, DCA's key spans, a chunk and a decoding step against the cache, a last tile cut short."""
-    from longreach.attention import flex
+    from longreach.attention import flex_masks as flex
 
     kv_len = 700
     padding = torch.stack([torch.arange(kv_len) >= pad for pad in (0, 130, 300)])
@@ -422,7 +424,7 @@ def test_dca_decoding_turns_the_query_per_chunk_instead_of_the_cached_keys(monke
     included)."""
     method = create("dca", training_window=40, chunk_size=16, local_window=4)
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(70, pads=pads)
-    monkeypatch.setattr(kernel, "shifted_keys", lambda key, shift, *args: key if not shift else pytest.fail("a key was rotated"))
+    monkeypatch.setattr(views, "shifted_keys", lambda key, shift, *args: key if not shift else pytest.fail("a key was rotated"))
     for q_len in (1, 5):
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
         got = kernel.attention(q_rot[:, :, -q_len:].float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(),
@@ -467,7 +469,7 @@ def test_flex_runs_string_as_one_softmax_over_the_turned_keys(monkeypatch, name,
     """FlexAttention prefill of parts that move by constants: one call over ``[K | K_far]`` (K_far turned by
     S - W, each half tile-aligned, V used twice), no merge; 300 tokens (3 tiles, the last cut), GQA 4:2, left
     padding, a sliding window that cuts the far part; equal to the float64 reference."""
-    from longreach.attention import flex
+    from longreach.attention.backends import flex
 
     calls = []
     real = flex._function
@@ -490,7 +492,7 @@ def test_flex_runs_every_part_in_one_launch(monkeypatch, name, params, q_len):
     """ReRoPE, Self-Extend and DCA move their queries by position: each such part has its own query segment
     against its keys' segment (``[Q; Q_far] x [K; K_far]``), all in one FlexAttention launch, the segments' rows
     merged by log-sum-exp. 300 keys (3 tiles, the last cut), prefill and a chunk, left padding, GQA 4:2."""
-    from longreach.attention import flex
+    from longreach.attention.backends import flex
 
     calls = []
     real = flex._function
@@ -509,7 +511,7 @@ def test_flex_compiles_again_with_smaller_tiles_when_shared_memory_runs_out(monk
     """Triton's "out of resource" (seen on an H200: the segmented masks of ReRoPE and Self-Extend asked for more
     shared memory than the GPU has) makes the call compile again with each of ``SMALLER_TILES`` in turn, and the
     kernel variant keeps the tiles that worked (others start from the default); any other error is raised as it was."""
-    from longreach.attention import flex
+    from longreach.attention.backends import flex
 
     asked = []
     real = flex._function
@@ -545,7 +547,7 @@ def test_flex_compiles_again_with_smaller_tiles_when_shared_memory_runs_out(monk
 def test_memory_efficient_attention_gets_a_bias_with_aligned_rows():
     """PyTorch's memory-efficient CUDA kernel refuses a bias whose rows are not 16-byte aligned (an H200 run:
     "attn_bias.stride(2) = 39, and should be a multiple of 4"); ``aligned_rows`` pads the rows in memory only."""
-    from longreach.attention.backends import aligned_rows
+    from longreach.attention.backends.cuda_efficient import aligned_rows
 
     for dtype, row in ((torch.float32, 4), (torch.bfloat16, 8)):
         mask = torch.randn(2, 1, 7, 40, dtype=torch.float64).to(dtype)[..., 1:]  # 39 keys, rows 40 apart, start off by one
@@ -563,7 +565,8 @@ def test_auto_falls_back_with_one_warning_when_flexattention_fails_to_compile(mo
 
     from torch._dynamo.exc import BackendCompilerFailed
 
-    from longreach.attention import backends, flex
+    from longreach.attention import backends
+    from longreach.attention.backends import flex
 
     def failing(device):
         def compile_and_run(*args, **kwargs):
@@ -576,7 +579,7 @@ def test_auto_falls_back_with_one_warning_when_flexattention_fails_to_compile(mo
         return compile_and_run
 
     real_pick = backends.pick
-    monkeypatch.setattr(kernel, "pick", lambda query, backend, **kwargs: (flex.part_attention if backend == "auto" and flex.available(query.device, for_auto=True)
+    monkeypatch.setattr(kernel, "pick", lambda query, backend, **kwargs: (backends.REGISTRY["flex"] if backend == "auto" and flex.available(query.device, for_auto=True)
                                                                 else real_pick(query, "cpu_flash" if backend == "auto" else backend)))
     monkeypatch.setattr(flex, "_function", failing)
     monkeypatch.setattr(flex, "_compile_failure", [])
@@ -615,7 +618,8 @@ def test_the_windowed_flash_backend_computes_each_part_in_one_call(monkeypatch, 
     """``cuda_flash`` (each part one FlashAttention call with a window, as the official STRING code): its calls, on an
     emulation of PyTorch's FlashAttention kernel (this machine has no GPU), match the float64 reference -- prefill,
     decoding, a chunk, the model's sliding window; a padded batch goes to the tiled kernel."""
-    from longreach.attention import backends, windows
+    from longreach.attention import backends
+    from longreach.attention.backends import cuda_flash as windows
 
     calls = []
     monkeypatch.setattr(windows, "available", lambda query: True)
@@ -631,7 +635,7 @@ def test_the_windowed_flash_backend_computes_each_part_in_one_call(monkeypatch, 
         assert len(calls) == len(method.parts())  # one call per part, no tiles
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(70, pads=(0, 9))
     want, rows = expected(method, q, k, v, positions, padding, inv_freq, 70, scaling=0.3)
-    monkeypatch.setitem(backends.BACKENDS, "cuda_efficient", backends.math_block)  # the tiled kernel's CUDA backend, on the CPU
+    monkeypatch.setattr(backends.REGISTRY["cuda_efficient"], "block", block_math.block)  # the tiled kernel's CUDA backend, on the CPU
     calls.clear()
     got = kernel.attention(q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), scaling=0.3, key_padding=padding,
                            positions=positions, backend="cuda_flash")

@@ -1,4 +1,4 @@
-"""The CPU kernel (longreach.attention.native, built from csrc/parts.cpp) against the float64 dense reference."""
+"""The CPU kernel (longreach.attention.backends.cpu_fused, built from csrc/parts.cpp) against the float64 dense reference."""
 
 import warnings
 
@@ -7,7 +7,8 @@ import torch
 from conftest import native_builds
 from test_kernel import BASELINES, case, expected
 
-from longreach.attention import backends, kernel, native
+from longreach.attention import backends, kernel
+from longreach.attention.backends import cpu_fused as native
 from longreach.methods import create
 
 pytestmark = pytest.mark.skipif(not native.available("cpu"), reason="needs a C++ compiler")
@@ -28,7 +29,6 @@ def calls(monkeypatch):
     counted = []
     real = native.parts_attention
     monkeypatch.setattr(native, "parts_attention", lambda *args, **kwargs: counted.append(1) or real(*args, **kwargs))
-    monkeypatch.setitem(backends.BACKENDS, "cpu_fused", native.parts_attention)
     return counted
 
 
@@ -99,11 +99,11 @@ def test_auto_takes_the_kernel_on_the_cpu_unless_compiling_or_it_cannot_be_built
     """Gradients, DPE's per-head pairs and torch.compile take the tiled kernel; a kernel that cannot be built makes
     auto warn once and compute the same on tiles from then on."""
     cpu = torch.zeros(1, 4, 64, 16)
-    assert backends.pick(cpu, "auto", fusable=True) is native.parts_attention
-    assert backends.pick(cpu, "auto", fusable=False) is backends.cpu_flash
-    assert backends.pick(cpu.double(), "auto", fusable=True) is backends.math_block
+    assert backends.pick(cpu, "auto", fusable=True) is backends.REGISTRY["cpu_fused"]
+    assert backends.pick(cpu, "auto", fusable=False) is backends.REGISTRY["cpu_flash"]
+    assert backends.pick(cpu.double(), "auto", fusable=True) is backends.REGISTRY["math"]
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    assert backends.pick(cpu, "auto", fusable=True) is backends.cpu_flash
+    assert backends.pick(cpu, "auto", fusable=True) is backends.REGISTRY["cpu_flash"]
     monkeypatch.undo()
 
     method = create("string", training_window=60, shift=20, local_window=4)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .backends import BACKWARDS, math_backward
+from .block_math import backward as math_backward
 from .merge import run
 
 
@@ -18,10 +18,11 @@ class PartsAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, plans, block, scaling, value, *shifted):
-        out, lse = run(plans, block, scaling, value, shifted)
+    def forward(ctx, plans, backend, scaling, value, *shifted):
+        out, lse = run(plans, backend, scaling, value, shifted)
         ctx.save_for_backward(value, out, lse, *shifted)
-        ctx.plans, ctx.backward, ctx.scaling = plans, BACKWARDS.get(block, math_backward), scaling
+        ctx.plans, ctx.scaling = plans, scaling
+        ctx.backward = backend.backward if backend.has_backward else math_backward
         ctx.mark_non_differentiable(lse)
         return out, lse
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .backends import block_for
-from .plan import NEG_INF
+from .parts import NEG_INF
 from .rotary import compute_dtype
 
 
@@ -36,7 +35,7 @@ def merge_into(out: torch.Tensor, lse: torch.Tensor, part_out: torch.Tensor, par
     lse.copy_(torch.logsumexp(both, dim=0))
 
 
-def run(plans, block, scaling, value, shifted):
+def run(plans, backend, scaling, value, shifted):
     """Every part's blocks, merged by log-sum-exp: ``(out, lse)`` in the accumulation dtype.
 
     Rows that no earlier block reached take a block's result as it is; the others merge with it, in place
@@ -53,7 +52,7 @@ def run(plans, block, scaling, value, shifted):
     out = lse = None  # allocated at the first block that covers only some rows; a whole first block is taken as it is
     reached = []  # the row ranges some block has reached
     for plan, q, k in zip(plans, shifted[0::2], shifted[1::2]):
-        call = block_for(block, q, value)
+        call = backend.block_for(q, value)
         for b in plan:
             part_out, part_lse = run_block(call, b, q, k, value, scaling)
             if isinstance(b.mask, torch.Tensor):

@@ -46,3 +46,23 @@ class Part:
     @property
     def needs_positions(self) -> bool:
         return callable(self.query_shift) or callable(self.key_shift) or self.key_span is not None
+
+
+NEG_INF = float("-inf")
+"""The score of a pair no part covers (and a row's log-sum-exp when it attends no key)."""
+
+
+def covers(distance, lo, hi=None, real=None, key_position=None, span=None):
+    """Which pairs a part covers: ``lo <= i - j < hi`` (``hi=None``: unbounded), a real key (``real``: False at
+    padding), and, for a part with a key span (DCA's chunks), a key position in ``[first, stop)`` (``span``). Every
+    argument is a tensor or number broadcastable against ``distance = i - j``; every backend and the decoding step
+    under ``torch.compile`` decide a pair with this one rule."""
+    inside = distance >= lo
+    if hi is not None:
+        inside = inside & (distance < hi)
+    if real is not None:
+        inside = inside & real
+    if span is not None:
+        first, stop = span
+        inside = inside & (key_position >= first) & (key_position < stop)
+    return inside

@@ -17,9 +17,7 @@ from typing import NamedTuple
 
 import torch
 
-from .parts import Part
-
-NEG_INF = float("-inf")
+from .parts import NEG_INF, covers
 SMALL_QUERY = 16  # decoding and short chunks: one small masked tile is cheapest
 MIN_BAND_TILE = 32  # narrower bands are computed with masked tiles
 
@@ -36,13 +34,6 @@ class Block(NamedTuple):
     mask: object = None  # an additive mask tensor, a FlexAttention BlockMask, or None
     causal: bool = False
     flipped: bool = False
-
-
-def upper_bound(part: Part, sliding_window: int | None) -> int | None:
-    """The part's exclusive distance bound under the model's sliding window (``None``: unbounded)."""
-    if sliding_window is None:
-        return part.max_distance
-    return sliding_window if part.max_distance is None else min(part.max_distance, sliding_window)
 
 
 def blocks(q_len, kv_len, lo, hi, offset, key_padding, padded, span, tile, structured, dtype, device):
@@ -219,18 +210,14 @@ def region_bounds(rows, lo, hi, kv_len, span, first_key=0) -> tuple[int, int, bo
 def allowed_pairs(rows, keys: slice, lo, hi, key_padding, span) -> torch.Tensor:
     """Which pairs of ``rows`` x ``keys`` are in the part: ``lo <= i - j < hi``, real keys, inside the
     rows' key spans. ``[T, K]``, or ``[B, 1, T, K]`` with padding or spans."""
-    i, j = rows[:, None], torch.arange(keys.start, keys.stop, device=rows.device)[None, :]
-    allowed = j <= i - lo
-    if hi is not None:
-        allowed &= j > i - hi
-    if key_padding is not None:
-        allowed = allowed[None, None] & key_padding[:, None, None, keys]  # [B, 1, T, K]
-    if span is not None:
-        key_span, positions = span
-        span_first, span_stop = key_span(positions[:, rows])
-        key_positions = positions[:, None, None, keys]
-        allowed = allowed & (key_positions >= span_first[:, None, :, None]) & (key_positions < span_stop[:, None, :, None])
-    return allowed
+    distance = rows[:, None] - torch.arange(keys.start, keys.stop, device=rows.device)[None, :]  # [T, K]
+    real = None if key_padding is None else key_padding[:, None, None, keys]  # [B, 1, 1, K]
+    if span is None:
+        return covers(distance, lo, hi, real)
+    key_span, positions = span
+    span_first, span_stop = key_span(positions[:, rows])  # [B, T] each
+    bounds = (span_first[:, None, :, None], span_stop[:, None, :, None])
+    return covers(distance, lo, hi, real, positions[:, None, None, keys], bounds)  # [B, 1, T, K]
 
 
 def _span_keys(span_first, span_stop, positions, k_start, k_stop):

@@ -21,11 +21,12 @@ from typing import Iterator, NamedTuple, Sequence
 
 import torch
 
-from .parts import Part
-from . import backends, plan, shifts
+from . import plan, shifts
+from .cells import Cell, lower
+from .heads import expand_heads, grouped_matmul, per_kv_head
+from .parts import NEG_INF
 from .rotary import compute_dtype
 
-NEG_INF = float("-inf")
 DROP_TILE = 32  # query rows per tile: O(32 * n) memory
 WIDTHS = 8  # key windows are multiples of ceil(kv_len / WIDTHS): a tile's tensors take at most WIDTHS + 1 widths
 WIDTH_ALIGNMENT = 64
@@ -50,10 +51,11 @@ def attention_probabilities(query, key, parts, inv_freq, rows, scaling=None, key
     """
     query, key, scaling, positions = shifts.prepare(query, key, inv_freq, scaling, logit_scale, positions)
     if shifts.pairs_split_groups(parts, key.shape[1], query.shape[1]):
-        key = backends.expand_heads(key, query.shape[1])
-    shifted = _shifted_parts(query, key, parts, inv_freq, rows, positions)
-    for tile in _tiles(parts, rows, key.shape[2], key_padding, positions, sliding_window):
-        yield _probabilities(tile, shifted, scaling, drop), tile.keys
+        key = expand_heads(key, query.shape[1])
+    cells = lower(parts, sliding_window)
+    shifted = _shifted_cells(query, key, cells, inv_freq, rows, positions)
+    for tile in _tiles(cells, rows, key.shape[2], key_padding, positions, sliding_window):
+        yield _probabilities(tile, query, shifted, scaling, drop), tile.keys
 
 
 def dropped_attention(query, key, value, parts, inv_freq, rows, drop, scaling=None, key_padding=None, sliding_window=None,
@@ -62,20 +64,21 @@ def dropped_attention(query, key, value, parts, inv_freq, rows, drop, scaling=No
     ``[B, Hq, R, D]`` in the accumulation dtype, differentiable with O(tile x n) memory."""
     query, key, scaling, positions = shifts.prepare(query, key, inv_freq, scaling, logit_scale, positions)
     if shifts.pairs_split_groups(parts, key.shape[1], query.shape[1]):
-        key, value = backends.expand_heads(key, query.shape[1]), backends.expand_heads(value, query.shape[1])
-    shifted = _shifted_parts(query, key, parts, inv_freq, rows, positions)
-    plan = (parts, rows, key.shape[2], key_padding, positions, sliding_window)
-    return _DroppedRows.apply(plan, scaling, drop, value, *[t for pair in shifted for t in pair])
+        key, value = expand_heads(key, query.shape[1]), expand_heads(value, query.shape[1])
+    cells = lower(parts, sliding_window)
+    shifted = _shifted_cells(query, key, cells, inv_freq, rows, positions)
+    plan = (cells, rows, key.shape[2], key_padding, positions, sliding_window)
+    return _DroppedRows.apply(plan, scaling, drop, query, value, *[t for pair in shifted for t in pair])
 
 
-def _shifted_parts(query, key, parts, inv_freq, rows, positions) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Each part's query and key, moved by its shifts."""
-    return [(shifts.shifted(query, part.query_shift, positions[:, rows], inv_freq, part.pairs),
-             shifts.shifted(key, part.key_shift, positions, inv_freq, part.pairs)) for part in parts]
+def _shifted_cells(query, key, cells: Sequence[Cell], inv_freq, rows, positions) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each cell's query and key, moved by its part's shifts."""
+    return [(shifts.shifted(query, cell.query_shift, positions[:, rows], inv_freq, cell.part.pairs),
+             shifts.shifted(key, cell.key_shift, positions, inv_freq, cell.part.pairs)) for cell in cells]
 
 
-def _tiles(parts: Sequence[Part], rows: torch.Tensor, kv_len: int, key_padding, positions, sliding_window) -> Iterator[Tile]:
-    """The tiles of ``rows`` (absolute indices), each with its key window and its parts' keys, widened to
+def _tiles(cells: Sequence[Cell], rows: torch.Tensor, kv_len: int, key_padding, positions, sliding_window) -> Iterator[Tile]:
+    """The tiles of ``rows`` (absolute indices), each with its key window and its cells' keys, widened to
     multiples of the width quantum (see the module)."""
     quantum = -(-(-(-kv_len // WIDTHS)) // WIDTH_ALIGNMENT) * WIDTH_ALIGNMENT
     widen = lambda start, stop: slice(start // quantum * quantum, min(kv_len, -(-stop // quantum) * quantum))
@@ -84,36 +87,32 @@ def _tiles(parts: Sequence[Part], rows: torch.Tensor, kv_len: int, key_padding, 
         first = 0 if sliding_window is None else max(0, int(tile_rows.min()) - sliding_window + 1)
         window = widen(first, int(tile_rows.max()) + 1)
         scored = []
-        for index, part in enumerate(parts):
-            hi = plan.upper_bound(part, sliding_window)
-            if hi is not None and hi <= part.min_distance:
-                continue
-            span = None if part.key_span is None else (part.key_span, positions)
-            bounds = plan.region_bounds(tile_rows, part.min_distance, hi, kv_len, span, window.start)
+        for index, cell in enumerate(cells):
+            span = None if cell.part.key_span is None else (cell.part.key_span, positions)
+            bounds = plan.region_bounds(tile_rows, cell.lo, cell.hi, kv_len, span, window.start)
             if bounds is None:
                 continue
             keys = widen(*bounds[:2])
-            scored.append((index, keys, plan.allowed_pairs(tile_rows, keys, part.min_distance, hi, key_padding, span)))
+            scored.append((index, keys, plan.allowed_pairs(tile_rows, keys, cell.lo, cell.hi, key_padding, span)))
         yield Tile(slice(start, start + tile_rows.numel()), window, scored)
 
 
-def _scores(tile: Tile, shifted, scaling: float, drop) -> torch.Tensor:
-    """The tile's scores over its key window in the accumulation dtype, -inf where no part allows the pair,
-    Drop Attention's rates applied."""
-    q0 = shifted[0][0]
-    compute = compute_dtype(q0.dtype)
-    scores = torch.full((*q0.shape[:2], tile.rows.stop - tile.rows.start, tile.keys.stop - tile.keys.start), NEG_INF,
-                        dtype=compute, device=q0.device)
+def _scores(tile: Tile, query, shifted, scaling: float, drop) -> torch.Tensor:
+    """The tile's scores ``[B, Hq, T, K]`` over its key window in the accumulation dtype, -inf where no cell holds
+    the pair, Drop Attention's rates applied."""
+    compute = compute_dtype(query.dtype)
+    scores = torch.full((*query.shape[:2], tile.rows.stop - tile.rows.start, tile.keys.stop - tile.keys.start), NEG_INF,
+                        dtype=compute, device=query.device)
     for index, keys, allowed in tile.parts:
         q, k = shifted[index]
-        part = backends.grouped_matmul(q[:, :, tile.rows].to(compute), k[:, :, keys].to(compute).transpose(-1, -2)) * scaling
+        part = grouped_matmul(q[:, :, tile.rows].to(compute), k[:, :, keys].to(compute).transpose(-1, -2)) * scaling
         window = scores[..., keys.start - tile.keys.start : keys.stop - tile.keys.start]
         window.copy_(torch.where(allowed, part, window))
     return scores if drop is None else drop_below_quantile(scores, drop[:, tile.rows])
 
 
-def _probabilities(tile: Tile, shifted, scaling: float, drop) -> torch.Tensor:
-    return torch.softmax(_scores(tile, shifted, scaling, drop), dim=-1).nan_to_num(0.0)
+def _probabilities(tile: Tile, query, shifted, scaling: float, drop) -> torch.Tensor:
+    return torch.softmax(_scores(tile, query, shifted, scaling, drop), dim=-1).nan_to_num(0.0)
 
 
 def drop_below_quantile(scores: torch.Tensor, rates: torch.Tensor) -> torch.Tensor:
@@ -130,9 +129,7 @@ def drop_below_quantile(scores: torch.Tensor, rates: torch.Tensor) -> torch.Tens
     front, so its ``s_{k_t}`` is the ``k_max``-th order statistic of its padded row. The fillers'
     width is a multiple of ``WIDTH_ALIGNMENT``, so the padded rows, too, take a few widths only.
     """
-    attendable = torch.isfinite(scores[:, 0]).sum(-1)  # [B, T]: the same keys for every head
-    rank = torch.ceil(rates.double() * (attendable - 1).clamp(min=0) - 1e-9).long()
-    rank = torch.where((rates > 0) & (attendable > 0), rank, 0)  # rank 0: the row's minimum, nothing below it
+    rank = threshold_rank(rates, torch.isfinite(scores[:, 0]).sum(-1))  # [B, T]: the same keys for every head
     top = int(rank.max())
     if top == 0:
         return scores
@@ -147,25 +144,31 @@ def drop_below_quantile(scores: torch.Tensor, rates: torch.Tensor) -> torch.Tens
     return scores.masked_fill(scores < threshold[..., None], NEG_INF)
 
 
+def threshold_rank(rates: torch.Tensor, attendable: torch.Tensor) -> torch.Tensor:
+    """``k = ceil(rate (m - 1))``, the order statistic below which a row of ``m`` attendable scores drops (0, the
+    row's minimum, where nothing drops); ``rates`` and ``attendable`` broadcast together."""
+    rank = torch.ceil(rates.double() * (attendable - 1).clamp(min=0) - 1e-9).long()
+    return torch.where((rates > 0) & (attendable > 0), rank, 0)
+
+
 class _DroppedRows(torch.autograd.Function):
     """Dropped rows with a backward that recomputes each tile's probabilities (see the module): memory
     O(tile x n) in training as in inference. Inputs after the value: each part's moved query and key."""
 
     @staticmethod
-    def forward(ctx, plan, scaling, drop, value, *flat):
+    def forward(ctx, plan, scaling, drop, query, value, *flat):
         shifted = list(zip(flat[0::2], flat[1::2]))
-        q0 = shifted[0][0]
-        out = torch.zeros((*q0.shape[:3], value.shape[-1]), dtype=compute_dtype(q0.dtype), device=q0.device)
+        out = torch.zeros((*query.shape[:3], value.shape[-1]), dtype=compute_dtype(query.dtype), device=query.device)
         for tile in _tiles(*plan):
-            probabilities = _probabilities(tile, shifted, scaling, drop)
-            out[:, :, tile.rows] = backends.grouped_matmul(probabilities, value[:, :, tile.keys].to(out.dtype))
-        ctx.save_for_backward(value, out, *flat)
+            probabilities = _probabilities(tile, query, shifted, scaling, drop)
+            out[:, :, tile.rows] = grouped_matmul(probabilities, value[:, :, tile.keys].to(out.dtype))
+        ctx.save_for_backward(query, value, out, *flat)
         ctx.plan, ctx.scaling, ctx.drop = plan, scaling, drop
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        value, out, *flat = ctx.saved_tensors
+        query, value, out, *flat = ctx.saved_tensors
         shifted = list(zip(flat[0::2], flat[1::2]))
         accumulate = out.dtype
         grad_value = torch.zeros(value.shape, dtype=accumulate, device=value.device)
@@ -174,15 +177,15 @@ class _DroppedRows(torch.autograd.Function):
         row_dots = (grad_out * out).sum(-1, keepdim=True)  # rowsum(dO * O)
         kv_heads = value.shape[1]
         for tile in _tiles(*ctx.plan):
-            probabilities = _probabilities(tile, shifted, ctx.scaling, ctx.drop)
+            probabilities = _probabilities(tile, query, shifted, ctx.scaling, ctx.drop)
             d_out = grad_out[:, :, tile.rows]
-            grad_value[:, :, tile.keys] += backends.per_kv_head(probabilities.transpose(-1, -2) @ d_out, kv_heads)
-            d_scores = probabilities * (backends.grouped_matmul(d_out, value[:, :, tile.keys].to(accumulate).transpose(-1, -2))
+            grad_value[:, :, tile.keys] += per_kv_head(probabilities.transpose(-1, -2) @ d_out, kv_heads)
+            d_scores = probabilities * (grouped_matmul(d_out, value[:, :, tile.keys].to(accumulate).transpose(-1, -2))
                                         - row_dots[:, :, tile.rows])
             for index, keys, allowed in tile.parts:
                 q, k = shifted[index]
                 part = d_scores[..., keys.start - tile.keys.start : keys.stop - tile.keys.start] * allowed * ctx.scaling
-                grads[2 * index][:, :, tile.rows] += backends.grouped_matmul(part, k[:, :, keys].to(accumulate))
-                grads[2 * index + 1][:, :, keys] += backends.per_kv_head(part.transpose(-1, -2) @ q[:, :, tile.rows].to(accumulate),
+                grads[2 * index][:, :, tile.rows] += grouped_matmul(part, k[:, :, keys].to(accumulate))
+                grads[2 * index + 1][:, :, keys] += per_kv_head(part.transpose(-1, -2) @ q[:, :, tile.rows].to(accumulate),
                                                                         k.shape[1])
-        return (None, None, None, grad_value.to(value.dtype), *(g.to(t.dtype) for g, t in zip(grads, flat)))
+        return (None, None, None, None, grad_value.to(value.dtype), *(g.to(t.dtype) for g, t in zip(grads, flat)))

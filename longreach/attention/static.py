@@ -17,13 +17,13 @@ from typing import Sequence
 
 import torch
 
-from .parts import Part
-from .backends import expand_heads, grouped_matmul
-from .plan import upper_bound
+from .cells import lower
+from .heads import expand_heads, grouped_matmul
+from .parts import NEG_INF, Part, covers
 from .rotary import compute_dtype
+from .rows import threshold_rank
 from .shifts import per_sequence, shift_angles, shifted
 
-NEG_INF = float("-inf")
 EMPTY = -2  # a static cache's empty slot, as the transformers integration marks it
 
 
@@ -57,14 +57,11 @@ def attention(
     factor = per_sequence(logit_scale, compute, query.device)
     rotary_dims = 2 * inv_freq.shape[-1]
     scores = torch.full((batch, q_heads, q_len, key.shape[2]), NEG_INF, dtype=compute, device=query.device)
-    for part in parts:
-        hi = upper_bound(part, sliding_window)
-        allowed = real[:, None, :] & (distance >= part.min_distance)
-        if hi is not None:
-            allowed = allowed & (distance < hi)
-        if part.key_span is not None:
-            first, stop = part.key_span(q_positions)
-            allowed = allowed & (positions[:, None, :] >= first[:, :, None]) & (positions[:, None, :] < stop[:, :, None])
+    for cell in lower(parts, sliding_window):
+        part = cell.part
+        span = cell.span(q_positions)
+        span = None if span is None else (span[0][:, :, None], span[1][:, :, None])
+        allowed = covers(distance, cell.lo, cell.hi, real[:, None, :], positions[:, None, :], span)  # [B, Lq, Lkv]
         q = _moved(query, part.query_shift, q_positions, inv_freq, part.pairs, compute)
         k = _moved(key, part.key_shift, positions.clamp(min=0), inv_freq, part.pairs, compute)
         q = torch.cat((q[..., :rotary_dims] * factor, q[..., rotary_dims:]), dim=-1)
@@ -90,9 +87,7 @@ def drop_below_quantile(scores: torch.Tensor, rates: torch.Tensor) -> torch.Tens
     1))`` of a row's ``m`` attendable scores, become -inf -- with a sort in place of a selection whose size the
     host would have to know."""
     attendable = torch.isfinite(scores[:, :1]).sum(-1, keepdim=True)  # [B, 1, Lq, 1]: the same keys for every head
-    rates = rates[:, None, :, None]
-    rank = torch.ceil(rates.double() * (attendable - 1).clamp(min=0) - 1e-9).long()
-    rank = torch.where((rates > 0) & (attendable > 0), rank, 0)
+    rank = threshold_rank(rates[:, None, :, None], attendable)
     ordered = scores.masked_fill(torch.isneginf(scores), float("inf")).sort(dim=-1).values  # unattendable last
     threshold = ordered.gather(-1, rank.expand(*scores.shape[:-1], 1))
     return scores.masked_fill(scores < threshold, NEG_INF)

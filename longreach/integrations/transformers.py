@@ -31,7 +31,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from .. import methods
-from ..attention import backends, fused
+from ..attention import backends
 from ..attention.rotary import rotary_pairs
 from ..attention.shifts import MovedKeys
 from ..methods import drop as drops
@@ -206,17 +206,9 @@ def _plain_number(value):
 
 
 def _check_model(model: nn.Module, backend: str) -> None:
-    valid_backends = ("auto", "reference", *backends.BACKENDS)
-    if backend not in valid_backends:
-        raise ValueError(f"backend={backend!r} is not one of: {', '.join(valid_backends)}")
-    device = next(model.parameters()).device.type
-    if backend in ("cuda_efficient", "cuda_flash") and device != "cuda":
-        raise ValueError(f"backend={backend!r} needs a model on a CUDA device; this model is on {device!r}")
-    if backend in ("cpu_flash", "cpu_fused") and device not in ("cpu", "meta"):
-        raise ValueError(f"backend={backend!r} needs a model on the CPU; this model is on {device!r}")
-    if backend == "triton" and device != "meta" and not fused.available(device):
-        raise ValueError(f"backend='triton' needs Triton and a model on a CUDA device (or TRITON_INTERPRET=1 on the CPU); "
-                         f"this model is on {device!r}")
+    problem = backends.model_problem(backend, next(model.parameters()).device.type)
+    if problem:
+        raise ValueError(problem)
     text = model.config.get_text_config()
     if getattr(text, "attn_logit_softcapping", None) is not None:
         raise ValueError(

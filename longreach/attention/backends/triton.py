@@ -1,7 +1,7 @@
 """Every part of a method in one Triton kernel: one pass over the keys, one softmax per row.
 
-A method's parts (:class:`~longreach.methods.Part`) are disjoint regions of the causal pairs, each with
-its own view of q and k (:mod:`longreach.methods.base`). Here they are the kernel's *cells*: cell ``c`` scores its pairs
+A method's parts are disjoint regions of the causal pairs, each with its own view of q and k; lowered, they are
+the kernel's *cells* (:mod:`..cells`): cell ``c`` scores its pairs
 ``lo_c <= i - j < hi_c`` (and, for DCA, key positions in ``[first_c(i), stop_c(i))``) as ``q_c . k_c``, and all
 cells meet in one online softmax (Dao et al. 2022, FlashAttention, Algorithm 1) -- no log-sum-exp merge. The
 cell's query ``q_c`` is moved on the host (a query is one row per token); its keys are the cached keys,
@@ -27,7 +27,12 @@ from dataclasses import dataclass
 
 import torch
 
-from .rotary import compute_dtype
+from ..call import Call
+from ..cells import Cell, key_views, query_views, view_angles
+from ..plan import SMALL_QUERY
+from ..rotary import apply_rotation, compute_dtype
+from ..views import angles
+from .base import Backend
 
 try:
     import triton
@@ -79,9 +84,9 @@ def give_up(error: BaseException) -> None:
 
 
 @dataclass(frozen=True)
-class Cell:
-    """One part's pairs: distances ``lo <= d < hi`` (``hi`` None: unbounded), keys turned by angle table
-    ``table`` (None: as cached), and whether a key span limits it (its row of ``first``/``stop``)."""
+class Slot:
+    """A cell as the kernel reads it: distances ``lo <= d < hi`` (``hi`` None: unbounded), keys turned by angle
+    table ``table`` (None: as cached), and whether a key span limits it (its row of ``first``/``stop``)."""
 
     lo: int
     hi: int | None
@@ -89,7 +94,7 @@ class Cell:
     spanned: bool = False
 
 
-def parts_attention(queries: list[torch.Tensor], key: torch.Tensor, value: torch.Tensor, cells: list[Cell],
+def parts_attention(queries: list[torch.Tensor], key: torch.Tensor, value: torch.Tensor, cells: list[Slot],
                     scaling: float, offset: int, padding: torch.Tensor | None = None,
                     tables: tuple[torch.Tensor, torch.Tensor] | None = None,
                     spans: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
@@ -184,6 +189,90 @@ def _splits(device: torch.device, programs: int, kv_len: int, block_n: int) -> i
     else:
         target = 4 * programs if programs <= 4 else programs
     return max(1, min(triton.cdiv(kv_len, block_n), triton.cdiv(target, programs)))
+
+
+
+@dataclass(frozen=True, eq=False)
+class Layout:
+    """What a forward pass's positions decide: each cell's query view (0: the query as it is, ``v``: moved by
+    ``angles[v - 1]``, ``(cos, sin) [V, B, 1, Lq, P]``), the per-token key shifts turned inside the kernel, and the
+    key spans ``(first, stop) [C, B, Lq]``."""
+
+    slots: list[Slot]
+    view_of: list[int]
+    angles: tuple[torch.Tensor, torch.Tensor] | None
+    key_shifts: list
+    spans: tuple[torch.Tensor, torch.Tensor] | None
+
+
+class Triton(Backend):
+    name = "triton"
+    summary = "every cell in one fused Triton kernel, split along the keys for decoding; forward only (CUDA)"
+    folds_block_key_shifts = False  # the kernel turns the keys by their own angles
+
+    def model_problem(self, device: str) -> str | None:
+        if device == "meta" or available(device):
+            return None
+        return ("backend='triton' needs Triton and a model on a CUDA device (or TRITON_INTERPRET=1 on the CPU); "
+                f"this model is on {device!r}")
+
+    def unavailable(self, query) -> str | None:
+        if not available(query.device):
+            return (f"backend='triton' needs Triton on a CUDA device, or TRITON_INTERPRET=1 on the CPU; "
+                    f"not available on {query.device}")
+        if not takes(query.dtype):
+            return (f"backend='triton' with float64 inputs needs Triton >= 3.5 (its tl.dot takes no float64 before; "
+                    f"{triton.__version__} is installed): give float32, or use backend='auto'")
+        return None
+
+    def refuses(self, query, fusable, needs_grad) -> str | None:
+        if not fusable:
+            return "backend='triton' computes no gradients and no per-head rotary pairs (DPE): use backend='auto' here"
+        return None
+
+    def wants(self, query, fusable) -> bool:
+        return (query.device.type == "cuda" and query.shape[2] <= SMALL_QUERY and fusable
+                and available(query.device, for_auto=True))
+
+    def compile_failed(self, error) -> bool:
+        return compile_failed(error)
+
+    def give_up(self, error) -> None:
+        give_up(error)
+
+    def prepare(self, cells: tuple[Cell, ...], call: Call) -> Layout:
+        """A cell's query is moved on the host by its query shift less a constant key shift (:func:`..cells.query_views`);
+        a per-token key shift is turned inside the kernel from its angle table."""
+        views, view_of = query_views(cells)
+        shifts, key_of = key_views(cells)
+        slots = [Slot(cell.lo, cell.hi, None if table == 0 else table - 1, cell.part.key_span is not None)
+                 for cell, table in zip(cells, key_of)]
+        compute = compute_dtype(call.query.dtype)
+        moved = view_angles(views, call.q_positions, call.inv_freq, compute) if views else None
+        spans = None
+        if any(cell.part.key_span is not None for cell in cells):
+            everything = torch.iinfo(torch.int64)
+            shape = (call.batch, call.q_len)
+            every = [torch.full(shape, bound, dtype=torch.int64, device=call.query.device)
+                     for bound in (everything.min, everything.max)]
+            bounds = [every if cell.part.key_span is None else [b.expand(shape) for b in cell.span(call.q_positions)]
+                      for cell in cells]
+            spans = tuple(torch.stack([bound[side] for bound in bounds]) for side in (0, 1))
+        return Layout(slots, view_of, moved, shifts, spans)
+
+    def run(self, layout: Layout, cells: tuple[Cell, ...], call: Call) -> tuple[torch.Tensor, torch.Tensor]:
+        moved = [] if layout.angles is None else list(apply_rotation(call.query[None], *layout.angles))
+        queries = [call.query if view == 0 else moved[view - 1] for view in layout.view_of]
+        tables = None
+        if layout.key_shifts:
+            turns = [angles(call, "key", shift, call.positions) for shift in layout.key_shifts]
+            tables = tuple(torch.stack([turn[side][:, 0] for turn in turns]) for side in (0, 1))
+        spans = None if layout.spans is None else (*layout.spans, call.positions)
+        return parts_attention(queries, call.key, call.value, layout.slots, call.scaling, call.offset, call.key_padding,
+                               tables, spans)
+
+
+BACKEND = Triton()
 
 
 if triton is not None:

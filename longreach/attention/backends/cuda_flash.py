@@ -1,4 +1,4 @@
-"""Each part one FlashAttention call with a window: the official STRING code's algorithm, as a CUDA backend.
+"""``cuda_flash``: each cell one FlashAttention call with a window, the official STRING code's algorithm, on CUDA.
 
 A part's pairs ``lo <= i - j < hi`` are a causal band. FlashAttention-2 (Dao 2023) aligns its causal mask to
 the bottom right when there are fewer queries than keys and takes a left window, so the rows ``i >= lo``
@@ -10,14 +10,19 @@ merge, as in the official code (``string_flash_forward`` in HKUNLP/STRING's ``st
 kernel as ``aten._flash_attention_forward`` (CUDA, float16/bfloat16); no flash-attn package is needed.
 
 For parts given by distance alone, on unpadded batches (FlashAttention has no mask); anything else --
-key padding, DCA's key spans, DPE's per-head pairs, gradients -- is computed by the tiled kernel.
+key padding, DCA's key spans, DPE's per-head pairs, gradients -- it hands to ``cuda_efficient``, the tiled kernel.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .plan import NEG_INF
+from ..call import Call
+from ..cells import Cell
+from ..merge import merge
+from ..parts import NEG_INF
+from ..shifts import shifted, shifted_keys
+from .base import Backend
 
 
 def _flash_forward(*args, **kwargs):
@@ -31,12 +36,35 @@ def available(query: torch.Tensor) -> bool:
             and hasattr(torch.ops.aten, "_flash_attention_forward"))
 
 
-def bands(calls: list[tuple[torch.Tensor, torch.Tensor, int, int | None]], value: torch.Tensor,
-          scaling: float) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """``calls``: per part ``(q [B, Hq, Lq, D], k [B, Hkv, Lkv, D], lo, hi)``, the query and keys moved by the
-    part's shifts; the queries are the last ``Lq`` keys. Returns each part's ``(out [B, Hq, Lq, D], lse [B, Hq, Lq])``
-    in float32, for the kernel's log-sum-exp merge."""
-    return [_band(q, k, value, lo, hi, scaling) for q, k, lo, hi in calls]
+class CudaFlash(Backend):
+    name = "cuda_flash"
+    summary = "each cell one FlashAttention call with a window, as the official STRING code (CUDA, half precision)"
+    model_devices = ("cuda",)
+    fallback = "cuda_efficient"
+
+    def unavailable(self, query) -> str | None:
+        if available(query):
+            return None
+        return (f"backend='cuda_flash' needs PyTorch's FlashAttention: a CUDA device and float16 or bfloat16 inputs "
+                f"(head dim <= 256); got {query.device.type} {str(query.dtype).removeprefix('torch.')}")
+
+    def prepare(self, cells: tuple[Cell, ...], call: Call) -> tuple[Cell, ...] | None:
+        """The cells, where each is a band FlashAttention can take: no padding, key spans, per-head pairs or gradients."""
+        if call.key_padding is not None or call.needs_grad:
+            return None
+        return None if any(c.part.key_span is not None or c.part.pairs is not None for c in cells) else cells
+
+    def run(self, cells: tuple[Cell, ...], _, call: Call) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each cell's band on the query and keys its shifts move, merged by log-sum-exp."""
+        (out, lse), *others = [
+            _band(shifted(call.query, cell.query_shift, call.q_positions, call.inv_freq),
+                  shifted_keys(call.key, cell.key_shift, call.positions, call.inv_freq), call.value, cell.lo, cell.hi,
+                  call.scaling)
+            for cell in cells
+        ]
+        for cell_out, cell_lse in others:
+            out, lse = merge(out, lse, cell_out, cell_lse)
+        return out, lse
 
 
 def _band(q, k, value, lo: int, hi: int | None, scaling: float):
@@ -64,3 +92,6 @@ def flash(q, k, v, window_left: int, scaling: float) -> tuple[torch.Tensor, torc
     )
     empty = ~torch.isfinite(lse)
     return out.transpose(1, 2).float().masked_fill(empty[..., None], 0.0), lse.float().masked_fill(empty, NEG_INF)
+
+
+BACKEND = CudaFlash()

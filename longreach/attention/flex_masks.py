@@ -1,30 +1,21 @@
-"""The FlexAttention backend: one ``flex_attention`` call per part (Dong et al. 2024, "Flex Attention:
-A Programming Model for Generating Optimized Attention Kernels", arXiv:2412.05496).
+"""FlexAttention's block masks for the cells (Dong et al. 2024, "Flex Attention", arXiv:2412.05496).
 
-A part's region -- the pairs ``lo <= i - j < hi`` (``hi`` already cut by the model's sliding
-window), DCA's key spans, and key padding -- is one predicate, :meth:`Region.allowed`: the ``mask_mod``
-FlexAttention evaluates inside the tiles the region covers only in part. Which 128 x 128 tiles are
-empty, full or partial comes from tile arithmetic (each tile's distance range, its keys' padding and
-positions), O(tiles^2), never a pass over the pairs (``create_block_mask`` evaluates every pair).
-Grouped-query attention is native (``enable_gqa``), and the log-sum-exp comes back for the kernel's
-merge of the parts.
-
-Compiled with ``torch.compile`` on CUDA. On CPU, PyTorch runs FlexAttention eagerly, computing the
-full scores matrix, and has no backward there: this path exists on CPU so that the whole backend is
-checked against the dense reference in CI at small sizes; ``auto`` never picks it on CPU.
+A cell's region -- the pairs ``lo <= i - j < hi`` (``hi`` already cut by the model's sliding window), DCA's key
+spans, and key padding -- is one predicate, :meth:`Region.allowed` (the rule of :func:`.parts.covers`): the
+``mask_mod`` FlexAttention evaluates inside the tiles the region covers only in part. Which 128 x 128 tiles are
+empty, full or partial comes from tile arithmetic (each tile's distance range, its keys' padding and positions),
+O(tiles^2), never a pass over the pairs (``create_block_mask`` evaluates every pair).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import warnings
 from dataclasses import dataclass
 
 import torch
 
-from .. import compat
-from .rotary import compute_dtype
+from .parts import covers
 
 try:  # PyTorch >= 2.5
     from torch.nn.attention import flex_attention as _flex_module
@@ -33,45 +24,6 @@ except ImportError:  # pragma: no cover - depends on the installed PyTorch
 
 TILE = 128  # FlexAttention's default sparse block size
 INT32 = torch.iinfo(torch.int32)
-
-
-_compile_failure: list[str] = []  # why compiling FlexAttention failed in this process, once it has
-
-
-def compile_failed(error: BaseException) -> bool:
-    """Whether ``error`` is PyTorch failing to compile FlexAttention (TorchDynamo, Inductor, a C++ or CUDA compiler)."""
-    from torch._dynamo.exc import TorchDynamoException
-
-    failures = (TorchDynamoException,)
-    try:
-        from torch._inductor import exc as inductor
-
-        failures += tuple(getattr(inductor, name) for name in ("InductorError", "CppCompileError", "CUDACompileError") if hasattr(inductor, name))
-    except ImportError:  # pragma: no cover - depends on the installed PyTorch
-        pass
-    return isinstance(error, failures)
-
-
-def give_up(error: BaseException) -> None:
-    """Stop choosing FlexAttention for ``auto`` in this process, with one warning that says why."""
-    if not _compile_failure:
-        _compile_failure.append(f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
-        warnings.warn(f"longreach: compiling FlexAttention failed ({_compile_failure[0]}); backend='auto' uses the tiled kernel "
-                      "from now on (slower on GPUs, the same results)", stacklevel=3)
-
-
-def available(device: torch.device | str, for_auto: bool = False) -> bool:
-    """Whether FlexAttention can run on ``device``: PyTorch has it, and on CUDA Triton is installed to compile it
-    (``for_auto``: and compiling it has not failed in this process)."""
-    if _flex_module is None or (for_auto and _compile_failure):
-        return False
-    if torch.device(device).type != "cuda":
-        return True
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 @dataclass(frozen=True, eq=False)
@@ -91,16 +43,11 @@ class Region:
     def allowed(self, b: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
         """Whether the pairs ``(b, q_idx, kv_idx)`` (broadcastable integer tensors) are in the region."""
         distance = q_idx + self.offset - kv_idx
-        inside = distance >= self.lo
-        if self.hi is not None:
-            inside = inside & (distance < self.hi)
-        if self.padding is not None:
-            inside = inside & self.padding[b, kv_idx]
-        if self.span is not None:
-            first, stop, key_positions = self.span
-            key = key_positions[b, kv_idx]
-            inside = inside & (key >= first[b, q_idx]) & (key < stop[b, q_idx])
-        return inside
+        real = None if self.padding is None else self.padding[b, kv_idx]
+        if self.span is None:
+            return covers(distance, self.lo, self.hi, real)
+        first, stop, key_positions = self.span
+        return covers(distance, self.lo, self.hi, real, key_positions[b, kv_idx], (first[b, q_idx], stop[b, q_idx]))
 
     def block_mask(self, batch: int, q_len: int, kv_len: int, device) -> "_flex_module.BlockMask":
         """The region as a FlexAttention block mask (one for the whole batch when nothing depends on the sequence)."""
@@ -205,13 +152,13 @@ def segmented_block_mask(cells: list[tuple[int, int, Region]], q_segments: int, 
         part = torch.clamp(cell, min=0)
         row_at, key_at = torch.clamp(row, max=sizes["q_len"] - 1), torch.clamp(key, max=sizes["kv_len"] - 1)
         distance = row + sizes["offset"] - key
-        inside = (cell >= 0) & (row < sizes["q_len"]) & (key < sizes["kv_len"]) & (distance >= lows[part]) & (distance < highs[part])
-        if padding is not None:
-            inside = inside & padding[b, key_at]
-        if spans is not None:
-            first, stop, key_positions = spans
-            position = key_positions[b, key_at]
-            inside = inside & (position >= first[part, b, row_at]) & (position < stop[part, b, row_at])
+        inside = (cell >= 0) & (row < sizes["q_len"]) & (key < sizes["kv_len"])
+        real = None if padding is None else padding[b, key_at]
+        if spans is None:
+            return inside & covers(distance, lows[part], highs[part], real)
+        first, stop, key_positions = spans
+        span = (first[part, b, row_at], stop[part, b, row_at])
+        inside = inside & covers(distance, lows[part], highs[part], real, key_positions[b, key_at], span)
         return inside
 
     return _flex_module.BlockMask.from_kv_blocks(*_tile_lists(partial), *_tile_lists(full), BLOCK_SIZE=TILE, mask_mod=mask_mod,
@@ -250,70 +197,3 @@ def _tile_lists(selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     count = selected.sum(-1, dtype=torch.int32)
     indices = torch.argsort(selected.to(torch.int8), dim=-1, descending=True, stable=True).to(torch.int32)
     return count, indices
-
-
-def part_attention(q, k, v, mask, causal, scaling):
-    """One part: ``flex_attention`` with the part's block mask (``mask``), returning ``(out, lse)`` in float32
-    (float64 for float64 inputs). ``causal`` is never set: the block mask holds the whole region.
-
-    Where Triton finds no configuration that fits the GPU's shared memory (an H200 with the segmented masks of
-    ReRoPE, Self-Extend and DCA: 528 KB asked, 227 KB there), the call is compiled again with each of
-    :data:`SMALLER_TILES` in turn; the kernel variant keeps the tiles that worked, other variants keep theirs."""
-    kwargs = {"block_mask": mask, "scale": scaling, "enable_gqa": q.shape[1] != k.shape[1]}
-    variant = _variant(q, mask)
-    while True:
-        taken = _tiles_taken.get(variant, 0)
-        try:
-            out, lse = compat.flex_attention_with_lse(_function(q.device.type), _flex_module, q, k, v,
-                                                      kernel_options=SMALLER_TILES[taken - 1] if taken else None, **kwargs)
-            break
-        except Exception as error:
-            if taken == len(SMALLER_TILES) or "out of resource" not in str(error):
-                raise
-            _tiles_taken[variant] = taken + 1
-    return out.to(compute_dtype(q.dtype)), lse.to(compute_dtype(q.dtype))
-
-
-SMALLER_TILES = ({"num_stages": 1}, {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 1}, {"BLOCK_M": 32, "BLOCK_N": 32, "num_stages": 1})
-"""FlexAttention's ``kernel_options`` tried in turn when the default tiles need more shared memory than the GPU has
-(fewer pipeline stages first: on an H200, 64 x 64 tiles made plain causal attention 1.6x slower than the default)."""
-_tiles_taken: dict[tuple, int] = {}  # kernel variant (see _variant) -> how many of SMALLER_TILES it had to step through
-
-
-def _variant(q: torch.Tensor, mask) -> tuple:
-    """What decides a compiled kernel's shared memory: dtype, head size, the mask's code and what it reads (whether
-    padding and key spans are there, the segments' table by its shape; per-token tensors not by their length)."""
-    mod = mask.mask_mod
-
-    def described(x):
-        if isinstance(x, torch.Tensor):
-            return tuple(x.shape) if x.numel() <= 64 else (x.dtype, x.dim())
-        return None if x is None else type(x).__name__
-
-    return q.device.type, q.dtype, q.shape[-1], mod.__code__, tuple(described(cell.cell_contents) for cell in mod.__closure__ or ())
-
-
-RECOMPILE_LIMIT = 64
-"""Compiled variants of ``flex_attention`` allowed per process (PyTorch's default, 8, is spent by a few methods at
-a few lengths; past it PyTorch falls back to the eager version, which holds the whole scores matrix)."""
-
-
-@functools.lru_cache(maxsize=None)
-def _function(device_type: str):
-    """Compiled ``flex_attention`` on CUDA; the eager one elsewhere (its warning about that, once, silenced)."""
-    if device_type == "cuda":
-        compiled = torch.compile(_flex_module.flex_attention)
-        config = torch._dynamo.config
-
-        def with_more_variants(*args, **kwargs):
-            with config.patch(recompile_limit=max(RECOMPILE_LIMIT, config.recompile_limit)):
-                return compiled(*args, **kwargs)
-
-        return with_more_variants
-
-    def eager(*args, **kwargs):
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
-            return _flex_module.flex_attention(*args, **kwargs)
-
-    return eager

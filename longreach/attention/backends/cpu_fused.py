@@ -1,8 +1,8 @@
-"""Every part of a method in one pass on the CPU: a C++ kernel built on first use (``csrc/parts.cpp``).
+"""``cpu_fused``: every cell of a method in one pass on the CPU, a C++ kernel built on first use (``csrc/parts.cpp``).
 
 PyTorch's CPU flash attention skips work in 256 x 512 tiles, so each causal edge of a call wastes about
 256 keys per row: STRING's band and far triangle have three edges where causal attention has one, and the
-tiled kernel (:mod:`.plan`) cannot go below about 1.1x causal SDPA at 8K. This kernel takes every part
+tiled kernel (:mod:`..plan`) cannot go below about 1.1x causal SDPA at 8K. This kernel takes every part
 as a *cell* -- a query view, a key view and distance bounds ``lo <= i - j < hi`` -- in one online softmax
 per row (Dao et al. 2022, FlashAttention, Algorithm 1): no log-sum-exp merge, no flipped copies, and the keys a
 distance bound or a key span (DCA) cuts are taken 32 at a time with only the rows that reach them. Each cell has its own query, so
@@ -29,12 +29,15 @@ from typing import Callable
 
 import torch
 
-from . import build_lock
-from .plan import SMALL_QUERY, first_real_keys, key_position_offsets, upper_bound
-from .rotary import apply_rotation, compute_dtype, rotation
-from .shifts import fold_block_key_shifts, shift_angles
+from .. import build_lock
+from ..call import Call
+from ..cells import Cell, key_views, query_views, view_angles
+from ..plan import first_real_keys, key_position_offsets
+from ..rotary import apply_rotation, compute_dtype
+from ..views import moved_keys
+from .base import Backend
 
-SOURCE = Path(__file__).with_name("csrc") / "parts.cpp"
+SOURCE = Path(__file__).parent.parent / "csrc" / "parts.cpp"
 
 
 class BuildError(RuntimeError):
@@ -71,28 +74,48 @@ def give_up(error: BaseException) -> None:
                       "tiled kernel from now on (slower, the same results)", stacklevel=3)
 
 
-def attention(query, key, value, parts, inv_freq, scaling, sliding_window, positions, key_padding, memo, geometry,
-              moved_keys: Callable[[Callable], torch.Tensor]) -> torch.Tensor | None:
-    """Every part in one pass of the kernel: ``[B, Hq, Lq, Dv]`` in float32, or ``None`` where it does not apply
-    (padding other than on the left; key spans over positions that are not consecutive). ``moved_keys(shift)``: the
-    keys moved by a per-token key shift (the caller keeps them across decoding steps where asked).
+class CpuFused(Backend):
+    name = "cpu_fused"
+    summary = "every cell in one pass of a C++ kernel built on first use (CPU, forward only)"
+    model_devices = ("cpu", "meta")
+    fallback = "cpu_flash"
 
-    As in the Triton kernel (:mod:`.fused`), a part's query is moved by its query shift less a constant key shift (a
-    row per query: a decoding step moves one, where moving the keys would turn the whole cache); DCA's key shift,
-    constant per chunk, is folded into one query per chunk in decoding (:func:`.shifts.fold_block_key_shifts`). What
-    depends on positions alone -- the views, their angles, the cell table, the spans as key indices -- is laid out
-    once per forward pass (``memo``); a layer rotates its query views in one call."""
-    objects = (parts, positions) if key_padding is None else (parts, positions, key_padding)
-    layout = memo.get("native layout", objects, (*geometry, sliding_window),
-                      lambda: Layout.of(parts, sliding_window, positions, key_padding, query.shape[2], inv_freq, compute_dtype(query.dtype)))
-    if layout is None:
+    def unavailable(self, query) -> str | None:
+        if available(query.device):
+            return None
+        return f"backend='cpu_fused' needs a CPU tensor and a C++ compiler (CXX or c++ on PATH); got {query.device.type}"
+
+    def refuses(self, query, fusable, needs_grad) -> str | None:
+        if not fusable:
+            return ("backend='cpu_fused' computes no gradients and no per-head rotary pairs (DPE): "
+                    "use backend='auto' here")
         return None
-    if layout.table.shape[0] == 0:  # the model's sliding window excludes every part
-        return torch.zeros(*query.shape[:3], value.shape[-1], dtype=torch.float32, device=query.device)
-    queries = [query] if layout.angles is None else [query, *apply_rotation(query[None], *layout.angles)]
-    keys = [key, *(moved_keys(shift) for shift in layout.key_shifts)]
-    out, _ = parts_attention(queries, keys, value, layout, scaling, key.shape[2] - query.shape[2])
-    return out
+
+    def wants(self, query, fusable) -> bool:
+        # under torch.compile the tiled kernel, which Dynamo traces (the C++ call would break the graph)
+        return (query.device.type == "cpu" and fusable and not torch.compiler.is_compiling()
+                and available(query.device, for_auto=True))
+
+    def compile_failed(self, error) -> bool:
+        return compile_failed(error)
+
+    def give_up(self, error) -> None:
+        give_up(error)
+
+    def prepare(self, cells: tuple[Cell, ...], call: Call) -> "Layout | None":
+        """The cells' layout, or ``None`` (to the tiled kernel) for padding other than on the left, or key spans over
+        positions that are not consecutive (packed documents)."""
+        return Layout.of(cells, call)
+
+    def run(self, layout: "Layout", cells: tuple[Cell, ...], call: Call) -> tuple[torch.Tensor, torch.Tensor]:
+        """As in the Triton kernel (:mod:`.triton`), a cell's query is moved by its query shift less a constant key
+        shift (a row per query: a decoding step moves one, where moving the keys would turn the whole cache); DCA's
+        key shift, constant per chunk, is folded into one query per chunk in decoding. A layer rotates its query
+        views in one call; keys moved by a per-token shift are kept across decoding steps where asked."""
+        query = call.query
+        queries = [query] if layout.angles is None else [query, *apply_rotation(query[None], *layout.angles)]
+        keys = [call.key, *(moved_keys(call, shift) for shift in layout.key_shifts)]
+        return parts_attention(queries, keys, call.value, layout, call.scaling, call.offset)
 
 
 @dataclass(frozen=True)
@@ -109,55 +132,30 @@ class Layout:
     first_key: torch.Tensor
 
     @classmethod
-    def of(cls, parts, sliding_window, positions, key_padding, q_len, inv_freq, dtype) -> "Layout | None":
-        batch, kv_len = positions.shape[0], positions.shape[-1]
+    def of(cls, cells: tuple[Cell, ...], call: Call) -> "Layout | None":
+        positions, key_padding = call.positions, call.key_padding
+        batch, kv_len, q_len = call.batch, call.kv_len, call.q_len
         first_key = torch.zeros(batch, dtype=torch.int64) if key_padding is None else first_real_keys(key_padding)
         if first_key is None:
             return None
-        if q_len <= SMALL_QUERY:
-            parts = fold_block_key_shifts(parts, positions)
-        spanned = any(part.key_span is not None for part in parts)
+        spanned = any(cell.part.key_span is not None for cell in cells)
         offsets = key_position_offsets(positions, first_key) if spanned else None
         if spanned and offsets is None:
             return None
-        q_positions = positions[:, kv_len - q_len:]
-        views, key_shifts, rows, spans = [], [], [], []  # views: (query shift, constant key shift) of the moved queries
-        for part in parts:
-            lo, hi = part.min_distance, upper_bound(part, sliding_window)
-            if hi is not None and hi <= lo:
-                continue
-            moving_key = callable(part.key_shift)
-            key_constant = 0.0 if moving_key else float(part.key_shift)
-            view = (part.query_shift, key_constant)
-            if not callable(part.query_shift) and part.query_shift == key_constant:
-                query_view = 0
-            else:
-                views += [] if view in views else [view]
-                query_view = 1 + views.index(view)
-            if moving_key and part.key_shift not in key_shifts:
-                key_shifts.append(part.key_shift)
-            key_view = 1 + key_shifts.index(part.key_shift) if moving_key else 0
+        views, view_of = query_views(cells)
+        key_shifts, key_of = key_views(cells)
+        rows, spans = [], []
+        for cell, query_view, key_view in zip(cells, view_of, key_of):
             span = -1
-            if part.key_span is not None:
-                spans.append(_key_indices(part.key_span(q_positions), offsets, kv_len, batch, q_len))
+            if cell.part.key_span is not None:
+                spans.append(_key_indices(cell.span(call.q_positions), offsets, kv_len, batch, q_len))
                 span = len(spans) - 1
-            rows.append((query_view, key_view, lo, -1 if hi is None else hi, span))
+            rows.append((query_view, key_view, cell.lo, -1 if cell.hi is None else cell.hi, span))
         table = torch.tensor(rows, dtype=torch.int64).reshape(-1, 5)
-        angles = _view_angles(views, q_positions, inv_freq, dtype) if views else None
-        return cls(table, angles, key_shifts, [first for first, _ in spans], [stop for _, stop in spans], first_key.to(torch.int64).contiguous())
-
-
-def _view_angles(views, q_positions, inv_freq, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(cos, sin)`` ``[V, B, 1, Lq, P]`` of each query view's move: its query shift less its constant key shift."""
-    batch, q_len = q_positions.shape
-    angles = []
-    for shift, key_constant in views:
-        if callable(shift):
-            angles.append(shift_angles(lambda p, shift=shift, by=key_constant: shift(p) - by, q_positions, inv_freq, dtype))
-        else:
-            angles.append(rotation(shift - key_constant, inv_freq, dtype, q_positions.device))
-    shape = (batch, 1, q_len, inv_freq.shape[-1])
-    return tuple(torch.stack([angle[side].expand(shape) for angle in angles]) for side in (0, 1))
+        compute = compute_dtype(call.query.dtype)
+        angles = view_angles(views, call.q_positions, call.inv_freq, compute) if views else None
+        return cls(table, angles, key_shifts, [first for first, _ in spans], [stop for _, stop in spans],
+                   first_key.to(torch.int64).contiguous())
 
 
 def _key_indices(span, offsets: torch.Tensor, kv_len: int, batch: int, q_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -218,3 +216,6 @@ def _build_folder() -> Path:
     digest = hashlib.sha256("\n".join([SOURCE.read_text(), torch.__version__, sys.implementation.cache_tag, *_flags()]).encode())
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
     return Path(root) / f"longreach_parts_{digest.hexdigest()[:12]}"
+
+
+BACKEND = CpuFused()
