@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import triton_kernel
 from ..call import Call
 from ..cells import Cell, key_views, query_views, view_angles
 from ..plan import SMALL_QUERY
@@ -137,7 +138,7 @@ def parts_attention(queries: list[torch.Tensor], key: torch.Tensor, value: torch
     lse = torch.empty(splits, batch, q_heads, q_len, dtype=accumulate, device=key.device)
     table_of = [(-1 if c.table is None else c.table) for c in cells] + [-1] * (MAX_CELLS - len(cells))
     spanned = [c.spanned for c in cells] + [False] * (MAX_CELLS - len(cells))
-    _kernel[(m_tiles, batch * kv_heads, splits)](
+    triton_kernel.fused[(m_tiles, batch * kv_heads, splits)](
         query, key, value, cos, sin, valid, first, stop, key_positions, bounds, out, lse,
         *query.stride()[:4], *key.stride()[:3], *value.stride()[:3],
         cos.stride(0) if tables is not None else 0, cos.stride(1) if tables is not None else 0,
@@ -273,137 +274,3 @@ class Triton(Backend):
 
 
 BACKEND = Triton()
-
-
-if triton is not None:
-
-    @triton.jit
-    def _load_rows(base, rows_ok, PAIRS: tl.constexpr, PAIRS_P: tl.constexpr, REST: tl.constexpr, REST_P: tl.constexpr):
-        """A tile of vectors in three slices: the first and second halves of the rotary pairs, and the rest."""
-        pair = tl.arange(0, PAIRS_P)
-        ok = rows_ok[:, None] & (pair < PAIRS)[None, :]
-        first = tl.load(base[:, None] + pair[None, :], mask=ok, other=0.0)
-        second = tl.load(base[:, None] + PAIRS + pair[None, :], mask=ok, other=0.0)
-        if REST > 0:
-            extra = tl.arange(0, REST_P)
-            rest = tl.load(base[:, None] + 2 * PAIRS + extra[None, :], mask=rows_ok[:, None] & (extra < REST)[None, :], other=0.0)
-        else:
-            rest = first
-        return first, second, rest
-
-    @triton.jit
-    def _cell(scores, c, q1, q2, q3, k1, k2, k3, bounds, distance, d_min, d_max, scale,
-              COS, SIN, table_base, cols, cols_ok, FIRST, STOP, span_base, t, rows_ok, key_at,
-              TABLE: tl.constexpr, SPAN: tl.constexpr, PAIRS: tl.constexpr, PAIRS_P: tl.constexpr, REST: tl.constexpr,
-              ACC: tl.constexpr):
-        """Cell ``c``'s scores written into ``scores`` at its pairs; skipped when the tile's distances miss its range."""
-        lo = tl.load(bounds + 2 * c)
-        hi = tl.load(bounds + 2 * c + 1)
-        if (d_max >= lo) & (d_min < hi):
-            if TABLE >= 0:  # keys turned by per-key angles: (k1 cos - k2 sin, k2 cos + k1 sin), as rotary.apply_rotation
-                pair = tl.arange(0, PAIRS_P)
-                ok = cols_ok[:, None] & (pair < PAIRS)[None, :]
-                cos = tl.load(COS + table_base + pair[None, :], mask=ok, other=1.0).to(ACC)
-                sin = tl.load(SIN + table_base + pair[None, :], mask=ok, other=0.0).to(ACC)
-                a, b = k1.to(ACC), k2.to(ACC)
-                k1 = (a * cos - b * sin).to(q1.dtype)
-                k2 = (b * cos + a * sin).to(q1.dtype)
-            qk = tl.dot(q1, tl.trans(k1), input_precision="ieee", out_dtype=ACC)
-            qk += tl.dot(q2, tl.trans(k2), input_precision="ieee", out_dtype=ACC)
-            if REST > 0:
-                qk += tl.dot(q3, tl.trans(k3), input_precision="ieee", out_dtype=ACC)
-            inside = (distance >= lo) & (distance < hi)
-            if SPAN:
-                first = tl.load(FIRST + span_base + t, mask=rows_ok, other=0)
-                stop = tl.load(STOP + span_base + t, mask=rows_ok, other=0)
-                inside = inside & (key_at[None, :] >= first[:, None]) & (key_at[None, :] < stop[:, None])
-            scores = tl.where(inside, qk * scale, scores)
-        return scores
-
-    @triton.jit
-    def _kernel(Q, K, V, COS, SIN, VALID, FIRST, STOP, KEYPOS, BOUNDS, OUT, LSE,
-                stride_qc, stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kj, stride_vb, stride_vh, stride_vj,
-                stride_tt, stride_tb, stride_tj, stride_fc, stride_fb, stride_pb, stride_kpb,
-                stride_os, stride_ob, stride_oh, stride_ot, stride_ls, stride_lb, stride_lh,
-                kv_heads, group, q_len, kv_len, offset, keys_per_split, lo_min, hi_max, scale,
-                PAIRS: tl.constexpr, PAIRS_P: tl.constexpr, REST: tl.constexpr, REST_P: tl.constexpr,
-                VALUE: tl.constexpr, VALUE_P: tl.constexpr, CELLS: tl.constexpr,
-                TABLE0: tl.constexpr, TABLE1: tl.constexpr, TABLE2: tl.constexpr,
-                SPAN0: tl.constexpr, SPAN1: tl.constexpr, SPAN2: tl.constexpr, PADDED: tl.constexpr, BOUNDED: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACC: tl.constexpr):
-        """One program: a tile of query rows (a group's heads packed) against one split of the keys."""
-        tile, head_of_batch, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-        b, kv_head = head_of_batch // kv_heads, head_of_batch % kv_heads
-        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-        rows_ok = rows < group * q_len
-        t = rows % q_len
-        head = kv_head * group + rows // q_len
-        t_lo = tl.min(tl.where(rows_ok, t, q_len), axis=0)
-        t_hi = tl.max(tl.where(rows_ok, t, -1), axis=0)
-
-        q_rows = Q + b * stride_qb + head * stride_qh + t * stride_qt
-        q1a, q2a, q3a = _load_rows(q_rows, rows_ok, PAIRS, PAIRS_P, REST, REST_P)
-        q1b, q2b, q3b = q1a, q2a, q3a
-        q1c, q2c, q3c = q1a, q2a, q3a
-        if CELLS > 1:
-            q1b, q2b, q3b = _load_rows(q_rows + stride_qc, rows_ok, PAIRS, PAIRS_P, REST, REST_P)
-        if CELLS > 2:
-            q1c, q2c, q3c = _load_rows(q_rows + 2 * stride_qc, rows_ok, PAIRS, PAIRS_P, REST, REST_P)
-
-        begin = split * keys_per_split
-        end = tl.minimum(tl.minimum(kv_len, begin + keys_per_split), t_hi + offset - lo_min + 1)
-        if BOUNDED:  # keys below every cell's reach are skipped (tile aligned)
-            begin = tl.maximum(begin, (t_lo + offset - hi_max + 1) // BLOCK_N * BLOCK_N)
-
-        m_i = tl.full([BLOCK_M], float("-inf"), ACC)
-        l_i = tl.zeros([BLOCK_M], ACC)
-        acc = tl.zeros([BLOCK_M, VALUE_P], ACC)
-        value_dims = tl.arange(0, VALUE_P)
-        for start in range(begin, end, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)
-            cols_ok = cols < end
-            k1, k2, k3 = _load_rows(K + b * stride_kb + kv_head * stride_kh + cols * stride_kj, cols_ok, PAIRS, PAIRS_P, REST, REST_P)
-            distance = t[:, None] + offset - cols[None, :]
-            d_min = t_lo + offset - (start + BLOCK_N - 1)
-            d_max = t_hi + offset - start
-            key_at = cols
-            if SPAN0 | SPAN1 | SPAN2:
-                key_at = tl.load(KEYPOS + b * stride_kpb + cols, mask=cols_ok, other=0)
-            table_base = b * stride_tb + cols[:, None] * stride_tj
-            scores = tl.full([BLOCK_M, BLOCK_N], float("-inf"), ACC)
-            scores = _cell(scores, 0, q1a, q2a, q3a, k1, k2, k3, BOUNDS, distance, d_min, d_max, scale,
-                           COS + TABLE0 * stride_tt, SIN + TABLE0 * stride_tt, table_base, cols, cols_ok,
-                           FIRST, STOP, b * stride_fb, t, rows_ok, key_at,
-                           TABLE0, SPAN0, PAIRS, PAIRS_P, REST, ACC)
-            if CELLS > 1:
-                scores = _cell(scores, 1, q1b, q2b, q3b, k1, k2, k3, BOUNDS, distance, d_min, d_max, scale,
-                               COS + TABLE1 * stride_tt, SIN + TABLE1 * stride_tt, table_base, cols, cols_ok,
-                               FIRST, STOP, stride_fc + b * stride_fb, t, rows_ok, key_at,
-                               TABLE1, SPAN1, PAIRS, PAIRS_P, REST, ACC)
-            if CELLS > 2:
-                scores = _cell(scores, 2, q1c, q2c, q3c, k1, k2, k3, BOUNDS, distance, d_min, d_max, scale,
-                               COS + TABLE2 * stride_tt, SIN + TABLE2 * stride_tt, table_base, cols, cols_ok,
-                               FIRST, STOP, 2 * stride_fc + b * stride_fb, t, rows_ok, key_at,
-                               TABLE2, SPAN2, PAIRS, PAIRS_P, REST, ACC)
-            allowed = rows_ok[:, None] & cols_ok[None, :]
-            if PADDED:
-                real = tl.load(VALID + b * stride_pb + cols, mask=cols_ok, other=0)
-                allowed = allowed & (real != 0)[None, :]
-            scores = tl.where(allowed, scores, float("-inf"))
-
-            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp(scores - m_safe[:, None])
-            alpha = tl.exp(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(V + b * stride_vb + kv_head * stride_vh + cols[:, None] * stride_vj + value_dims[None, :],
-                        mask=cols_ok[:, None] & (value_dims < VALUE)[None, :], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee", out_dtype=ACC)
-            m_i = m_new
-
-        seen = l_i > 0
-        out = acc / tl.where(seen, l_i, 1.0)[:, None]
-        lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
-        out_rows = OUT + split * stride_os + b * stride_ob + head * stride_oh + t * stride_ot
-        tl.store(out_rows[:, None] + value_dims[None, :], out, mask=rows_ok[:, None] & (value_dims < VALUE)[None, :])
-        tl.store(LSE + split * stride_ls + b * stride_lb + head * stride_lh + t, lse, mask=rows_ok)
