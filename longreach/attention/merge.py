@@ -29,8 +29,8 @@ def merge_into(out: torch.Tensor, lse: torch.Tensor, part_out: torch.Tensor, par
     the two log-sum-exps (max-subtracted: large ones lose no precision; both empty: NaN, set to 0), two passes over
     the output and no new tensor of its size, seven operations in all (no autograd: the forward of a backend
     without one)."""
-    both = torch.stack((lse, part_lse.to(lse.dtype)))
-    weights = torch.softmax(both, dim=0).nan_to_num_(nan=0.0)[..., None]
+    both = torch.stack((lse, part_lse.to(lse.dtype)))  # [2, B, H, T]
+    weights = torch.softmax(both, dim=0).nan_to_num_(nan=0.0)[..., None]  # [2, B, H, T, 1]
     out.mul_(weights[0]).addcmul_(part_out, weights[1])
     lse.copy_(torch.logsumexp(both, dim=0))
 
@@ -54,7 +54,7 @@ def run(plans, backend, scaling, value, shifted):
     for plan, q, k in zip(plans, shifted[0::2], shifted[1::2]):
         call = backend.block_for(q, value)
         for b in plan:
-            part_out, part_lse = run_block(call, b, q, k, value, scaling)
+            part_out, part_lse = run_block(call, b, q, k, value, scaling)  # [B, Hq, T, Dv], [B, Hq, T]
             if isinstance(b.mask, torch.Tensor):
                 part_out, part_lse = with_empty_rows(part_out, part_lse, b.mask)
             rows = range(q_len)[b.rows]
@@ -87,7 +87,7 @@ def with_empty_rows(out, lse, mask):
 def run_block(call, b, q, k, value, scaling):
     """One block by the backend ``call``: ``(out, lse)`` of its rows; a flipped block runs causal on the
     rows and keys reversed, and its rows are turned back."""
-    q, k, value = q[:, :, b.rows], k[:, :, b.keys], value[:, :, b.keys]
+    q, k, value = q[:, :, b.rows], k[:, :, b.keys], value[:, :, b.keys]  # [B, Hq, T, D], [B, Hkv, K, D], [B, Hkv, K, Dv]
     if not b.flipped:
         return call(q, k, value, b.mask, b.causal, scaling)
     out, lse = call(q.flip(2), k.flip(2), value.flip(2), None, True, scaling)

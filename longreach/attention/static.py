@@ -62,14 +62,14 @@ def attention(
         span = cell.span(q_positions)
         span = None if span is None else (span[0][:, :, None], span[1][:, :, None])
         allowed = covers(distance, cell.lo, cell.hi, real[:, None, :], positions[:, None, :], span)  # [B, Lq, Lkv]
-        q = _moved(query, part.query_shift, q_positions, inv_freq, part.pairs, compute)
-        k = _moved(key, part.key_shift, positions.clamp(min=0), inv_freq, part.pairs, compute)
+        q = _moved(query, part.query_shift, q_positions, inv_freq, part.pairs, compute)  # [B, Hq, Lq, D]
+        k = _moved(key, part.key_shift, positions.clamp(min=0), inv_freq, part.pairs, compute)  # [B, Hkv, Lkv, D]
         q = torch.cat((q[..., :rotary_dims] * factor, q[..., rotary_dims:]), dim=-1)
-        part_scores = grouped_matmul(q, k.transpose(-1, -2)) * scaling
+        part_scores = grouped_matmul(q, k.transpose(-1, -2)) * scaling  # [B, Hq, Lq, Lkv]
         scores = torch.where(allowed[:, None], part_scores, scores)
     if drop is not None:
         scores = drop_below_quantile(scores, drop)
-    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)  # [B, Hq, Lq, 1]
     weights = torch.exp(scores - torch.where(torch.isfinite(lse), lse, 0.0))
     out = grouped_matmul(weights, value.to(compute))
     return out.to(query.dtype).transpose(1, 2)

@@ -74,12 +74,14 @@ class TiledBackend(Backend):
                 continue
             part = cell.part
             if call.augment and part.pairs is not None:
+                # [B, Hq, Lq, 2D], [B, Hkv, Lkv, 2D]: moved and plain pairs side by side
                 q, k = augmented(call.query, call.key, part, call.q_positions, call.positions, call.inv_freq)
             else:
+                # [B, Hq, Lq, D]
                 q = shifted(call.query, part.query_shift, call.q_positions, call.inv_freq, part.pairs,
                             angles(call, "query", part.query_shift, call.q_positions))
                 if (k := keys.get((id(part.key_shift), id(part.pairs)))) is None:  # DCA's three parts turn keys once
-                    k = keys[id(part.key_shift), id(part.pairs)] = moved_keys(call, part.key_shift, part.pairs)
+                    k = keys[id(part.key_shift), id(part.pairs)] = moved_keys(call, part.key_shift, part.pairs)  # [B, Hkv, Lkv, D]
             kept.append(plan)
             inputs += [q, k]
         if not inputs:  # no cell reaches a key

@@ -113,8 +113,8 @@ class CpuFused(Backend):
         key shift, constant per chunk, is folded into one query per chunk in decoding. A layer rotates its query
         views in one call; keys moved by a per-token shift are kept across decoding steps where asked."""
         query = call.query
-        queries = [query] if layout.angles is None else [query, *apply_rotation(query[None], *layout.angles)]
-        keys = [call.key, *(moved_keys(call, shift) for shift in layout.key_shifts)]
+        queries = [query] if layout.angles is None else [query, *apply_rotation(query[None], *layout.angles)]  # V x [B, Hq, Lq, D]
+        keys = [call.key, *(moved_keys(call, shift) for shift in layout.key_shifts)]  # [B, Hkv, Lkv, D] each
         return parts_attention(queries, keys, call.value, layout, call.scaling, call.offset)
 
 

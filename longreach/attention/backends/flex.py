@@ -219,13 +219,15 @@ class Flex(TiledBackend):
         queries = [call.query if shift is None else
                    shifted(call.query, shift, q_positions, inv_freq, None, angles(call, "query", shift, q_positions))
                    for shift in prepared.queries]
-        keys = []
+        keys = []  # [B, Hkv, Lkv, D] each
         for key_shift, query_constant in prepared.keys:
             moved = shifted_keys(call.key, key_shift, positions, inv_freq, None, angles(call, "key", key_shift, positions))
             keys.append(shifted(moved, -query_constant, None, inv_freq) if query_constant else moved)
         q_segment, kv_segment = segment_length(call.q_len), segment_length(call.kv_len)
-        out, lse = part_attention(_side_by_side(queries, q_segment), _side_by_side(keys, kv_segment),
-                                  _side_by_side([call.value] * len(keys), kv_segment), prepared.mask, False, call.scaling)
+        side_queries = _side_by_side(queries, q_segment)  # [B, Hq, segments * s_q, D]
+        side_keys = _side_by_side(keys, kv_segment)  # [B, Hkv, segments * s_k, D]
+        side_values = _side_by_side([call.value] * len(keys), kv_segment)
+        out, lse = part_attention(side_queries, side_keys, side_values, prepared.mask, False, call.scaling)
         merged, merged_lse = out[:, :, :call.q_len], lse[:, :, :call.q_len]  # [B, Hq, Lq, Dv], [B, Hq, Lq]
         for index in range(1, len(queries)):
             rows = slice(index * q_segment, index * q_segment + call.q_len)

@@ -258,16 +258,16 @@ class Triton(Backend):
                      for bound in (everything.min, everything.max)]
             bounds = [every if cell.part.key_span is None else [b.expand(shape) for b in cell.span(call.q_positions)]
                       for cell in cells]
-            spans = tuple(torch.stack([bound[side] for bound in bounds]) for side in (0, 1))
+            spans = tuple(torch.stack([bound[side] for bound in bounds]) for side in (0, 1))  # [C, B, Lq] each
         return Layout(slots, view_of, moved, shifts, spans)
 
     def run(self, layout: Layout, cells: tuple[Cell, ...], call: Call) -> tuple[torch.Tensor, torch.Tensor]:
-        moved = [] if layout.angles is None else list(apply_rotation(call.query[None], *layout.angles))
+        moved = [] if layout.angles is None else list(apply_rotation(call.query[None], *layout.angles))  # V x [B, Hq, Lq, D]
         queries = [call.query if view == 0 else moved[view - 1] for view in layout.view_of]
         tables = None
         if layout.key_shifts:
             turns = [angles(call, "key", shift, call.positions) for shift in layout.key_shifts]
-            tables = tuple(torch.stack([turn[side][:, 0] for turn in turns]) for side in (0, 1))
+            tables = tuple(torch.stack([turn[side][:, 0] for turn in turns]) for side in (0, 1))  # [T, B, Lkv, P] each
         spans = None if layout.spans is None else (*layout.spans, call.positions)
         return parts_attention(queries, call.key, call.value, layout.slots, call.scaling, call.offset, call.key_padding,
                                tables, spans)
