@@ -139,7 +139,10 @@ def main() -> None:
     parser.add_argument("--decode", action="store_true", help="one query against n cached keys instead of the causal prefill")
     parser.add_argument("--batch", type=int, default=1, help="sequences per call (timing only)")
     parser.add_argument("--left-pad", type=int, default=0, help="left padding of the last sequence, 0 .. this spread over the batch")
-    parser.add_argument("--backend", default="auto", help="the kernel's backend for every method (timing only)")
+    from longreach.attention.backends import names as backend_names  # the registry: every backend the kernel has
+
+    parser.add_argument("--backend", default="auto", choices=backend_names(),
+                        help="the kernel's backend for every method (timing only)")
     parser.add_argument("--memory", action="store_true", help="peak memory, each method in its own process, instead of time")
     parser.add_argument("--allocator-as-is", action="store_true", help="--memory: the RSS a user sees (heap fragmentation "
                         "included), not live memory under a fixed mmap threshold")

@@ -59,3 +59,13 @@ def test_apply_takes_a_registered_backend_and_generates_as_the_tiled_kernel(toy)
     assert torch.equal(outputs["toy"][1], outputs["cpu_flash"][1])
     with pytest.raises(ValueError, match="^backend='toi' is not one of: auto, reference, .*, toy$"):
         longreach.apply(model, "string", backend="toi")
+
+
+def test_the_guide_lists_every_backend_of_the_registry_in_autos_order():
+    """docs/usage.md's table of backends: one row per backend of the registry, in its order, with its summary."""
+    from pathlib import Path
+
+    rows = [line.split("|")[1:3] for line in (Path(__file__).parent.parent / "docs" / "usage.md").read_text().splitlines()
+            if line.startswith("| `")]
+    listed = [(name.strip().strip("`"), summary.strip()) for name, summary in rows]
+    assert listed == [(name, backend.summary) for name, backend in backends.REGISTRY.items()]

@@ -138,12 +138,11 @@ def apply(model: nn.Module, method: str = "string", *, training_window: int | No
             ``rope_parameters`` keys, e.g. ``{"rope_type": "yarn", "factor": 2.0}`` (``pi`` and ``ntk``
             are accepted as types). ``L`` stays the model's own unless ``training_window`` says otherwise.
         drop: a drop method beside another method, e.g. ``{"method": "dynamic_drop", "max_rate": 0.3}``.
-        backend: ``"auto"`` (on a CPU the C++ kernel, built on first use, else CPU flash attention on
-            tiles; on CUDA compiled FlexAttention for prefill and the fused Triton kernel for decoding
-            steps), ``"cpu_fused"`` (forward only), ``"cpu_flash"``, ``"cuda_efficient"``,
-            ``"cuda_flash"`` (each part one FlashAttention call with a window, as the official STRING
-            code), ``"flex"``, ``"triton"`` (forward only), ``"math"``, or ``"reference"`` (the dense
-            float64 oracle, O(n^2), for tests).
+        backend: ``"auto"`` (the first backend of ``longreach.attention.backends.REGISTRY`` that wants the call:
+            on a CPU the C++ kernel, built on first use, else CPU flash attention on tiles; on CUDA compiled
+            FlexAttention for prefill and the fused Triton kernel for decoding steps), a backend of that registry
+            by name (docs/usage.md#backends lists them), or ``"reference"`` (the dense float64 oracle, O(n^2),
+            for tests).
         keep_moved_keys: keep, per layer, the cached keys moved by a per-token key shift (ReRoPE's and
             Self-Extend's far part: +50% of the key/value cache), so that a decoding step moves only its
             new keys. They are used only while the cache provably holds what they were moved from (a hook
