@@ -1,4 +1,4 @@
-"""Every part of a method in one Triton kernel: one pass over the keys, one softmax per row.
+"""``triton``: every cell of a method in one Triton kernel: one pass over the keys, one softmax per row.
 
 A method's parts are disjoint regions of the causal pairs, each with its own view of q and k; lowered, they are
 the kernel's *cells* (:mod:`..cells`): cell ``c`` scores its pairs
