@@ -58,15 +58,23 @@ def main(site: str, out: str) -> int:
     for failure in failures:
         print(failure)
     seconds = time.monotonic() - start
-    print(f"site check: {'FAILED' if failures else 'passed'}: {len(pages)} pages, {counts['images']} images, "
-          f"{counts['links']} internal links checked in {seconds:.0f} s; screenshots in {out_dir}/")
+    print(
+        f"site check: {'FAILED' if failures else 'passed'}: {len(pages)} pages, {counts['images']} images, "
+        f"{counts['links']} internal links checked in {seconds:.0f} s; screenshots in {out_dir}/"
+    )
     return 1 if failures else 0
 
 
 def _browser() -> webdriver.Chrome:
     """Headless Chromium, its console kept; Debian's binaries, so selenium downloads no driver."""
     options = webdriver.ChromeOptions()
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,900"):
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,900",
+    ):
         options.add_argument(argument)
     options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})

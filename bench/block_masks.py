@@ -12,10 +12,10 @@ import statistics
 import time
 
 import torch
+from results import machine, write_section
 
 from longreach.attention import flex
 from longreach.methods import create
-from results import machine, write_section
 
 
 def build_time(method: str, n: int, rounds: int = 3) -> float:
@@ -46,10 +46,12 @@ def main() -> None:
             rows.append(f"| {method} | {n} | {parts} | {build_time(method, n) * 1e3:.1f} |")
             print(rows[-1], flush=True)
     if args.write:
-        write_section(f"FlexAttention block masks, build time, n = {args.lengths}",
-                      f"`python bench/block_masks.py --lengths {args.lengths} --methods {args.methods}`\n\n{machine('cpu')}; tile "
-                      "arithmetic (before it, a per-pair scan: 8K string 1,061 ms, dca 1,712 ms; 32K string 15.5 s, dca 30.1 s).\n\n"
-                      + "\n".join(rows))
+        write_section(
+            f"FlexAttention block masks, build time, n = {args.lengths}",
+            f"`python bench/block_masks.py --lengths {args.lengths} --methods {args.methods}`\n\n{machine('cpu')}; tile "
+            "arithmetic (before it, a per-pair scan: 8K string 1,061 ms, dca 1,712 ms; 32K string 15.5 s, dca 30.1 s).\n\n"
+            + "\n".join(rows),
+        )
 
 
 if __name__ == "__main__":

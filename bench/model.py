@@ -22,13 +22,13 @@ import statistics
 from pathlib import Path
 
 import torch
+from results import machine, timed, write_section
 from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
 
 import longreach
 from longreach import models
 from longreach.eval import specs
 from longreach.methods.spec import MethodSpec
-from results import machine, timed, write_section
 
 METHODS = ["rope", "string", "rerope", "self_extend", "dca"]
 STOCK = "sdpa (stock)"
@@ -45,7 +45,9 @@ def switch(model, method: str) -> None:
         longreach.remove(model)
     else:
         name = method.removesuffix(KEPT)
-        specs.apply(model, MethodSpec.parse(name), longreach.training_window(model.config), keep_moved_keys=name != method)
+        specs.apply(
+            model, MethodSpec.parse(name), longreach.training_window(model.config), keep_moved_keys=name != method
+        )
 
 
 @torch.no_grad()
@@ -58,9 +60,13 @@ def decoding(model, ids, methods, steps) -> dict[str, list[float]]:
     for _ in range(steps + 1):  # the first round warms up
         for method in methods:
             switch(model, method)
-            if method in growing:  # kept keys hold only while the cache is appended to, never cropped: a cache of their own
+            if (
+                method in growing
+            ):  # kept keys hold only while the cache is appended to, never cropped: a cache of their own
                 own = growing[method]  # that grows by 2 tokens a round (+0.4% at 8K after 16 rounds)
-                model(token, past_key_values=own, use_cache=True)  # untimed: switching dropped the kept keys; this keeps them
+                model(
+                    token, past_key_values=own, use_cache=True
+                )  # untimed: switching dropped the kept keys; this keeps them
                 times[method].append(timed(lambda: model(token, past_key_values=own, use_cache=True), ids.device))
                 continue
             times[method].append(timed(lambda: model(token, past_key_values=cache, use_cache=True), ids.device))
@@ -71,7 +77,9 @@ def decoding(model, ids, methods, steps) -> dict[str, list[float]]:
 @torch.no_grad()
 def prefill_and_generate(model, ids, methods, rounds, new_tokens) -> tuple[dict, dict]:
     prefill, generate = {m: [] for m in methods}, {m: [] for m in methods}
-    settings = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, attention_mask=torch.ones_like(ids))
+    settings = dict(
+        max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, attention_mask=torch.ones_like(ids)
+    )
     for i in range(rounds):
         for method in methods:
             switch(model, method)
@@ -100,13 +108,24 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="prefill / generate rounds (medians)")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens for the generate timing (0: skip it)")
     parser.add_argument("--methods", default=",".join(METHODS))
-    parser.add_argument("--method", action="append", default=[], help="one more method with parameters, repeatable, "
-                        "e.g. dpe:group_scales=2;2;2;2;2;2;2;2,top_k=24,dimensions=runs/calibrate_dpe_8k/dimensions.safetensors")
+    parser.add_argument(
+        "--method",
+        action="append",
+        default=[],
+        help="one more method with parameters, repeatable, "
+        "e.g. dpe:group_scales=2;2;2;2;2;2;2;2,top_k=24,dimensions=runs/calibrate_dpe_8k/dimensions.safetensors",
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--write", action="store_true", help="also write the tables into their section of bench/RESULTS.md")
-    parser.add_argument("--weights", default="default", choices=["default", "random"],
-                        help="random: the default model's shape with random weights (no model files needed)")
+    parser.add_argument(
+        "--write", action="store_true", help="also write the tables into their section of bench/RESULTS.md"
+    )
+    parser.add_argument(
+        "--weights",
+        default="default",
+        choices=["default", "random"],
+        help="random: the default model's shape with random weights (no model files needed)",
+    )
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     if args.weights == "random":
@@ -117,9 +136,11 @@ def main() -> None:
     ids = torch.randint(100, 20000, (1, args.length), generator=torch.Generator().manual_seed(0)).to(args.device)
     methods = [STOCK, *filter(None, args.methods.split(",")), *args.method]
     weights = " (random weights)" if args.weights == "random" else ""
-    header = (f"SmolLM2-135M-Instruct{weights} (30 layers, 9 query / 3 KV heads), {args.dtype}, batch 1, {args.length} tokens, "
-              f"{machine(args.device)}; "
-              f"L = {longreach.training_window(model.config)} (each method's defaults).")
+    header = (
+        f"SmolLM2-135M-Instruct{weights} (30 layers, 9 query / 3 KV heads), {args.dtype}, batch 1, {args.length} tokens, "
+        f"{machine(args.device)}; "
+        f"L = {longreach.training_window(model.config)} (each method's defaults)."
+    )
     print(header, flush=True)
     steps = decoding(model, ids, methods, args.steps)
     lines = table(f"decoding step against {args.length} cached tokens ({args.steps} rounds)", steps, 1e-3, "ms")
@@ -127,8 +148,10 @@ def main() -> None:
     prefill, generate = prefill_and_generate(model, ids, methods, args.rounds, args.new_tokens)
     lines += [""] + table(f"prefill of {args.length} tokens ({args.rounds} rounds)", prefill, 1, "s")
     if args.new_tokens:
-        lines += [""] + table(f"generate {args.new_tokens} tokens after {args.length} ({args.rounds} rounds)", generate, 1, "s")
-    print("\n".join(lines[-2 * len(methods) - 5:]), flush=True)
+        lines += [""] + table(
+            f"generate {args.new_tokens} tokens after {args.length} ({args.rounds} rounds)", generate, 1, "s"
+        )
+    print("\n".join(lines[-2 * len(methods) - 5 :]), flush=True)
     if args.write:
         chosen = args.methods != ",".join(METHODS)
         extra = (f" --methods {args.methods}" if chosen else "") + "".join(f" --method '{m}'" for m in args.method)
@@ -136,7 +159,9 @@ def main() -> None:
         extra += " --weights random" if args.weights == "random" else ""
         command = f"`python bench/model.py --length {args.length} --steps {args.steps} --rounds {args.rounds} --new-tokens {args.new_tokens}{extra}`"
         names = dict.fromkeys(m.split(":")[0] for m in methods[1:])
-        title = f"End to end, the default model at {args.length} tokens" + (", " + ", ".join(names) if chosen or args.method else "")
+        title = f"End to end, the default model at {args.length} tokens" + (
+            ", " + ", ".join(names) if chosen or args.method else ""
+        )
         title += f", {args.device} {args.dtype}" if args.device != "cpu" else ""
         write_section(title, f"{command}\n\n{header}\n\n" + "\n".join(lines))
 

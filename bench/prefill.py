@@ -16,12 +16,12 @@ import argparse
 import statistics
 
 import torch
+from results import machine, timed, write_section
 
 import longreach
 from longreach import models
 from longreach.eval import generate, haystack, specs
 from longreach.methods.spec import MethodSpec
-from results import machine, timed, write_section
 
 
 def prompts(tokenizer, length: int, batch: int) -> list[str]:
@@ -38,33 +38,50 @@ def main() -> None:
     parser.add_argument("--method", default="rope")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--write", action="store_true", help="also write the table into its section of bench/RESULTS.md")
+    parser.add_argument(
+        "--write", action="store_true", help="also write the table into its section of bench/RESULTS.md"
+    )
     args = parser.parse_args()
     budgets = [int(t) for t in args.tokens.split(",")]
     model, tokenizer = models.load("default", dtype=getattr(torch, args.dtype), device=args.device)
     specs.apply(model, MethodSpec.parse(args.method), longreach.training_window(model.config))
     batch = prompts(tokenizer, args.length, args.batch)
-    header = (f"SmolLM2-135M-Instruct, {args.dtype}, {args.method}, {args.batch} prompts of {args.length - 8 * (args.batch - 1)}-"
-              f"{args.length} tokens left-padded, 16 new tokens, {machine(args.device)}; medians of {args.rounds} interleaved rounds.")
+    header = (
+        f"SmolLM2-135M-Instruct, {args.dtype}, {args.method}, {args.batch} prompts of {args.length - 8 * (args.batch - 1)}-"
+        f"{args.length} tokens left-padded, 16 new tokens, {machine(args.device)}; medians of {args.rounds} interleaved rounds."
+    )
     print(header, flush=True)
     seconds, answers = {b: [] for b in budgets}, {}
     for _ in range(args.rounds):
         for budget in budgets:
-            run = lambda: answers.setdefault(budget, []).append(generate.greedy(model, tokenizer, batch, 16, budget))
+
+            def run():
+                return answers.setdefault(budget, []).append(generate.greedy(model, tokenizer, batch, 16, budget))
+
             seconds[budget].append(timed(run, args.device) / args.batch)
             print(f"budget {budget}: {seconds[budget][-1]:.1f} s per case", flush=True)
     base = statistics.median(seconds[budgets[0]])
-    lines = ["| tokens per prefill forward | chunk per sequence | s per case | / first | answers as the first |", "|---|---|---|---|---|"]
+    lines = [
+        "| tokens per prefill forward | chunk per sequence | s per case | / first | answers as the first |",
+        "|---|---|---|---|---|",
+    ]
     for budget in budgets:
         median = statistics.median(seconds[budget])
         chunk = generate.prefill_chunk(args.length, args.batch, budget) or "whole prompt"
         same = all(a == answers[budgets[0]][0] for a in answers[budget])
-        lines.append(f"| {budget or 'no limit'} | {chunk} | {median:.1f} | {median / base:.2f}x | {'yes' if same else 'NO'} |")
+        lines.append(
+            f"| {budget or 'no limit'} | {chunk} | {median:.1f} | {median / base:.2f}x | {'yes' if same else 'NO'} |"
+        )
     print("\n".join(lines), flush=True)
     if args.write:
-        command = (f"`python bench/prefill.py --length {args.length} --batch {args.batch} --tokens {args.tokens} --rounds {args.rounds}"
-                   f" --method {args.method}" + (f" --device {args.device} --dtype {args.dtype}`" if args.device != "cpu" else "`"))
-        title = f"Chunked prefill, the runner's decoding, {args.batch} x {args.length} tokens, {args.device} {args.dtype}"
+        command = (
+            f"`python bench/prefill.py --length {args.length} --batch {args.batch} --tokens {args.tokens} --rounds {args.rounds}"
+            f" --method {args.method}"
+            + (f" --device {args.device} --dtype {args.dtype}`" if args.device != "cpu" else "`")
+        )
+        title = (
+            f"Chunked prefill, the runner's decoding, {args.batch} x {args.length} tokens, {args.device} {args.dtype}"
+        )
         write_section(title, f"{command}\n\n{header}\n\n" + "\n".join(lines))
 
 

@@ -59,7 +59,11 @@ def _busiest(run, device, cuda, profile, ProfilerActivity) -> str:
         run()
         if cuda:
             torch.cuda.synchronize(device)
-    events = [e for e in profiler.key_averages() if (cuda and getattr(e.device_type, "name", "") == "CUDA") or (not cuda and e.key.startswith("aten::_"))]
+    events = [
+        e
+        for e in profiler.key_averages()
+        if (cuda and getattr(e.device_type, "name", "") == "CUDA") or (not cuda and e.key.startswith("aten::_"))
+    ]
     if not events:
         return "unknown"
     time_of = (lambda e: getattr(e, "self_device_time_total", 0)) if cuda else (lambda e: e.self_cpu_time_total)

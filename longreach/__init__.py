@@ -24,9 +24,15 @@ if TYPE_CHECKING:  # what the names are, for readers and tools (the API referenc
 __version__ = VERSION
 __all__ = ["applied", "apply", "available", "describe", "load", "remove", "training_window"]
 
-_HOMES = {"applied": ".integrations.transformers", "apply": ".integrations.transformers", "describe": ".integrations.transformers",
-          "remove": ".integrations.transformers", "training_window": ".integrations.transformers", "available": ".methods",
-          "load": ".models"}
+_HOMES = {
+    "applied": ".integrations.transformers",
+    "apply": ".integrations.transformers",
+    "describe": ".integrations.transformers",
+    "remove": ".integrations.transformers",
+    "training_window": ".integrations.transformers",
+    "available": ".methods",
+    "load": ".models",
+}
 
 
 def __getattr__(name: str):

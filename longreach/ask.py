@@ -46,9 +46,11 @@ class Reading:
 
     def describe(self) -> str:
         where = "inside" if self.prompt_tokens <= self.window else "BEYOND"
-        return (f"the prompt is {self.prompt_tokens:,} tokens ({self.document_tokens:,} of them the document), {where} the model's "
-                f"window L = {self.window:,}; STRING's shift S = {self.shift:,}: a fact more than {self.shift:,} tokens before "
-                f"the question is read at a shifted position")
+        return (
+            f"the prompt is {self.prompt_tokens:,} tokens ({self.document_tokens:,} of them the document), {where} the model's "
+            f"window L = {self.window:,}; STRING's shift S = {self.shift:,}: a fact more than {self.shift:,} tokens before "
+            f"the question is read at a shifted position"
+        )
 
 
 def load(model_name: str, methods: list[MethodSpec], training_window: int | None = None):
@@ -61,7 +63,9 @@ def load(model_name: str, methods: list[MethodSpec], training_window: int | None
     specs.check(methods, models.load_config(model_name), training_window)
     model, tokenizer = models.load(model_name)
     if tokenizer is None:
-        raise ValueError(f"model {model_name} has no tokenizer (a probe checkpoint): asking about a document needs a text model")
+        raise ValueError(
+            f"model {model_name} has no tokenizer (a probe checkpoint): asking about a document needs a text model"
+        )
     return model, tokenizer, training_window or window_of(model.config)
 
 
@@ -81,7 +85,9 @@ def read_document(path: str | Path) -> str:
         except UnicodeDecodeError as error:
             raise ValueError(f"FILE={path} is not UTF-8 text (byte {error.start}): save it as UTF-8") from None
     if not text.strip():
-        raise ValueError(f"FILE={path} holds no text" + (" (a scanned PDF holds images of pages, not text)" if kind == "PDF" else ""))
+        raise ValueError(
+            f"FILE={path} holds no text" + (" (a scanned PDF holds images of pages, not text)" if kind == "PDF" else "")
+        )
     return text
 
 
@@ -93,23 +99,31 @@ def _pdf_text(path: Path) -> str:
         reader = PdfReader(path)
         return "\n".join(page.extract_text() or "" for page in reader.pages)
     except (PdfReadError, ValueError, OSError) as error:
-        raise ValueError(f"FILE={path} cannot be read as a PDF ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})") from None
+        raise ValueError(
+            f"FILE={path} cannot be read as a PDF ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
+        ) from None
 
 
 def prompt(tokenizer, document: str, question: str) -> str:
     """The official demo's request, in the model's chat template (its bare text for a tokenizer without one)."""
-    return haystack.with_bos(tokenizer, haystack.templated(tokenizer, f"{INSTRUCTION}\n\n{document.strip()}\n\n{question.strip()}"))
+    return haystack.with_bos(
+        tokenizer, haystack.templated(tokenizer, f"{INSTRUCTION}\n\n{document.strip()}\n\n{question.strip()}")
+    )
 
 
-def reading(tokenizer, window: int, document: str, question: str, max_new_tokens: int = MAX_NEW_TOKENS) -> tuple[str, Reading]:
+def reading(
+    tokenizer, window: int, document: str, question: str, max_new_tokens: int = MAX_NEW_TOKENS
+) -> tuple[str, Reading]:
     """The prompt and what it is against the window; a document far beyond any method's reach is refused in one line."""
     if not question.strip():
         raise ValueError("the question is empty: ask something about the document")
     text = prompt(tokenizer, document, question)
     tokens = haystack.count_tokens(tokenizer, text)
     if tokens + max_new_tokens > LENGTH_BOUND * window:
-        raise ValueError(f"the document is {tokens:,} tokens: out of range, at most {LENGTH_BOUND} x L = {LENGTH_BOUND * window:,} for "
-                         f"this model (L = {window:,})")
+        raise ValueError(
+            f"the document is {tokens:,} tokens: out of range, at most {LENGTH_BOUND} x L = {LENGTH_BOUND * window:,} for "
+            f"this model (L = {window:,})"
+        )
     return text, Reading(tokens, haystack.count_tokens(tokenizer, document), window, string_shift(window))
 
 
@@ -120,7 +134,9 @@ def string_shift(window: int) -> int:
     return create("string", training_window=window).shift
 
 
-def answers(model, tokenizer, text: str, methods: list[MethodSpec], window: int, max_new_tokens: int = MAX_NEW_TOKENS) -> list[Answer]:
+def answers(
+    model, tokenizer, text: str, methods: list[MethodSpec], window: int, max_new_tokens: int = MAX_NEW_TOKENS
+) -> list[Answer]:
     """Each method's greedy answer to the prompt ``text``, the method applied in turn; the model is left as it came."""
     from .eval import specs
     from .eval.generate import greedy

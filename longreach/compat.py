@@ -23,8 +23,9 @@ def cpu_flash_takes_grouped_heads() -> bool:
     generator = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, heads, 4, 8, generator=generator) for heads in (2, 1, 1))
     grouped, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, is_causal=True)[:2]
-    repeated, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k.expand(-1, 2, -1, -1), v.expand(-1, 2, -1, -1),
-                                                                           is_causal=True)[:2]
+    repeated, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k.expand(-1, 2, -1, -1), v.expand(-1, 2, -1, -1), is_causal=True
+    )[:2]
     return bool(torch.allclose(grouped, repeated, atol=1e-6))
 
 

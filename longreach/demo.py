@@ -56,8 +56,13 @@ def run(out: Path, cases: int = CASES, progress: bool = True) -> dict:
     window = state["corpus"]["window"]
     grid = measure.distances(window)
     cells = [(method, d) for method in METHODS for d in grid if str(d) not in done["tables"].get(method, {})]
-    bar = tqdm(total=len(METHODS) * len(grid), initial=len(METHODS) * len(grid) - len(cells), unit="distance",
-               desc="rope and string by distance", disable=not progress)
+    bar = tqdm(
+        total=len(METHODS) * len(grid),
+        initial=len(METHODS) * len(grid) - len(cells),
+        unit="distance",
+        desc="rope and string by distance",
+        disable=not progress,
+    )
     for method in METHODS:
         missing = [d for m, d in cells if m == method]
         if not missing:
@@ -74,24 +79,46 @@ def run(out: Path, cases: int = CASES, progress: bool = True) -> dict:
     band = [d for d in grid if d >= 2 * window / 3]
     difference, (low, high), n = measure.paired_difference(tables["string"], tables["rope"], band)
     string = create("string", training_window=window)
-    return {"model": str(checkpoint), "window": window, "shift": string.shift, "local_window": string.local_window,
-            "cases": cases, "grid": grid, "tables": tables, "band": band,
-            "last_third": {"difference": difference, "low": low, "high": high, "n": n}}
+    return {
+        "model": str(checkpoint),
+        "window": window,
+        "shift": string.shift,
+        "local_window": string.local_window,
+        "cases": cases,
+        "grid": grid,
+        "tables": tables,
+        "band": band,
+        "last_third": {"difference": difference, "low": low, "high": high, "n": n},
+    }
 
 
 def report(summary: dict) -> str:
     """The plain-text table, the paired difference and how to read them."""
-    rate = lambda row: f"{row['accuracy']:5.1f} [{row['low']:3.0f}, {row['high']:3.0f}]"
-    lines = [f"RoPE and STRING (S = {summary['shift']}, W = {summary['local_window']}) on the probing experiment's model "
-             f"(window L = {summary['window']} tokens), {summary['cases']} cases per distance:", "",
-             f"{'distance':>9}  {'rope':<17}  {'string':<17}"]
+
+    def rate(row):
+        return f"{row['accuracy']:5.1f} [{row['low']:3.0f}, {row['high']:3.0f}]"
+
+    lines = [
+        f"RoPE and STRING (S = {summary['shift']}, W = {summary['local_window']}) on the probing experiment's model "
+        f"(window L = {summary['window']} tokens), {summary['cases']} cases per distance:",
+        "",
+        f"{'distance':>9}  {'rope':<17}  {'string':<17}",
+    ]
     for d in summary["grid"]:
         mark = "  <- beyond S" if d >= summary["shift"] else ""
-        lines.append(f"{d:>9}  {rate(summary['tables']['rope'][d]):<17}  {rate(summary['tables']['string'][d]):<17}{mark}")
+        lines.append(
+            f"{d:>9}  {rate(summary['tables']['rope'][d]):<17}  {rate(summary['tables']['string'][d]):<17}{mark}"
+        )
     last = summary["last_third"]
-    lines += ["", f"string minus rope over the last third (d >= {summary['band'][0]}), the same {last['n']} cases: "
-              f"{last['difference']:+.1f} points [{last['low']:+.1f}, {last['high']:+.1f}] (95% paired bootstrap)", "",
-              READING.format(longest=summary["grid"][-1], shift=summary["shift"]), "", DEFAULT_MODEL_NOTE]
+    lines += [
+        "",
+        f"string minus rope over the last third (d >= {summary['band'][0]}), the same {last['n']} cases: "
+        f"{last['difference']:+.1f} points [{last['low']:+.1f}, {last['high']:+.1f}] (95% paired bootstrap)",
+        "",
+        READING.format(longest=summary["grid"][-1], shift=summary["shift"]),
+        "",
+        DEFAULT_MODEL_NOTE,
+    ]
     return "\n".join(lines)
 
 
@@ -103,16 +130,29 @@ def plot(summary: dict, path: Path) -> Path:
     tables, grid, last = summary["tables"], summary["grid"], summary["last_third"]
     series = {m: (grid, [tables[m][d]["accuracy"] for d in grid]) for m in METHODS}
     bands = {m: [(tables[m][d]["low"], tables[m][d]["high"]) for d in grid] for m in METHODS}
-    title = (f"probe model, window L = {summary['window']}, {summary['cases']} cases per point\nstring minus rope over the last "
-             f"third: {last['difference']:+.1f} points [{last['low']:+.1f}, {last['high']:+.1f}], n = {last['n']} paired")
-    return lines(series, title, path, ylabel="pass rate (%)", xlabel="distance from the query to its record (tokens)",
-                 marks={"S, STRING's shift": summary["shift"], "the last third from": summary["band"][0]}, bands=bands, tokens=None)
+    title = (
+        f"probe model, window L = {summary['window']}, {summary['cases']} cases per point\nstring minus rope over the last "
+        f"third: {last['difference']:+.1f} points [{last['low']:+.1f}, {last['high']:+.1f}], n = {last['n']} paired"
+    )
+    return lines(
+        series,
+        title,
+        path,
+        ylabel="pass rate (%)",
+        xlabel="distance from the query to its record (tokens)",
+        marks={"S, STRING's shift": summary["shift"], "the last third from": summary["band"][0]},
+        bands=bands,
+        tokens=None,
+    )
 
 
 def main(out: Path, cases: int = CASES) -> str:
     """``longreach demo``: measure, write ``demo.json``, ``demo.png`` and ``demo.txt`` into ``out``; returns the report."""
-    print(f"measuring RoPE and STRING on the probing experiment's window-256 model ({cases} cases per distance and method; "
-          "about 15 seconds on 2 CPU cores at 100, once the CPU kernel is built)", flush=True)
+    print(
+        f"measuring RoPE and STRING on the probing experiment's window-256 model ({cases} cases per distance and method; "
+        "about 15 seconds on 2 CPU cores at 100, once the CPU kernel is built)",
+        flush=True,
+    )
     summary = run(out, cases)
     text = report(summary)
     (out / "demo.txt").write_text(text + "\n", encoding="utf-8")

@@ -53,8 +53,16 @@ def create_app(model, tokenizer, model_name: str, window: int, methods: list, ma
 
     @app.route("/", methods=["GET", "POST"])
     def page():
-        fields = {"model": model_name, "window": f"{window:,}", "shift": f"{shift:,}", "document": "", "question": "",
-                  "error": None, "reading": None, "answers": []}
+        fields = {
+            "model": model_name,
+            "window": f"{window:,}",
+            "shift": f"{shift:,}",
+            "document": "",
+            "question": "",
+            "error": None,
+            "reading": None,
+            "answers": [],
+        }
         if request.method == "POST":
             fields["document"], fields["question"] = request.form.get("document", ""), request.form.get("question", "")
             try:
@@ -63,8 +71,10 @@ def create_app(model, tokenizer, model_name: str, window: int, methods: list, ma
                     raise ValueError("no document: paste one, or upload a .txt, .md or .pdf file")
                 text, read = ask.reading(tokenizer, window, document, fields["question"], max_new_tokens)
                 fields["reading"] = read.describe()
-                fields["answers"] = [_shown(answer, tokenizer, document, shift)
-                                     for answer in ask.answers(model, tokenizer, text, methods, window, max_new_tokens)]
+                fields["answers"] = [
+                    _shown(answer, tokenizer, document, shift)
+                    for answer in ask.answers(model, tokenizer, text, methods, window, max_new_tokens)
+                ]
                 fields["document"] = document
             except ValueError as error:
                 fields["error"] = str(error)
@@ -94,14 +104,24 @@ def _shown(answer: ask.Answer, tokenizer, document: str, shift: int) -> dict:
     else:
         side = "beyond S: STRING shifts it" if distance >= shift else "within S: the same position for both"
         where = f"its words stand {distance:,} tokens before the question ({side})"
-    return {"method": answer.method, "text": answer.text or "(nothing)", "seconds": answer.seconds, "where": where,
-            "described": answer.described}
+    return {
+        "method": answer.method,
+        "text": answer.text or "(nothing)",
+        "seconds": answer.seconds,
+        "where": where,
+        "described": answer.described,
+    }
 
 
-def serve(model_name: str, methods: list, host: str = "127.0.0.1", port: int = 7860, max_new_tokens: int = ask.MAX_NEW_TOKENS) -> None:
+def serve(
+    model_name: str, methods: list, host: str = "127.0.0.1", port: int = 7860, max_new_tokens: int = ask.MAX_NEW_TOKENS
+) -> None:
     """Load the model once (:func:`longreach.ask.load`) and serve the page until Ctrl-C."""
     model, tokenizer, window = ask.load(model_name, methods)
     app = create_app(model, tokenizer, model_name, window, methods, max_new_tokens)
-    print(f"longreach: serving {model_name} (L = {window:,}) with {', '.join(m.label for m in methods)} at http://{host}:{port}/ "
-          "(Ctrl-C stops it)", flush=True)
+    print(
+        f"longreach: serving {model_name} (L = {window:,}) with {', '.join(m.label for m in methods)} at http://{host}:{port}/ "
+        "(Ctrl-C stops it)",
+        flush=True,
+    )
     app.run(host=host, port=port, threaded=False)

@@ -40,8 +40,13 @@ def default_gguf() -> Path:
     return path
 
 
-def load(name: str = DEFAULT, dtype: torch.dtype = torch.float32, device: str = "cpu", trust_remote_code: bool = False,
-         tp: bool = False):
+def load(
+    name: str = DEFAULT,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    trust_remote_code: bool = False,
+    tp: bool = False,
+):
     """Load a model and its tokenizer, in eval mode with SDPA attention (the stock baseline).
 
     Weights are read from safetensors (or the default model's GGUF) only; a folder holding only
@@ -76,10 +81,19 @@ def load(name: str = DEFAULT, dtype: torch.dtype = torch.float32, device: str = 
     config, recorded = _config(source, name, trust_remote_code)
     try:
         sharding = _tp_plan(config) if tp else {}
-        tokenizer = None if _probe_checkpoint(source) else AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        tokenizer = (
+            None
+            if _probe_checkpoint(source)
+            else AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        )
         model = AutoModelForCausalLM.from_pretrained(
-            source, config=config, dtype=dtype, attn_implementation="sdpa", use_safetensors=True,
-            trust_remote_code=trust_remote_code, **sharding,
+            source,
+            config=config,
+            dtype=dtype,
+            attn_implementation="sdpa",
+            use_safetensors=True,
+            trust_remote_code=trust_remote_code,
+            **sharding,
         )
     except OSError as error:
         raise _unfetchable(name, error) from None
@@ -108,11 +122,15 @@ def _source(name: str) -> str:
         raise RuntimeError(f"cannot load model {name!r}: the folder {source} holds no config.json (not a saved model)")
     if Path(source).is_dir() and not any(Path(source).glob("*.safetensors")):
         pickles = sorted(p.name for p in Path(source).glob("*.bin")) or ["no weights file"]
-        raise RuntimeError(f"cannot load model {name!r}: the folder {source} has no safetensors weights ({', '.join(pickles[:3])}); "
-                           "longreach refuses .bin on purpose (pickles can run code): save the model with safe_serialization=True")
+        raise RuntimeError(
+            f"cannot load model {name!r}: the folder {source} has no safetensors weights ({', '.join(pickles[:3])}); "
+            "longreach refuses .bin on purpose (pickles can run code): save the model with safe_serialization=True"
+        )
     if Path(source).is_dir() and not any(Path(source).glob("tokenizer*")) and not _probe_checkpoint(source):
-        raise RuntimeError(f"cannot load model {name!r}: the folder {source} has no tokenizer (no tokenizer.json or "
-                           f"tokenizer_config.json); save it beside the model: tokenizer.save_pretrained({source!r})")
+        raise RuntimeError(
+            f"cannot load model {name!r}: the folder {source} has no tokenizer (no tokenizer.json or "
+            f"tokenizer_config.json); save it beside the model: tokenizer.save_pretrained({source!r})"
+        )
     return source
 
 
@@ -130,15 +148,19 @@ def _config(source: str, name: str, trust_remote_code: bool):
         raise _unfetchable(name, error) from None
     recorded = getattr(config, CONFIG_KEY, None)
     if recorded is not None:
-        recorded = saved.checked(recorded, f"{Path(source) / 'config.json' if Path(source).is_dir() else name + ' (its config.json)'}")
+        recorded = saved.checked(
+            recorded, f"{Path(source) / 'config.json' if Path(source).is_dir() else name + ' (its config.json)'}"
+        )
         if recorded.get("replaced_rope_parameters"):
             config.get_text_config().rope_parameters = recorded["replaced_rope_parameters"]
     return config, recorded
 
 
 def _unfetchable(name: str, error: OSError) -> RuntimeError:
-    return RuntimeError(f"cannot load model {name!r}: not a local folder and not fetchable from the Hugging Face hub "
-                        f"(offline?). Pass a local path, or 'default' for the bundled SmolLM2-135M. ({error.__class__.__name__})")
+    return RuntimeError(
+        f"cannot load model {name!r}: not a local folder and not fetchable from the Hugging Face hub "
+        f"(offline?). Pass a local path, or 'default' for the bundled SmolLM2-135M. ({error.__class__.__name__})"
+    )
 
 
 def _probe_checkpoint(source) -> bool:
@@ -185,8 +207,10 @@ def tensor_parallel_processes() -> int:
     """The processes ``torchrun`` started, to shard a model over (``--tp``); a one-line error when it did not start us."""
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if "RANK" not in os.environ or size < 2:
-        raise ValueError("--tp shards the model over processes: start under torchrun, e.g. "
-                         "torchrun --nproc-per-node 2 -m longreach eval ... --tp")
+        raise ValueError(
+            "--tp shards the model over processes: start under torchrun, e.g. "
+            "torchrun --nproc-per-node 2 -m longreach eval ... --tp"
+        )
     return size
 
 
@@ -197,10 +221,14 @@ def _tp_plan(config) -> dict:
     text = config.get_text_config()
     heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
     if heads % processes:
-        raise RuntimeError(f"tensor parallelism over {processes} processes needs the key/value heads ({heads}) to split "
-                           f"evenly: use --nproc-per-node with a divisor of {heads}")
+        raise RuntimeError(
+            f"tensor parallelism over {processes} processes needs the key/value heads ({heads}) to split "
+            f"evenly: use --nproc-per-node with a divisor of {heads}"
+        )
     if not getattr(text, "base_model_tp_plan", None):
-        raise RuntimeError(f"{text.model_type} has no tensor-parallel plan in transformers (base_model_tp_plan); run it without --tp")
+        raise RuntimeError(
+            f"{text.model_type} has no tensor-parallel plan in transformers (base_model_tp_plan); run it without --tp"
+        )
     return {"tp_plan": "auto"}
 
 
@@ -229,8 +257,12 @@ def default_path() -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = default_gguf()
-    print(f"longreach: converting the default model (SmolLM2-135M-Instruct) from GGUF to safetensors, once (about 20 s), "
-          f"into {target}", file=sys.stderr, flush=True)
+    print(
+        f"longreach: converting the default model (SmolLM2-135M-Instruct) from GGUF to safetensors, once (about 20 s), "
+        f"into {target}",
+        file=sys.stderr,
+        flush=True,
+    )
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # save_pretrained refuses a GGUF-loaded model: rebuild from a plain config, copy the weights.

@@ -39,9 +39,17 @@ def _k(n: float) -> str:
     return f"{n / 1024:g}K" if n and n % 128 == 0 else f"{n:g}"
 
 
-def heatmap(grid: np.ndarray, rows: list[str], columns: list[str], title: str, path: Path,
-            xlabel: str = "context length (tokens; K = 1024)", ylabel: str = "needle depth (% of the context)",
-            value: str = "score (%)", vmax: float = 100.0) -> Path:
+def heatmap(
+    grid: np.ndarray,
+    rows: list[str],
+    columns: list[str],
+    title: str,
+    path: Path,
+    xlabel: str = "context length (tokens; K = 1024)",
+    ylabel: str = "needle depth (% of the context)",
+    value: str = "score (%)",
+    vmax: float = 100.0,
+) -> Path:
     """A grid of percentages (rows x columns, NaN = not tested), red (0) to green (vmax), each value written in its
     cell in black or white, whichever reads on its colour; the colour bar says what a cell is (``value``). A long
     title (a calibrated DPE's method string) is wrapped by ``legend_label`` to stay inside the figure."""
@@ -80,7 +88,7 @@ def legend_label(label: str, width: int = 56) -> str:
 def _draw(ax, series: dict[str, tuple[list[float], list[float]]], bands: dict | None, markers: bool) -> None:
     """One line per label, with its shaded interval per point where ``bands[label]`` gives (low, high)s."""
     for label, (x, y) in series.items():
-        line, = ax.plot(x, y, marker="o" if markers else None, label=legend_label(label))
+        (line,) = ax.plot(x, y, marker="o" if markers else None, label=legend_label(label))
         if bands and bands.get(label):
             low, high = zip(*bands[label])
             ax.fill_between(x, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
@@ -89,7 +97,9 @@ def _draw(ax, series: dict[str, tuple[list[float], list[float]]], bands: dict | 
 def _marks(ax, marks: dict[str, float] | None) -> None:
     """Vertical dotted lines (the training window), named in the legend, where no label can be clipped."""
     for name, at in (marks or {}).items():
-        ax.axvline(at, color="black", linestyle=":", linewidth=1.2, zorder=1, label=f"{name} ({_k(at)})")  # behind the points
+        ax.axvline(
+            at, color="black", linestyle=":", linewidth=1.2, zorder=1, label=f"{name} ({_k(at)})"
+        )  # behind the points
 
 
 def _legend(ax) -> None:
@@ -97,10 +107,19 @@ def _legend(ax) -> None:
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1), borderaxespad=0)
 
 
-def lines(series: dict[str, tuple[list[float], list[float]]], title: str, path: Path, ylabel: str = "score (%)",
-          xlabel: str = "context length (tokens; K = 1024)", threshold: float | None = None, marks: dict[str, float] | None = None,
-          log_y: bool = False, markers: bool = True, bands: dict[str, list[tuple[float, float]]] | None = None,
-          tokens: str | None = "lengths") -> Path:
+def lines(
+    series: dict[str, tuple[list[float], list[float]]],
+    title: str,
+    path: Path,
+    ylabel: str = "score (%)",
+    xlabel: str = "context length (tokens; K = 1024)",
+    threshold: float | None = None,
+    marks: dict[str, float] | None = None,
+    log_y: bool = False,
+    markers: bool = True,
+    bands: dict[str, list[tuple[float, float]]] | None = None,
+    tokens: str | None = "lengths",
+) -> Path:
     """One line per label; optional shaded intervals per point (``bands[label]``: (low, high)), a threshold
     line and vertical marks (e.g. the training window), each named in the legend. The legend sits right of
     the axes, never over the lines, with long labels wrapped (``legend_label``). ``tokens``: the x values are
@@ -127,15 +146,29 @@ def lines(series: dict[str, tuple[list[float], list[float]]], title: str, path: 
     return path
 
 
-def compare(series: dict[str, tuple[list[float], list[float]]], bands: dict[str, list[tuple[float, float]]], title: str,
-            path: Path, ylabel: str, differences: dict[str, tuple[list[float], list[float], list[tuple[float, float]]]],
-            baseline: str, threshold: float | None = None, marks: dict[str, float] | None = None) -> Path:
+def compare(
+    series: dict[str, tuple[list[float], list[float]]],
+    bands: dict[str, list[tuple[float, float]]],
+    title: str,
+    path: Path,
+    ylabel: str,
+    differences: dict[str, tuple[list[float], list[float], list[tuple[float, float]]]],
+    baseline: str,
+    threshold: float | None = None,
+    marks: dict[str, float] | None = None,
+) -> Path:
     """The report's comparison: each method's score by length with its 95% interval (top, 0-100%) and, below,
     each method's paired difference from ``baseline`` on the same cases with its interval, against a line at 0
     (an interval clear of 0 is a difference the data show)."""
     rows = 2 if differences else 1
-    fig, axes = plt.subplots(rows, 1, figsize=(7, 4.2 + 2.6 * (rows - 1)), sharex=True, squeeze=False,
-                             gridspec_kw={"height_ratios": [3, 2][:rows]})
+    fig, axes = plt.subplots(
+        rows,
+        1,
+        figsize=(7, 4.2 + 2.6 * (rows - 1)),
+        sharex=True,
+        squeeze=False,
+        gridspec_kw={"height_ratios": [3, 2][:rows]},
+    )
     top = axes[0, 0]
     _draw(top, series, bands, markers=True)
     if threshold is not None:
@@ -154,8 +187,17 @@ def compare(series: dict[str, tuple[list[float], list[float]]], bands: dict[str,
         nudge = 0.012 * ((max(tested) - min(tested)) or max(tested))  # methods side by side, so each interval shows
         for i, (label, (x, y, bounds)) in enumerate(differences.items()):
             shift = (i - (len(differences) - 1) / 2) * nudge
-            bottom.errorbar([at + shift for at in x], y, yerr=_error_bars(y, bounds), fmt="o-", capsize=3, linewidth=1.2,
-                            markersize=4, color=colours.get(legend_label(label)), label=legend_label(label))
+            bottom.errorbar(
+                [at + shift for at in x],
+                y,
+                yerr=_error_bars(y, bounds),
+                fmt="o-",
+                capsize=3,
+                linewidth=1.2,
+                markersize=4,
+                color=colours.get(legend_label(label)),
+                label=legend_label(label),
+            )
         _marks(bottom, marks)
         bottom.set_ylabel(textwrap.fill(f"minus {baseline}, same cases (percentage points)", 26))
         bottom.grid(alpha=0.3)
@@ -166,8 +208,9 @@ def compare(series: dict[str, tuple[list[float], list[float]]], bands: dict[str,
     return path
 
 
-def panels(series: dict, title: str, path: Path, xlabel: str, marks: dict[str, float] | None = None,
-           columns: int = 6) -> Path:
+def panels(
+    series: dict, title: str, path: Path, xlabel: str, marks: dict[str, float] | None = None, columns: int = 6
+) -> Path:
     """Small multiples: ``series[panel][label] = (x, y)``; one panel per key, a shared legend right of them
     with long labels wrapped (``legend_label``)."""
     names = list(series)
@@ -181,20 +224,28 @@ def panels(series: dict, title: str, path: Path, xlabel: str, marks: dict[str, f
             ax.axvline(at, color="black", linestyle=":", linewidth=0.8)
         ax.set_title(f"layer {name}", fontsize=8)
         ax.tick_params(labelsize=6)
-    for ax in list(axes.flat)[len(names):]:
+    for ax in list(axes.flat)[len(names) :]:
         ax.axis("off")
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.suptitle(title, fontsize=10)
     fig.supxlabel(xlabel, fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
-    fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1, 0.97), fontsize=8)  # beside the panels, as in lines
+    fig.legend(
+        handles, labels, loc="upper left", bbox_to_anchor=(1, 0.97), fontsize=8
+    )  # beside the panels, as in lines
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 
 
-def intervals(labels: list[str], scores: list[float], bounds: list[tuple[float, float]], title: str, path: Path,
-              xlabel: str = "score") -> Path:
+def intervals(
+    labels: list[str],
+    scores: list[float],
+    bounds: list[tuple[float, float]],
+    title: str,
+    path: Path,
+    xlabel: str = "score",
+) -> Path:
     """One row per label: the score with its interval as a horizontal error bar (best at the top when sorted so)."""
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(labels) + 1.6))
     y = np.arange(len(labels))[::-1]
@@ -210,8 +261,13 @@ def intervals(labels: list[str], scores: list[float], bounds: list[tuple[float, 
     return path
 
 
-def sweeps(series: dict[str, tuple[list[float], list[float], list[tuple[float, float]]]], title: str, path: Path,
-           xlabel: str, marks: dict[str, float] | None = None) -> Path:
+def sweeps(
+    series: dict[str, tuple[list[float], list[float], list[tuple[float, float]]]],
+    title: str,
+    path: Path,
+    xlabel: str,
+    marks: dict[str, float] | None = None,
+) -> Path:
     """Small multiples of score against a parameter on a log2 axis: ``series[panel] = (x, y, intervals)``;
     ``marks[panel]`` draws a vertical line (the chosen value)."""
     names = list(series)
@@ -227,7 +283,7 @@ def sweeps(series: dict[str, tuple[list[float], list[float], list[tuple[float, f
         ax.set_ylim(-2, 102)
         ax.set_title(name, fontsize=9)
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(names):]:
+    for ax in list(axes.flat)[len(names) :]:
         ax.axis("off")
     fig.suptitle(title, fontsize=10)
     fig.supxlabel(xlabel, fontsize=9)
@@ -239,5 +295,7 @@ def sweeps(series: dict[str, tuple[list[float], list[float], list[tuple[float, f
 
 def _error_bars(values: list[float], bounds: list[tuple[float, float]]) -> list[list[float]]:
     """Matplotlib's ``[below, above]`` distances from each value to its interval's ends (0 where there is none)."""
-    return [[v - lo if lo == lo else 0 for v, (lo, _) in zip(values, bounds)],
-            [hi - v if hi == hi else 0 for v, (_, hi) in zip(values, bounds)]]
+    return [
+        [v - lo if lo == lo else 0 for v, (lo, _) in zip(values, bounds)],
+        [hi - v if hi == hi else 0 for v, (_, hi) in zip(values, bounds)],
+    ]

@@ -18,7 +18,9 @@ from pathlib import Path
 
 VERSION = "0.1.0"  # pyproject.toml's; longreach.__version__
 RUNS = "runs.jsonl"  # one line per run of a results folder's grid
-DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what the bundled GGUF is (its metadata: general.organization, basename)
+DEFAULT_MODEL = (
+    "HuggingFaceTB/SmolLM2-135M-Instruct"  # what the bundled GGUF is (its metadata: general.organization, basename)
+)
 SOURCE = Path(__file__).resolve().parent.parent  # a clone's root when longreach runs from one
 
 
@@ -40,7 +42,9 @@ def commit() -> dict | None:
 
 
 def _git(*args: str) -> str:
-    return subprocess.run(["git", "-C", str(SOURCE), *args], capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(SOURCE), *args], capture_output=True, text=True, check=True, timeout=10
+    ).stdout.strip()
 
 
 def describe() -> str:
@@ -81,10 +85,19 @@ def run(model: str, config, cases: int, processes: int = 1, command: str | None 
     import torch
     import transformers
 
-    return {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "longreach": version(), "git": commit(),
-            "command": command or command_line(), "model": model, "model_name": model_name(model, config), "cases": cases,
-            "processes": processes, "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__}
+    return {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "longreach": version(),
+        "git": commit(),
+        "command": command or command_line(),
+        "model": model,
+        "model_name": model_name(model, config),
+        "cases": cases,
+        "processes": processes,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
 
 
 def record(out: Path, run: dict) -> None:

@@ -8,14 +8,24 @@ import os
 import pytest
 import torch
 
-if not torch.cuda.is_available():  # the fused Triton kernel runs under Triton's interpreter (read when a kernel is defined)
+if (
+    not torch.cuda.is_available()
+):  # the fused Triton kernel runs under Triton's interpreter (read when a kernel is defined)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import transformers  # noqa: E402
 
 COMMON = dict(
-    vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=96, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    vocab_size=97,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=96,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
 )
 FAMILIES = {
     "llama": (transformers.LlamaConfig, {}),
@@ -23,7 +33,10 @@ FAMILIES = {
     "mistral": (transformers.MistralConfig, {"sliding_window": None}),
     "qwen3": (transformers.Qwen3Config, {"head_dim": 16}),
     "gemma": (transformers.GemmaConfig, {"head_dim": 16}),
-    "gemma3": (transformers.Gemma3TextConfig, {"head_dim": 16, "sliding_window": 24, "layer_types": ["sliding_attention", "full_attention"]}),
+    "gemma3": (
+        transformers.Gemma3TextConfig,
+        {"head_dim": 16, "sliding_window": 24, "layer_types": ["sliding_attention", "full_attention"]},
+    ),
     "phi3": (transformers.Phi3Config, {"partial_rotary_factor": 0.5, "num_key_value_heads": 4}),
 }
 
@@ -62,7 +75,11 @@ def byte_tokenizer() -> transformers.PreTrainedTokenizerFast:
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     core.decoder = decoders.ByteLevel()
     tokenizer = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token="<pad>", bos_token="<s>", eos_token="</s>", additional_special_tokens=["<|im_start|>"]
+        tokenizer_object=core,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        additional_special_tokens=["<|im_start|>"],
     )
     tokenizer.chat_template = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}{{ '<|im_start|>assistant\n' }}"
     return tokenizer

@@ -56,8 +56,14 @@ def test_matrix_reproduces_figure_5_and_refuses_frequency_methods(tmp_path):
 
 
 def llama_8b_shape():
-    config = transformers.LlamaConfig(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                                      hidden_size=4096, intermediate_size=14336, vocab_size=128256)
+    config = transformers.LlamaConfig(
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        hidden_size=4096,
+        intermediate_size=14336,
+        vocab_size=128256,
+    )
     return cost.shape_of(config)
 
 
@@ -88,7 +94,9 @@ def test_cli_commands_write_their_pictures(tmp_path, capsys):
     tiny_model("llama").config.to_json_file(config)
     cli.main(["cost", "--model", str(config), "--lengths", "1k,4k", "--out", str(tmp_path / "cost.png")])
     cli.main(["freq", "--synthetic", "exponential:count=1000", "--window", "256", "--out", str(tmp_path / "freq.png")])
-    cli.main(["matrix", "self_extend:group_size=2,neighbor_window=2", "--length", "8", "--out", str(tmp_path / "m.png")])
+    cli.main(
+        ["matrix", "self_extend:group_size=2,neighbor_window=2", "--length", "8", "--out", str(tmp_path / "m.png")]
+    )
     cli.main(["methods"])
     out = capsys.readouterr().out
     assert "| 1K |" in out and " GiB | " in out and "| natural |" in out and "| `dca` | position |" in out
@@ -101,25 +109,51 @@ def test_line_plot_legend_wraps_long_methods_and_stays_off_the_lines(tmp_path, m
     dpe = "dpe:dimensions=docs/study/dpe_dimensions_8k.safetensors,group_scales=2;2;2;2;2;2;2;2,local_window=1024,top_k=24"
     wrapped = plots.legend_label(dpe)  # the method, not the path its file was read from
     assert max(len(line) for line in wrapped.splitlines()) <= 56 and wrapped.count("\n") >= 2
-    assert wrapped.replace("\n", " ").replace(", ", ",") == dpe.replace("docs/study/dpe_dimensions_8k.safetensors", "dpe_dimensions_8k")
+    assert wrapped.replace("\n", " ").replace(", ", ",") == dpe.replace(
+        "docs/study/dpe_dimensions_8k.safetensors", "dpe_dimensions_8k"
+    )
     assert plots.legend_label("rope") == "rope"
     figures = []
     monkeypatch.setattr(plots.plt, "close", figures.append)  # keep the figure to measure it
-    path = plots.lines({"rope": ([4096, 8192], [33.2, 25.6]), dpe: ([4096, 8192], [37.1, 34.3])}, "RULER",
-                       tmp_path / "lines.png", threshold=85.6, bands={"rope": [(28, 38), (21, 31)]}, marks={"training window": 8192})
+    path = plots.lines(
+        {"rope": ([4096, 8192], [33.2, 25.6]), dpe: ([4096, 8192], [37.1, 34.3])},
+        "RULER",
+        tmp_path / "lines.png",
+        threshold=85.6,
+        bands={"rope": [(28, 38), (21, 31)]},
+        marks={"training window": 8192},
+    )
     ax = figures[0].axes[0]
     renderer = figures[0].canvas.get_renderer()
     assert ax.get_legend().get_window_extent(renderer).x0 > ax.get_window_extent(renderer).x1
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["rope", wrapped, "threshold 85.6", "training window (8K)"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "rope",
+        wrapped,
+        "threshold 85.6",
+        "training window (8K)",
+    ]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["4K", "8K"] and not ax.texts and path.stat().st_size > 0
-    path = plots.panels({0: {"rope": ([1, 2], [0.5, 0.4]), dpe: ([1, 2], [0.6, 0.5])}, 1: {"rope": ([1, 2], [0.3, 0.2]),
-                         dpe: ([1, 2], [0.4, 0.3])}}, "dispersion", tmp_path / "panels.png", xlabel="query position")
+    path = plots.panels(
+        {
+            0: {"rope": ([1, 2], [0.5, 0.4]), dpe: ([1, 2], [0.6, 0.5])},
+            1: {"rope": ([1, 2], [0.3, 0.2]), dpe: ([1, 2], [0.4, 0.3])},
+        },
+        "dispersion",
+        tmp_path / "panels.png",
+        xlabel="query position",
+    )
     legend = figures[1].legends[0]  # the dispersion panels' shared legend: beside the last panel, wrapped
     renderer = figures[1].canvas.get_renderer()
     assert legend.get_window_extent(renderer).x0 >= max(a.get_window_extent(renderer).x1 for a in figures[1].axes)
     assert [t.get_text() for t in legend.get_texts()] == ["rope", wrapped] and path.stat().st_size > 0
-    path = plots.heatmap(np.array([[10.0, np.nan], [56.0, 95.0]]), ["0-50%", "50-100%"], ["12K", "16K"],
-                         f"niah4 — {dpe}", tmp_path / "heat.png", value="needles found (%)")
+    path = plots.heatmap(
+        np.array([[10.0, np.nan], [56.0, 95.0]]),
+        ["0-50%", "50-100%"],
+        ["12K", "16K"],
+        f"niah4 — {dpe}",
+        tmp_path / "heat.png",
+        value="needles found (%)",
+    )
     title = figures[2].axes[0].title  # a calibrated DPE's title wrapped, inside the figure
     renderer = figures[2].canvas.get_renderer()
     box, page = title.get_window_extent(renderer), figures[2].bbox
@@ -132,12 +166,23 @@ def test_line_plot_legend_wraps_long_methods_and_stays_off_the_lines(tmp_path, m
 def test_the_comparison_draws_the_paired_difference_under_the_scores(tmp_path, monkeypatch):
     figures = []
     monkeypatch.setattr(plots.plt, "close", figures.append)
-    plots.compare({"rope": ([2048, 4096], [50.0, 20.0]), "string": ([2048, 4096], [50.0, 45.0])},
-                  {"rope": [(40, 60), (12, 30)], "string": [(40, 60), (35, 55)]}, "passkey", tmp_path / "c.png", "pass rate (%)",
-                  {"string": ([2048, 4096], [0.0, 25.0], [(0.0, 0.0), (10.0, 40.0)])}, "rope", threshold=85.6, marks={"training window": 4096})
+    plots.compare(
+        {"rope": ([2048, 4096], [50.0, 20.0]), "string": ([2048, 4096], [50.0, 45.0])},
+        {"rope": [(40, 60), (12, 30)], "string": [(40, 60), (35, 55)]},
+        "passkey",
+        tmp_path / "c.png",
+        "pass rate (%)",
+        {"string": ([2048, 4096], [0.0, 25.0], [(0.0, 0.0), (10.0, 40.0)])},
+        "rope",
+        threshold=85.6,
+        marks={"training window": 4096},
+    )
     scores, differences = figures[0].axes
     assert scores.get_ylim() == (-3, 103) and scores.get_ylabel() == "pass rate (%)"
-    assert "minus rope" in differences.get_ylabel() and [t.get_text() for t in differences.get_xticklabels()] == ["2K", "4K"]
+    assert "minus rope" in differences.get_ylabel() and [t.get_text() for t in differences.get_xticklabels()] == [
+        "2K",
+        "4K",
+    ]
     assert any(list(line.get_ydata()) == [0, 0] for line in differences.get_lines())  # the line at 0
     (caps,) = [c for c in differences.containers]
     assert [list(segment[:, 1]) for segment in caps.lines[2][0].get_segments()] == [[0.0, 0.0], [10.0, 40.0]]

@@ -34,13 +34,16 @@ def test_documents_are_read_as_text_markdown_or_pdf(tmp_path):
     assert "The key is 4471." in ask.read_document(tmp_path / "paper.pdf")
 
 
-@pytest.mark.parametrize("name, content, expected", [
-    ("missing.txt", None, "FILE=.*missing.txt does not exist or is not a file"),
-    ("report.docx", b"x", r"FILE=.*report.docx is not a text, Markdown or PDF file \(.txt, .md, .markdown, .pdf\)"),
-    ("blank.txt", b"  \n", "FILE=.*blank.txt holds no text$"),
-    ("latin.txt", "caf\xe9".encode("latin-1"), r"FILE=.*latin.txt is not UTF-8 text \(byte 3\): save it as UTF-8"),
-    ("broken.pdf", b"%PDF-1.4 not really", "FILE=.*broken.pdf cannot be read as a PDF"),
-])
+@pytest.mark.parametrize(
+    "name, content, expected",
+    [
+        ("missing.txt", None, "FILE=.*missing.txt does not exist or is not a file"),
+        ("report.docx", b"x", r"FILE=.*report.docx is not a text, Markdown or PDF file \(.txt, .md, .markdown, .pdf\)"),
+        ("blank.txt", b"  \n", "FILE=.*blank.txt holds no text$"),
+        ("latin.txt", "caf\xe9".encode("latin-1"), r"FILE=.*latin.txt is not UTF-8 text \(byte 3\): save it as UTF-8"),
+        ("broken.pdf", b"%PDF-1.4 not really", "FILE=.*broken.pdf cannot be read as a PDF"),
+    ],
+)
 def test_a_bad_document_is_one_line(tmp_path, name, content, expected):
     if content is not None:
         (tmp_path / name).write_bytes(content)
@@ -57,7 +60,9 @@ def test_each_method_answers_the_same_prompt_and_the_model_is_left_as_it_came():
     applied = model()
     got = ask.answers(applied, tokenizer, text, METHODS, WINDOW, max_new_tokens=4)
     assert [a.method for a in got] == ["rope", "string:local_window=4,shift=20"]
-    assert got[1].described == f"string(shift=20, local_window=4, mscale=False) [L={WINDOW}]" and all(a.seconds > 0 for a in got)
+    assert got[1].described == f"string(shift=20, local_window=4, mscale=False) [L={WINDOW}]" and all(
+        a.seconds > 0 for a in got
+    )
     assert longreach.describe(applied) == "rope" and longreach.applied(applied) is None  # removed after
     from longreach.eval.generate import greedy
 
@@ -68,7 +73,10 @@ def test_a_question_and_a_length_are_checked():
     tokenizer = byte_tokenizer()
     with pytest.raises(ValueError, match="the question is empty"):
         ask.reading(tokenizer, WINDOW, DOCUMENT, "  ")
-    with pytest.raises(ValueError, match=r"the document is [\d,]+ tokens: out of range, at most 32 x L = 16,384 for this model \(L = 512\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"the document is [\d,]+ tokens: out of range, at most 32 x L = 16,384 for this model \(L = 512\)",
+    ):
         ask.reading(tokenizer, WINDOW, "x" * 17000, "Why?")
 
 
@@ -87,8 +95,12 @@ def test_the_page_answers_with_each_method_and_says_what_is_wrong_in_one_line():
     assert 'id="document"' in form and 'id="question"' in form and "S = 171 tokens" in form
     page = client.post("/", data={"document": DOCUMENT, "question": "What is the key?"}).get_data(as_text=True)
     assert 'id="answer-0"' in page and 'id="answer-1"' in page and "string:local_window=4,shift=20" in page
-    assert re.search(r"the prompt is [\d,]+ tokens \([\d,]+ of them the document\), inside the model&#39;s window L = 512", page)
+    assert re.search(
+        r"the prompt is [\d,]+ tokens \([\d,]+ of them the document\), inside the model&#39;s window L = 512", page
+    )
     empty = client.post("/", data={"document": DOCUMENT, "question": ""}).get_data(as_text=True)
     assert 'id="error">the question is empty' in empty and 'id="answer-0"' not in empty
-    escaped = client.post("/", data={"document": "<script>alert(1)</script>", "question": "Why?"}).get_data(as_text=True)
+    escaped = client.post("/", data={"document": "<script>alert(1)</script>", "question": "Why?"}).get_data(
+        as_text=True
+    )
     assert "<script>alert(1)</script>" not in escaped and "&lt;script&gt;" in escaped

@@ -2,8 +2,8 @@
 known to the kernel, to pick and its errors, and to apply."""
 
 import pytest
-import toy_backend
 import torch
+import toy_backend
 from conftest import tiny_model
 from test_kernel import case, expected
 
@@ -18,16 +18,27 @@ def toy(monkeypatch):
     return toy_backend.BACKEND
 
 
-@pytest.mark.parametrize("name, params", [("string", {"shift": 20, "local_window": 4}),
-                                          ("dca", {"chunk_size": 24, "local_window": 4})])
+@pytest.mark.parametrize(
+    "name, params", [("string", {"shift": 20, "local_window": 4}), ("dca", {"chunk_size": 24, "local_window": 4})]
+)
 def test_a_registered_backend_computes_every_method_as_the_reference(toy, name, params):
     """Prefill and a decoding step, left padding, grouped-query heads, the model's sliding window."""
     method = create(name, training_window=60, **params)
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(50, pads=(0, 7))
     for q_len, window in ((50, None), (1, None), (50, 30)):
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3, window=window)
-        got = kernel.attention(q_rot[:, :, -q_len:].float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(),
-                               scaling=0.3, key_padding=padding, positions=positions, sliding_window=window, backend="toy")
+        got = kernel.attention(
+            q_rot[:, :, -q_len:].float(),
+            k_rot.float(),
+            v.float(),
+            method.parts(),
+            inv_freq.float(),
+            scaling=0.3,
+            key_padding=padding,
+            positions=positions,
+            sliding_window=window,
+            backend="toy",
+        )
         assert (got - want)[rows].abs().max() <= 1e-5, (q_len, window)
 
 
@@ -52,8 +63,10 @@ def test_apply_takes_a_registered_backend_and_generates_as_the_tiled_kernel(toy)
     outputs = {}
     for name in ("cpu_flash", "toy"):
         longreach.apply(model, "string", backend=name, shift=20, local_window=4)
-        outputs[name] = (model(x, attention_mask=mask).logits,
-                         model.generate(x, attention_mask=mask, max_new_tokens=4, min_new_tokens=4, do_sample=False))
+        outputs[name] = (
+            model(x, attention_mask=mask).logits,
+            model.generate(x, attention_mask=mask, max_new_tokens=4, min_new_tokens=4, do_sample=False),
+        )
         longreach.remove(model)
     assert (outputs["toy"][0] - outputs["cpu_flash"][0])[mask.bool()].abs().max() <= 1e-4
     assert torch.equal(outputs["toy"][1], outputs["cpu_flash"][1])
@@ -65,7 +78,10 @@ def test_the_guide_lists_every_backend_of_the_registry_in_autos_order():
     """docs/usage.md's table of backends: one row per backend of the registry, in its order, with its summary."""
     from pathlib import Path
 
-    rows = [line.split("|")[1:3] for line in (Path(__file__).parent.parent / "docs" / "usage.md").read_text().splitlines()
-            if line.startswith("| `")]
+    rows = [
+        line.split("|")[1:3]
+        for line in (Path(__file__).parent.parent / "docs" / "usage.md").read_text().splitlines()
+        if line.startswith("| `")
+    ]
     listed = [(name.strip().strip("`"), summary.strip()) for name, summary in rows]
     assert listed == [(name, backend.summary) for name, backend in backends.REGISTRY.items()]

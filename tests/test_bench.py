@@ -17,8 +17,13 @@ def test_the_gpu_script_dry_runs_on_the_cpu_without_touching_the_results(tmp_pat
     results = ROOT / "bench" / "RESULTS.md"
     before = results.read_text()
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
-    done = subprocess.run(["bash", str(ROOT / "bench" / "gpu.sh"), "--device", "cpu"], env=env, capture_output=True, text=True,
-                          timeout=900)
+    done = subprocess.run(
+        ["bash", str(ROOT / "bench" / "gpu.sh"), "--device", "cpu"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert results.read_text() == before
     assert "testsuite" in (tmp_path / "cuda-tests.xml").read_text()

@@ -41,7 +41,9 @@ def test_a_build_killed_midway_does_not_block_the_next(tmp_path, monkeypatch, ca
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
     monkeypatch.setenv("CXX", compiler(tmp_path, "failing-c++", "exit 1"))
     folder = native._build_folder()
-    builder = subprocess.Popen([sys.executable, "-c", HOLDER, build_lock.__file__, str(folder)], stdout=subprocess.PIPE, text=True)
+    builder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, build_lock.__file__, str(folder)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert builder.stdout.readline().strip() == "building"
     finally:
@@ -67,7 +69,9 @@ def _build(native):
 
 def write_lock(folder, **holder):
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / build_lock.LOCK).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), **holder}))
+    (folder / build_lock.LOCK).write_text(
+        json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), **holder})
+    )
     (folder / build_lock.TORCH_LOCK).touch()
 
 

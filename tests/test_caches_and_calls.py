@@ -21,7 +21,12 @@ METHODS = {
     "self_extend": dict(group_size=3, neighbor_window=16),
     "dca": dict(chunk_size=30, local_window=6),
     "dynamic_drop": dict(chunk=8, initial_rate=0.2, layers=(0, 1)),
-    "dpe": dict(group_scales=(2, 3, 1, 4), local_window=12, top_k=3, dimensions=torch.rand(2, 4, 8, generator=torch.Generator().manual_seed(1))),
+    "dpe": dict(
+        group_scales=(2, 3, 1, 4),
+        local_window=12,
+        top_k=3,
+        dimensions=torch.rand(2, 4, 8, generator=torch.Generator().manual_seed(1)),
+    ),
 }
 CACHE_FAMILIES = {"llama": {}, "mistral": {"sliding_window": 24}, "gemma3": {}}  # full, sliding, hybrid caches
 
@@ -85,8 +90,14 @@ def test_generate_with_a_chunked_prefill_equals_one_forward(family, name):
     if name != "rope":
         longreach.apply(model, name, **METHODS[name])
     x, mask = left_padded(n=40, pad=7)
-    settings = dict(attention_mask=mask, max_new_tokens=6, min_new_tokens=6, do_sample=False, output_logits=True,
-                    return_dict_in_generate=True)
+    settings = dict(
+        attention_mask=mask,
+        max_new_tokens=6,
+        min_new_tokens=6,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
     whole, chunked = model.generate(x, **settings), model.generate(x, prefill_chunk_size=11, **settings)
     assert torch.equal(chunked.sequences, whole.sequences)
     assert (torch.stack(chunked.logits) - torch.stack(whole.logits)).abs().max() <= 1e-8
@@ -132,7 +143,9 @@ def test_a_deep_copy_is_applied_like_its_original_and_removed_on_its_own():
 
 
 def test_applied_models_do_not_grow_the_registries():
-    longreach.apply(tiny_model("llama"), "string", shift=9, local_window=4)  # the first use registers longreach's attention, once
+    longreach.apply(
+        tiny_model("llama"), "string", shift=9, local_window=4
+    )  # the first use registers longreach's attention, once
     gc.collect()
     before = len(AttentionInterface._global_mapping), len(AttentionMaskInterface._global_mapping)
     for i in range(20):
@@ -150,8 +163,15 @@ def test_meta_tensors_work_as_with_stock_attention():
 
 
 def test_gemma2_softcapping_is_refused_at_apply():
-    config = transformers.Gemma2Config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    config = transformers.Gemma2Config(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    )
     model = transformers.AutoModelForCausalLM.from_config(config)
     with pytest.raises(ValueError, match="attn_logit_softcapping=50.0, Gemma 2"):
         longreach.apply(model, "string", shift=20, local_window=4)
@@ -177,17 +197,30 @@ def test_packed_sequences_are_refused_not_mixed():
     with pytest.raises(ValueError, match="packed sequences"):
         model(ids(40, batch=1), position_ids=packed, use_cache=False)  # transformers detects packing without a cache
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend="eager")  # compiled, transformers always adds the packing mask: still refused
+    compiled = torch.compile(
+        model, backend="eager"
+    )  # compiled, transformers always adds the packing mask: still refused
     with pytest.raises(ValueError, match="packed sequences"):
         compiled(ids(40, batch=1), position_ids=packed, use_cache=False)
 
 
-@pytest.mark.parametrize("name, params", [("string", {**METHODS["string"], "training_window": 90}),
-                                          ("dca", {**METHODS["dca"], "mscale": True}),
-                                          ("ntk", {"factor": 3.0}),
-                                          ("self_extend", {**METHODS["self_extend"], "scaling": {"rope_type": "yarn", "factor": 2.0},
-                                                           "drop": {"method": "drop", "rate": 0.2, "layers": [1]}}),
-                                          ("dpe", METHODS["dpe"])])  # its dimensions tensor is saved in config.json
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("string", {**METHODS["string"], "training_window": 90}),
+        ("dca", {**METHODS["dca"], "mscale": True}),
+        ("ntk", {"factor": 3.0}),
+        (
+            "self_extend",
+            {
+                **METHODS["self_extend"],
+                "scaling": {"rope_type": "yarn", "factor": 2.0},
+                "drop": {"method": "drop", "rate": 0.2, "layers": [1]},
+            },
+        ),
+        ("dpe", METHODS["dpe"]),
+    ],
+)  # its dimensions tensor is saved in config.json
 @torch.no_grad()
 def test_save_pretrained_records_the_method_and_load_reapplies_it(tmp_path, name, params):
     model = tiny_model("llama")
@@ -261,12 +294,16 @@ def test_numpy_integers_are_integers_and_the_cuda_backend_needs_cuda():
     model = tiny_model("llama")
     longreach.apply(model, "string", shift=np.int64(20), local_window=np.int32(4))
     assert longreach.applied(model).shift == 20 and type(longreach.applied(model).shift) is int
-    with pytest.raises(ValueError, match="backend='cuda_efficient' needs a model on a CUDA device; this model is on 'cpu'"):
+    with pytest.raises(
+        ValueError, match="backend='cuda_efficient' needs a model on a CUDA device; this model is on 'cpu'"
+    ):
         longreach.apply(model, "rope", backend="cuda_efficient")
 
 
-@pytest.mark.parametrize("name, params", [("dynamic_drop", dict(chunk=8, initial_rate=0.2, layers=(0, 1))),
-                                          ("dca", {**METHODS["dca"], "mscale": True})])
+@pytest.mark.parametrize(
+    "name, params",
+    [("dynamic_drop", dict(chunk=8, initial_rate=0.2, layers=(0, 1))), ("dca", {**METHODS["dca"], "mscale": True})],
+)
 @torch.no_grad()
 def test_a_prompt_whose_last_token_is_read_alone_is_still_prompt_text(name, params):
     """Beyond L = 96, with prompts of 97 and 121 tokens read 12 at a time: the last chunk holds one token,
@@ -274,15 +311,28 @@ def test_a_prompt_whose_last_token_is_read_alone_is_still_prompt_text(name, para
     model = tiny_model("llama", dtype=torch.float64)
     longreach.apply(model, name, **params)
     x, mask = left_padded(n=121, pad=24)  # 121 = 10 x 12 + 1
-    settings = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    settings = dict(
+        max_new_tokens=4, min_new_tokens=4, do_sample=False, output_logits=True, return_dict_in_generate=True
+    )
     for inputs in (dict(input_ids=x[:1]), dict(input_ids=x, attention_mask=mask)):
-        whole, chunked = model.generate(**inputs, **settings), model.generate(**inputs, prefill_chunk_size=12, **settings)
+        whole, chunked = (
+            model.generate(**inputs, **settings),
+            model.generate(**inputs, prefill_chunk_size=12, **settings),
+        )
         assert (torch.stack(chunked.logits) - torch.stack(whole.logits)).abs().max() <= 1e-8
         if name == "dca":  # its cached states keep the temperature of their own length: no one-forward equivalent
             continue
-        sequence = inputs["input_ids"]  # read whole, step by step, with the prompt declared: generated tokens are generated
+        sequence = inputs[
+            "input_ids"
+        ]  # read whole, step by step, with the prompt declared: generated tokens are generated
         for step in range(4):
-            padding = torch.cat([inputs.get("attention_mask", torch.ones_like(x[:1])), torch.ones(len(sequence), step, dtype=torch.long)], 1)
+            padding = torch.cat(
+                [
+                    inputs.get("attention_mask", torch.ones_like(x[:1])),
+                    torch.ones(len(sequence), step, dtype=torch.long),
+                ],
+                1,
+            )
             with longreach.integrations.recording.generation(padding[:, : inputs["input_ids"].shape[1]].sum(-1)):
                 logits = model(sequence, attention_mask=padding).logits[:, -1]
             assert (logits - whole.logits[step]).abs().max() <= 1e-6  # generate returns float32 logits
@@ -292,7 +342,10 @@ def test_a_prompt_whose_last_token_is_read_alone_is_still_prompt_text(name, para
 @torch.no_grad()
 def test_generate_declares_the_prompt_and_remove_gives_back_transformers_own():
     model = tiny_model("llama")
-    custom = lambda *args, **kwargs: "custom"  # transformers' custom_generate puts one on the instance
+
+    def custom(*args, **kwargs):
+        return "custom"  # transformers' custom_generate puts one on the instance
+
     model.generate = custom
     longreach.apply(model, "dynamic_drop", **METHODS["dynamic_drop"])
     assert model.generate(ids(10)) == "custom"
@@ -317,13 +370,25 @@ def test_a_forward_builds_each_plan_once_whatever_the_number_of_layers(monkeypat
     from longreach.integrations import attention as integration
 
     built = []
-    for module, name in ((tiled, "blocks"), (tiled, "padded_keys"), (kernel, "fold_block_key_shifts"), (cpu_fused.Layout, "of"),
-                         (shifts.KEY_ROTATIONS, "get"), (integration, "keys_of")):
+    for module, name in (
+        (tiled, "blocks"),
+        (tiled, "padded_keys"),
+        (kernel, "fold_block_key_shifts"),
+        (cpu_fused.Layout, "of"),
+        (shifts.KEY_ROTATIONS, "get"),
+        (integration, "keys_of"),
+    ):
         real = getattr(module, name)
-        monkeypatch.setattr(module, name, lambda *args, real=real, name=name, **kwargs: built.append(name) or real(*args, **kwargs))
+        monkeypatch.setattr(
+            module, name, lambda *args, real=real, name=name, **kwargs: built.append(name) or real(*args, **kwargs)
+        )
     real_mask, real_launch_mask = flex_masks.Region.block_mask, flex.segmented_block_mask
-    monkeypatch.setattr(flex_masks.Region, "block_mask", lambda self, *args: built.append("block mask") or real_mask(self, *args))
-    monkeypatch.setattr(flex, "segmented_block_mask", lambda *args: built.append("one launch") or real_launch_mask(*args))
+    monkeypatch.setattr(
+        flex_masks.Region, "block_mask", lambda self, *args: built.append("block mask") or real_mask(self, *args)
+    )
+    monkeypatch.setattr(
+        flex, "segmented_block_mask", lambda *args: built.append("one launch") or real_launch_mask(*args)
+    )
     counts = {}
     for layers in (2, 5):
         model = tiny_model("llama", num_hidden_layers=layers)
@@ -348,7 +413,11 @@ def test_a_forward_builds_each_plan_once_whatever_the_number_of_layers(monkeypat
 
 
 COMPILED_STEP = [("llama", name) for name in ["rope", "pi", "ntk", "yarn", "drop", *sorted(METHODS)]] + [
-    ("mistral", "string"), ("mistral", "dca"), ("gemma3", "self_extend"), ("gemma3", "dpe")]
+    ("mistral", "string"),
+    ("mistral", "dca"),
+    ("gemma3", "self_extend"),
+    ("gemma3", "dpe"),
+]
 
 
 @pytest.mark.parametrize("family, name", COMPILED_STEP)
@@ -359,7 +428,13 @@ def test_a_decoding_step_with_a_static_cache_compiles_whole(family, name):
     same logits as the eager step. Sliding-window and hybrid caches too."""
     torch._dynamo.reset()  # each case compiles anew: a fresh model is a new guard on the same code, and PyTorch caps recompiles at 8
     model = tiny_model(family, **CACHE_FAMILIES[family])
-    params = {"rate": 0.3, "layers": (0, 1)} if name == "drop" else {"factor": 2.0} if name in ("pi", "ntk", "yarn") else METHODS.get(name, {})
+    params = (
+        {"rate": 0.3, "layers": (0, 1)}
+        if name == "drop"
+        else {"factor": 2.0}
+        if name in ("pi", "ntk", "yarn")
+        else METHODS.get(name, {})
+    )
     longreach.apply(model, name, **params)
     x, mask = left_padded(n=50, pad=7)
     caches = [StaticCache(config=model.config, max_cache_len=64) for _ in range(2)]
@@ -368,8 +443,14 @@ def test_a_decoding_step_with_a_static_cache_compiles_whole(family, name):
     position = (mask.long().cumsum(-1) - 1)[:, -1:]
 
     def step(token, mask, cache, position):
-        return model(token, attention_mask=mask, past_key_values=cache, cache_position=torch.tensor([49]), position_ids=position,
-                     use_cache=True).logits
+        return model(
+            token,
+            attention_mask=mask,
+            past_key_values=cache,
+            cache_position=torch.tensor([49]),
+            position_ids=position,
+            use_cache=True,
+        ).logits
 
     eager = step(x[:, -1:], mask, caches[0], position)
     compiled = torch.compile(step, fullgraph=True, backend="eager")(x[:, -1:], mask, caches[1], position)
@@ -415,10 +496,14 @@ def test_kept_moved_keys_give_the_same_tokens_and_move_only_new_keys(monkeypatch
     longreach.apply(model, name, keep_moved_keys=True, **METHODS[name])
     moved = []
     real = shifts.shifted_keys
-    monkeypatch.setattr(shifts, "shifted_keys", lambda key, *args, **kwargs: moved.append(key.shape[2]) or real(key, *args, **kwargs))
+    monkeypatch.setattr(
+        shifts, "shifted_keys", lambda key, *args, **kwargs: moved.append(key.shape[2]) or real(key, *args, **kwargs)
+    )
     with torch.no_grad():
         assert torch.equal(model.generate(x, **settings), want["greedy"])
-        assert moved[:2] == [40, 40] and set(moved[2:]) == {1}  # the prompt in each of 2 layers, then one key per step and layer
+        assert moved[:2] == [40, 40] and set(moved[2:]) == {
+            1
+        }  # the prompt in each of 2 layers, then one key per step and layer
         assert torch.equal(model.generate(x, num_beams=2, **settings), want["beams"])
         assert torch.equal(model.generate(ids(33, seed=5), **settings | {"attention_mask": None}), want["other"])
         assert torch.equal(model.generate(x, cache_implementation="static", **settings), want["greedy"])

@@ -39,7 +39,9 @@ def test_cpu_flash_forward_and_backward_with_grouped_heads_on_either_branch(grou
     """Native grouped-query attention where the release computes it right; keys and values repeated per head
     (and their gradients summed back) where it does not. Both must equal the repeated-heads oracle."""
     if grouped and not compat.cpu_flash_takes_grouped_heads():
-        pytest.skip("this PyTorch release computes grouped heads wrongly in its CPU flash op: the other branch serves it")
+        pytest.skip(
+            "this PyTorch release computes grouped heads wrongly in its CPU flash op: the other branch serves it"
+        )
     monkeypatch.setattr(compat, "cpu_flash_takes_grouped_heads", lambda: grouped)
     q, k, v = grouped_inputs()
     out, lse = cpu_flash.block(q, k, v, None, causal, 0.3)
@@ -81,4 +83,3 @@ def test_flex_attention_returns_the_same_lse_through_either_interface():
     if hasattr(module, "AuxRequest"):
         out_new, lse_new = compat.flex_attention_with_lse(eager, module, q, k, v, scale=0.3)
         assert torch.allclose(out_new, out_old) and torch.allclose(lse_new, lse_old)
-

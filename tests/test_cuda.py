@@ -18,13 +18,16 @@ from test_kernel import BASELINES, case, expected
 
 import longreach
 from longreach.attention import backends, kernel, plan, reference
-from longreach.attention.backends import flex
 from longreach.methods import create
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
-KERNEL_METHODS = [("rope", {}), ("string", {"shift": 40, "local_window": 5}), ("string", {"shift": 40, "local_window": 5, "mscale": True}),
-                  *BASELINES]
+KERNEL_METHODS = [
+    ("rope", {}),
+    ("string", {"shift": 40, "local_window": 5}),
+    ("string", {"shift": 40, "local_window": 5, "mscale": True}),
+    *BASELINES,
+]
 CUDA_BACKENDS = ["auto", "flex", "cuda_efficient", "math", "triton"]
 
 
@@ -53,8 +56,14 @@ def test_every_method_on_every_cuda_backend_matches_the_reference(name, params, 
     for q_len in (n, 1, 20):  # prefill, one-token decode, a chunk against the cache
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
         got = kernel.attention(
-            *on_cuda(q_rot[:, :, -q_len:], k_rot, v), method.layer_parts(0), inv_freq.float().cuda(), scaling=0.3,
-            key_padding=padding.cuda() if pads[1] else None, positions=positions.cuda(), backend=backend, tile=64,
+            *on_cuda(q_rot[:, :, -q_len:], k_rot, v),
+            method.layer_parts(0),
+            inv_freq.float().cuda(),
+            scaling=0.3,
+            key_padding=padding.cuda() if pads[1] else None,
+            positions=positions.cuda(),
+            backend=backend,
+            tile=64,
             logit_scale=method.logit_scale,
         )
         assert got.device.type == "cuda" and not got.isnan().any()
@@ -69,8 +78,15 @@ def test_bfloat16_on_cuda(name, params, backend):
     method = create(name, training_window=60, **params)
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(300, pads=(0, 7))
     want, rows = expected(method, q, k, v, positions, padding, inv_freq, 300, scaling=0.3)
-    got = kernel.attention(*on_cuda(q_rot, k_rot, v, dtype=torch.bfloat16), method.layer_parts(0), inv_freq.float().cuda(), scaling=0.3,
-                           key_padding=padding.cuda(), positions=positions.cuda(), backend=backend)
+    got = kernel.attention(
+        *on_cuda(q_rot, k_rot, v, dtype=torch.bfloat16),
+        method.layer_parts(0),
+        inv_freq.float().cuda(),
+        scaling=0.3,
+        key_padding=padding.cuda(),
+        positions=positions.cuda(),
+        backend=backend,
+    )
     assert got.dtype == torch.bfloat16
     assert (got.cpu().double() - want)[rows].abs().max() <= 0.05
 
@@ -81,9 +97,19 @@ def test_drop_attention_on_cuda_matches_the_reference():
     for q_len in (200, 1):
         rates = torch.rand(2, q_len, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 0.6
         P = method.relative_positions(positions[:, -q_len:, None], positions[:, None, :])
-        want = reference.dense_attention(q[:, :, -q_len:], k, v, P, inv_freq, 0.3, key_padding=padding, drop_rates=rates)
-        got = kernel.attention(*on_cuda(q_rot[:, :, -q_len:], k_rot, v), method.parts(), inv_freq.float().cuda(), scaling=0.3,
-                               key_padding=padding.cuda(), positions=positions.cuda(), drop=rates.cuda(), tile=64)
+        want = reference.dense_attention(
+            q[:, :, -q_len:], k, v, P, inv_freq, 0.3, key_padding=padding, drop_rates=rates
+        )
+        got = kernel.attention(
+            *on_cuda(q_rot[:, :, -q_len:], k_rot, v),
+            method.parts(),
+            inv_freq.float().cuda(),
+            scaling=0.3,
+            key_padding=padding.cuda(),
+            positions=positions.cuda(),
+            drop=rates.cuda(),
+            tile=64,
+        )
         assert (got.cpu().double() - want)[padding[:, -q_len:]].abs().max() <= 1e-5
 
 
@@ -195,7 +221,6 @@ def test_decoding_steps_reuse_the_compiled_flex_kernel():
     assert counters["stats"]["unique_graphs"] == compiled
 
 
-
 @pytest.mark.parametrize("name, params", [("rope", {}), ("string", {"shift": 40, "local_window": 5}), *BASELINES[:3]])
 def test_the_windowed_flash_backend_on_cuda(name, params):
     """PyTorch's own FlashAttention, one call per part with a window (unpadded: no tiled fallback), bfloat16."""
@@ -203,7 +228,13 @@ def test_the_windowed_flash_backend_on_cuda(name, params):
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(300)
     for q_len in (300, 1, 20):
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
-        got = kernel.attention(*on_cuda(q_rot[:, :, -q_len:], k_rot, v, dtype=torch.bfloat16), method.parts(), inv_freq.float().cuda(),
-                               scaling=0.3, positions=positions.cuda(), backend="cuda_flash")
+        got = kernel.attention(
+            *on_cuda(q_rot[:, :, -q_len:], k_rot, v, dtype=torch.bfloat16),
+            method.parts(),
+            inv_freq.float().cuda(),
+            scaling=0.3,
+            positions=positions.cuda(),
+            backend="cuda_flash",
+        )
         assert got.dtype == torch.bfloat16
         assert (got.cpu().double() - want)[rows].abs().max() <= 0.05, q_len

@@ -16,8 +16,10 @@ import pytest
 from longreach import demo_page
 from longreach.methods.spec import MethodSpec
 
-DOCUMENT = ("Notes from the harbour office. The boats left at dawn and came back at noon. The pass code for the gate is 58291. "
-            "The nets were mended in the afternoon, and the market closed at six. ") * 3
+DOCUMENT = (
+    "Notes from the harbour office. The boats left at dawn and came back at noon. The pass code for the gate is 58291. "
+    "The nets were mended in the afternoon, and the market closed at six. "
+) * 3
 QUESTION = "What is the pass code for the gate?"
 
 
@@ -31,7 +33,13 @@ def browser():
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,1000"):
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,1000",
+    ):
         options.add_argument(argument)
     options.binary_location = shutil.which("chromium")
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
@@ -51,7 +59,9 @@ def served():
 
     model, tokenizer = models.load("default")
     methods = [MethodSpec.parse("rope"), MethodSpec.parse("string")]
-    app = demo_page.create_app(model, tokenizer, "default", longreach.training_window(model.config), methods, max_new_tokens=16)
+    app = demo_page.create_app(
+        model, tokenizer, "default", longreach.training_window(model.config), methods, max_new_tokens=16
+    )
     server = make_server("127.0.0.1", 0, app, threaded=False)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_port}/"
@@ -59,7 +69,9 @@ def served():
 
 
 @pytest.mark.slow
-def test_the_page_answers_a_question_about_a_pasted_document_in_a_browser(served, browser, tmp_path):  # browser closes first
+def test_the_page_answers_a_question_about_a_pasted_document_in_a_browser(
+    served, browser, tmp_path
+):  # browser closes first
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
@@ -72,8 +84,12 @@ def test_the_page_answers_a_question_about_a_pasted_document_in_a_browser(served
     browser.find_element(By.ID, "question").send_keys(QUESTION)
     browser.find_element(By.ID, "ask").click()
     wait.until(expected_conditions.presence_of_element_located((By.ID, "answer-1")))
-    answers = {browser.find_element(By.CSS_SELECTOR, f"#answer-{i} h2").text: browser.find_element(By.CSS_SELECTOR, f"#answer-{i} .text").text
-               for i in (0, 1)}
+    answers = {
+        browser.find_element(By.CSS_SELECTOR, f"#answer-{i} h2").text: browser.find_element(
+            By.CSS_SELECTOR, f"#answer-{i} .text"
+        ).text
+        for i in (0, 1)
+    }
     assert set(answers) == {"rope", "string"} and all(text.strip() for text in answers.values())
     assert "58291" in answers["rope"] and "58291" in answers["string"]  # a short document: both find it
     assert "inside the model's window L = 8,192" in browser.find_element(By.ID, "reading").text

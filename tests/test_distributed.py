@@ -20,7 +20,18 @@ pytestmark = pytest.mark.distributed
 TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
 needs_torchrun = pytest.mark.skipif(TORCHRUN is None, reason="torchrun is not installed")
 WORKERS = Path(__file__).parent / "workers"
-EVAL = ["eval", "passkey", "--lengths", "256", "--samples", "3", "--method", "rope", "--method", "string:shift=16,local_window=4"]
+EVAL = [
+    "eval",
+    "passkey",
+    "--lengths",
+    "256",
+    "--samples",
+    "3",
+    "--method",
+    "rope",
+    "--method",
+    "string:shift=16,local_window=4",
+]
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +39,14 @@ def folder(tmp_path_factory) -> Path:
     """A tiny Llama (L = 64, 2 KV heads: splits over 2 processes) saved with the real tokenizer."""
     folder = tmp_path_factory.mktemp("distributed") / "model"
     tokenizer = AutoTokenizer.from_pretrained(models.default_path())
-    model = tiny_model("llama", vocab_size=len(tokenizer), max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
-                       bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    model = tiny_model(
+        "llama",
+        vocab_size=len(tokenizer),
+        max_position_embeddings=64,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
@@ -37,8 +54,14 @@ def folder(tmp_path_factory) -> Path:
 
 def torchrun(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", "2", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=300)
+    done = subprocess.run(
+        [TORCHRUN, "--standalone", "--nproc-per-node", "2", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 
@@ -49,8 +72,12 @@ def answers(out: Path) -> list[tuple]:
 
 
 def single_process(folder: Path, out: Path) -> list[tuple]:
-    subprocess.run([sys.executable, "-m", "longreach", *EVAL, "--model", str(folder), "--out", str(out)], check=True,
-                   capture_output=True, cwd=out.parent)
+    subprocess.run(
+        [sys.executable, "-m", "longreach", *EVAL, "--model", str(folder), "--out", str(out)],
+        check=True,
+        capture_output=True,
+        cwd=out.parent,
+    )
     return answers(out)
 
 
@@ -77,7 +104,9 @@ def test_tensor_parallel_evaluation_equals_one_process(folder, tmp_path):
 def test_data_parallel_evaluation_runs_each_case_once_merges_and_resumes(folder, tmp_path):
     out = tmp_path / "dp"
     first = torchrun("-m", "longreach", *EVAL, "--model", str(folder), "--out", str(out), cwd=tmp_path)
-    assert "process 0 of 2: 4 cases in the grid" in first.stdout and "process 1 of 2: 2 cases in the grid" in first.stdout
+    assert (
+        "process 0 of 2: 4 cases in the grid" in first.stdout and "process 1 of 2: 2 cases in the grid" in first.stdout
+    )
     assert answers(out) == single_process(folder, tmp_path / "single")  # 6 records: each case once
     assert not list(out.glob("results.rank*.jsonl"))  # merged into results.jsonl
     # a crash before the merge leaves a process's share behind: the rerun counts it as done and merges it
@@ -103,11 +132,22 @@ def test_a_model_split_with_device_map_equals_the_whole_model(folder):
 
     whole = longreach.apply(models.load(str(folder))[0], "string", shift=16, local_window=4)
     split = models.load(str(folder))[0]
-    device_map = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "cpu", "model.norm": "cpu",
-                  "model.rotary_emb": "cpu", "lm_head": "cpu"}
-    split = longreach.apply(dispatch_model(split, device_map=device_map, force_hooks=True), "string", shift=16, local_window=4)
+    device_map = {
+        "model.embed_tokens": "cpu",
+        "model.layers.0": "cpu",
+        "model.layers.1": "cpu",
+        "model.norm": "cpu",
+        "model.rotary_emb": "cpu",
+        "lm_head": "cpu",
+    }
+    split = longreach.apply(
+        dispatch_model(split, device_map=device_map, force_hooks=True), "string", shift=16, local_window=4
+    )
     assert hasattr(split.model.layers[1], "_hf_hook")  # the hooks are in place
     ids = torch.arange(5, 105)[None] * 37 % 4000
     with torch.no_grad():
         torch.testing.assert_close(split(ids).logits, whole(ids).logits, atol=0, rtol=0)
-        assert torch.equal(split.generate(ids, max_new_tokens=6, do_sample=False), whole.generate(ids, max_new_tokens=6, do_sample=False))
+        assert torch.equal(
+            split.generate(ids, max_new_tokens=6, do_sample=False),
+            whole.generate(ids, max_new_tokens=6, do_sample=False),
+        )

@@ -33,7 +33,9 @@ def printed_and_promised(code: str, name: str) -> tuple[list[str], list[str]]:
 
 
 def test_the_quick_start_is_one_text_in_the_readme_and_get_started():
-    assert python_block("README.md", "Quick start, on a CPU") == python_block("docs/get-started.md", "Quick start, on a CPU")
+    assert python_block("README.md", "Quick start, on a CPU") == python_block(
+        "docs/get-started.md", "Quick start, on a CPU"
+    )
 
 
 @pytest.mark.slow
@@ -45,5 +47,7 @@ def test_the_quick_start_runs_on_the_cpu_and_prints_what_it_says():
 @pytest.mark.slow
 def test_the_api_guides_example_runs_on_the_cpu_save_and_load_included(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # it saves the model to ./out
-    printed, promised = printed_and_promised(python_block("docs/usage.md", "Python API guide"), "the API guide's example")
+    printed, promised = printed_and_promised(
+        python_block("docs/usage.md", "Python API guide"), "the API guide's example"
+    )
     assert printed == promised and (tmp_path / "out" / "tokenizer.json").is_file()

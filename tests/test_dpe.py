@@ -26,8 +26,12 @@ def test_worked_entries_of_the_rule():
     assert P[10, 5].tolist() == [5 - 2 + 2, 3 - 1 + 3]  # [5, 5]
     assert torch.isnan(P[2, 5]).all()  # not attended
     # scale 1 is RoPE itself
-    assert torch.equal(dense(create("dpe", training_window=16, group_scales=(1,), local_window=4, top_k=None), 12)[..., 0].nan_to_num(-1),
-                       dense(create("rope", training_window=16), 12).nan_to_num(-1))
+    assert torch.equal(
+        dense(create("dpe", training_window=16, group_scales=(1,), local_window=4, top_k=None), 12)[..., 0].nan_to_num(
+            -1
+        ),
+        dense(create("rope", training_window=16), 12).nan_to_num(-1),
+    )
 
 
 @pytest.mark.parametrize("n", [6, 31])
@@ -40,7 +44,10 @@ def test_parts_cover_the_causal_triangle_once_with_each_groups_position(n):
     for part in method.parts():
         inside = (d >= part.min_distance) & ((d < part.max_distance) if part.max_distance else True)
         covered += inside.long()
-        shift = lambda s, p: s(p.double()[None])[0] if callable(s) else torch.zeros(*p.shape, 1, dtype=torch.float64)  # [n, G]
+
+        def shift(s, p):
+            return s(p.double()[None])[0] if callable(s) else torch.zeros(*p.shape, 1, dtype=torch.float64)  # [n, G]
+
         q = i[..., None] + shift(part.query_shift, torch.arange(n))[:, None, :]  # [n, 1, G]
         k = j[..., None] + shift(part.key_shift, torch.arange(n))[None, :, :]  # [1, n, G]
         seen = (q - k).expand(n, n, 4)
@@ -60,7 +67,9 @@ def test_selected_pairs_per_head_equal_the_reference_and_batch_like_single_seque
     """Per-layer, per-head pairs (GQA 4:2, and MHA on Phi-3), left padding, and generation with the cache."""
     model = tiny_model(family)
     pairs = rotary_pairs(find_rotary(model))
-    params = dict(group_scales=(2, 3, 1, 4), local_window=12, top_k=max(1, pairs // 2), dimensions=importance_for(model))
+    params = dict(
+        group_scales=(2, 3, 1, 4), local_window=12, top_k=max(1, pairs // 2), dimensions=importance_for(model)
+    )
     long, short = torch.randint(3, 97, (1, 70)), torch.randint(3, 97, (1, 41))
     batch = torch.cat([long, torch.cat([torch.zeros(1, 29, dtype=torch.long), short], dim=1)])
     mask = torch.ones_like(batch)
@@ -83,10 +92,14 @@ def test_selected_pairs_per_head_equal_the_reference_and_batch_like_single_seque
 def test_other_pairs_change_other_logits_and_top_k_picks_the_most_important():
     model = tiny_model("llama")
     importance = importance_for(model)
-    method = create("dpe", training_window=96, group_scales=(2, 2, 4, 4), local_window=8, top_k=3, dimensions=importance)
+    method = create(
+        "dpe", training_window=96, group_scales=(2, 2, 4, 4), local_window=8, top_k=3, dimensions=importance
+    )
     chosen = method.layer_parts(1)[1].pairs  # [heads, pairs]
     assert torch.equal(chosen.sum(-1), torch.full((4,), 3))
-    assert bool((importance[1][chosen].view(4, 3).min(-1).values >= importance[1][~chosen].view(4, 5).max(-1).values).all())
+    assert bool(
+        (importance[1][chosen].view(4, 3).min(-1).values >= importance[1][~chosen].view(4, 5).max(-1).values).all()
+    )
     x = torch.randint(3, 97, (1, 60))
     outputs = []
     for dimensions in (importance, 1 - importance):
@@ -102,8 +115,14 @@ def test_keys_are_repeated_per_query_head_only_in_prefill_and_only_when_a_group_
     monkeypatch.setattr(kernel, "expand_heads", lambda x, heads: repeats.append(heads) or expand(x, heads))
     q, k, v = torch.randn(1, 4, 30, 16), torch.randn(1, 2, 30, 16), torch.randn(1, 2, 30, 16)
     inv_freq = 1.0 / (10000 ** (torch.arange(0, 16, 2) / 16))
-    agreeing = torch.tensor([[1, 0, 1, 1, 0, 0, 1, 0], [0, 1, 1, 0, 1, 1, 0, 0]], dtype=torch.bool).repeat_interleave(2, 0)[None]
-    for dimensions, q_len, expected in ((agreeing, 30, []), (torch.rand(1, 4, 8), 30, [4, 4]), (torch.rand(1, 4, 8), 1, [])):
+    agreeing = torch.tensor([[1, 0, 1, 1, 0, 0, 1, 0], [0, 1, 1, 0, 1, 1, 0, 0]], dtype=torch.bool).repeat_interleave(
+        2, 0
+    )[None]
+    for dimensions, q_len, expected in (
+        (agreeing, 30, []),
+        (torch.rand(1, 4, 8), 30, [4, 4]),
+        (torch.rand(1, 4, 8), 1, []),
+    ):
         repeats.clear()
         method = create("dpe", training_window=40, group_scales=(2, 4), local_window=5, top_k=4, dimensions=dimensions)
         kernel.attention(q[:, :, -q_len:], k, v, method.layer_parts(0), inv_freq)
@@ -118,9 +137,18 @@ def test_dimensions_from_a_calibration_file(tmp_path):
     x = torch.randint(3, 97, (1, 50))
     longreach.apply(model, "dpe", group_scales=(2, 3, 1, 4), local_window=10, top_k=4, dimensions=importance)
     from_tensor = model(x).logits
-    longreach.apply(model, "dpe", group_scales=(2, 3, 1, 4), local_window=10, top_k=4, dimensions=str(tmp_path / "dimensions.safetensors"))
+    longreach.apply(
+        model,
+        "dpe",
+        group_scales=(2, 3, 1, 4),
+        local_window=10,
+        top_k=4,
+        dimensions=str(tmp_path / "dimensions.safetensors"),
+    )
     assert torch.equal(model(x).logits, from_tensor)
-    assert "dimensions=dimensions.safetensors@" in longreach.describe(model)  # saved with the model: test_caches_and_calls
+    assert "dimensions=dimensions.safetensors@" in longreach.describe(
+        model
+    )  # saved with the model: test_caches_and_calls
 
 
 @torch.no_grad()
@@ -157,8 +185,13 @@ def test_a_saved_dpe_model_carries_its_selection_not_the_files_path(tmp_path):
 @torch.no_grad()
 def test_dpe_composes_with_drop_attention():
     model = tiny_model("llama", dtype=torch.float64)
-    params = dict(group_scales=(2, 3, 1, 4), local_window=10, top_k=4, dimensions=importance_for(model),
-                  drop={"method": "drop", "rate": 0.3, "layers": (0,)})
+    params = dict(
+        group_scales=(2, 3, 1, 4),
+        local_window=10,
+        top_k=4,
+        dimensions=importance_for(model),
+        drop={"method": "drop", "rate": 0.3, "layers": (0,)},
+    )
     x = torch.randint(3, 97, (1, 45))
     longreach.apply(model, "dpe", backend="reference", **params)
     want = model(x).logits
@@ -166,25 +199,40 @@ def test_dpe_composes_with_drop_attention():
     assert (model(x).logits - want).abs().max() <= 1e-8
 
 
-@pytest.mark.parametrize("params, message", [
-    (dict(), r"dpe needs group_scales .*longreach calibrate dpe"),
-    (dict(group_scales=(2, 0)), r"group_scales=0 is out of range"),
-    (dict(group_scales=(2, 2), local_window=0), r"local_window=0 is out of range"),
-    (dict(group_scales=(2, 2)), r"top_k=48 changes the most important pairs, which needs dimensions="),
-    (dict(group_scales=(2, 2), top_k=9, dimensions=torch.rand(2, 4, 8)), r"top_k=9 is out of range: 1 \.\. 8"),
-    (dict(group_scales=(2, 2), top_k=3, dimensions=torch.ones(2, 4, 8, dtype=torch.bool)), r"mask with 8\.\.8 pairs per head, not top_k=3"),
-    (dict(group_scales=(2, 2), top_k=3, dimensions=torch.rand(4, 8)), r"\[layers, heads, pairs\] tensor, got shape \(4, 8\)"),
-    (dict(group_scales=(2, 2), top_k=3, dimensions="no/such/file.safetensors"), r"is not a file"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        (dict(), r"dpe needs group_scales .*longreach calibrate dpe"),
+        (dict(group_scales=(2, 0)), r"group_scales=0 is out of range"),
+        (dict(group_scales=(2, 2), local_window=0), r"local_window=0 is out of range"),
+        (dict(group_scales=(2, 2)), r"top_k=48 changes the most important pairs, which needs dimensions="),
+        (dict(group_scales=(2, 2), top_k=9, dimensions=torch.rand(2, 4, 8)), r"top_k=9 is out of range: 1 \.\. 8"),
+        (
+            dict(group_scales=(2, 2), top_k=3, dimensions=torch.ones(2, 4, 8, dtype=torch.bool)),
+            r"mask with 8\.\.8 pairs per head, not top_k=3",
+        ),
+        (
+            dict(group_scales=(2, 2), top_k=3, dimensions=torch.rand(4, 8)),
+            r"\[layers, heads, pairs\] tensor, got shape \(4, 8\)",
+        ),
+        (dict(group_scales=(2, 2), top_k=3, dimensions="no/such/file.safetensors"), r"is not a file"),
+    ],
+)
 def test_bad_parameters_name_the_parameter(params, message):
     with pytest.raises(ValueError, match=message):
         create("dpe", training_window=96, **params)
 
 
-@pytest.mark.parametrize("params, message", [
-    (dict(group_scales=(2, 2, 2), top_k=None), r"3 groups, which do not split this model's 8 rotary pairs"),
-    (dict(group_scales=(2, 2), top_k=2, dimensions=torch.rand(3, 4, 8)), r"shape \(3, 4, 8\); this model needs .* \[2, 4, 8\]"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        (dict(group_scales=(2, 2, 2), top_k=None), r"3 groups, which do not split this model's 8 rotary pairs"),
+        (
+            dict(group_scales=(2, 2), top_k=2, dimensions=torch.rand(3, 4, 8)),
+            r"shape \(3, 4, 8\); this model needs .* \[2, 4, 8\]",
+        ),
+    ],
+)
 def test_a_model_of_another_shape_is_refused_at_apply(params, message):
     with pytest.raises(ValueError, match=message):
         longreach.apply(tiny_model("llama"), "dpe", **params)

@@ -17,7 +17,10 @@ NEG = float("-inf")
 
 def test_drop_rule_on_hand_made_rows():
     scores = torch.tensor([[[[3.0, 1.0, 5.0, 2.0, 4.0, NEG]]]])  # 5 attendable keys, one masked
-    kept = lambda rate: torch.isfinite(rows.drop_below_quantile(scores, torch.tensor([[rate]])))[0, 0, 0].tolist()
+
+    def kept(rate):
+        return torch.isfinite(rows.drop_below_quantile(scores, torch.tensor([[rate]])))[0, 0, 0].tolist()
+
     assert kept(0.0) == [True, True, True, True, True, False]
     assert kept(0.5) == [True, False, True, False, True, False]  # k = ceil(0.5 * 4) = 2: keep >= 3
     assert kept(0.3) == [True, False, True, False, True, False]  # k = ceil(1.2) = 2, as torch.quantile
@@ -40,11 +43,16 @@ def test_dynamic_drop_schedule():
     assert dda.rates(positions, 8192, generated=None)[0].tolist() == pytest.approx(schedule)
     assert dda.rates(positions, 8192, generated=torch.ones(1, 8, dtype=torch.bool)).tolist() == [[0.0] * 8]
     last = torch.tensor([[False] * 7 + [True]])  # the prompt's tokens keep the schedule, the generated one its rate
-    assert DynamicDrop(generated_rate=0.1).rates(positions, 8192, generated=last)[0].tolist() == pytest.approx([*schedule[:7], 0.1])
+    assert DynamicDrop(generated_rate=0.1).rates(positions, 8192, generated=last)[0].tolist() == pytest.approx(
+        [*schedule[:7], 0.1]
+    )
     assert Drop(rate=0.3).rates(positions, 8192, generated=last)[0, -1] == pytest.approx(0.3)
 
 
-@pytest.mark.parametrize("name, params", [("rope", {}), ("string", {"shift": 12, "local_window": 3}), ("dca", {"chunk_size": 16, "local_window": 4})])
+@pytest.mark.parametrize(
+    "name, params",
+    [("rope", {}), ("string", {"shift": 12, "local_window": 3}), ("dca", {"chunk_size": 16, "local_window": 4})],
+)
 @pytest.mark.parametrize("pads", [(0, 0), (0, 7)])
 def test_dropped_kernel_matches_the_reference(name, params, pads):
     method = create(name, training_window=40, **params)
@@ -52,16 +60,33 @@ def test_dropped_kernel_matches_the_reference(name, params, pads):
     for q_len in (57, 1):
         rates = torch.rand(2, q_len, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 0.6
         P = method.relative_positions(positions[:, -q_len:, None], positions[:, None, :])
-        want = reference.dense_attention(q[:, :, -q_len:], k, v, P, inv_freq, 0.3, key_padding=padding, drop_rates=rates)
-        got = kernel.attention(q_rot[:, :, -q_len:].float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(),
-                               scaling=0.3, key_padding=padding if pads[1] else None, positions=positions, drop=rates, tile=16)
+        want = reference.dense_attention(
+            q[:, :, -q_len:], k, v, P, inv_freq, 0.3, key_padding=padding, drop_rates=rates
+        )
+        got = kernel.attention(
+            q_rot[:, :, -q_len:].float(),
+            k_rot.float(),
+            v.float(),
+            method.parts(),
+            inv_freq.float(),
+            scaling=0.3,
+            key_padding=padding if pads[1] else None,
+            positions=positions,
+            drop=rates,
+            tile=16,
+        )
         rows = padding[:, -q_len:]
         assert (got - want)[rows].abs().max() <= 1e-5
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3", "phi3"])
-@pytest.mark.parametrize("spec", [{"method": "drop", "rate": 0.3, "layers": (0, 1)},
-                                  {"method": "dynamic_drop", "initial_rate": 0.1, "step": 0.1, "max_rate": 0.35, "chunk": 8, "layers": (1,)}])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"method": "drop", "rate": 0.3, "layers": (0, 1)},
+        {"method": "dynamic_drop", "initial_rate": 0.1, "step": 0.1, "max_rate": 0.35, "chunk": 8, "layers": (1,)},
+    ],
+)
 @torch.no_grad()
 def test_drop_methods_equal_the_reference_on_tiny_models(family, spec):
     window = {"original_max_position_embeddings": 40} if family == "phi3" else {}
@@ -110,8 +135,13 @@ def test_generated_tokens_use_the_generated_rate():
     from longreach.integrations.recording import generation
 
     model, x = tiny_model("qwen2", max_position_embeddings=40), torch.randint(3, 97, (1, 60))
-    prompt_logits = lambda: model(x, use_cache=True)
-    step = lambda cache: model(torch.tensor([[5]]), past_key_values=cache).logits
+
+    def prompt_logits():
+        return model(x, use_cache=True)
+
+    def step(cache):
+        return model(torch.tensor([[5]]), past_key_values=cache).logits
+
     longreach.apply(model, "rope")
     cache = prompt_logits().past_key_values
     step_plain = step(cache)
@@ -138,7 +168,10 @@ def test_generated_tokens_use_the_generated_rate():
         ({"method": "drop", "rate": 1.0}, "rate=1.0 is out of range: 0 <= rate < 1"),
         ({"method": "drop", "layers": (0, 9)}, r"layers=\[0, 9\] is out of range: layer indices 0 .. 1"),
         ({"method": "drop", "layers": ()}, "layers=.* is out of range: a non-empty list"),
-        ({"method": "dynamic_drop", "initial_rate": 0.3, "max_rate": 0.2}, "max_rate=0.2 is out of range: initial_rate = 0.3"),
+        (
+            {"method": "dynamic_drop", "initial_rate": 0.3, "max_rate": 0.2},
+            "max_rate=0.2 is out of range: initial_rate = 0.3",
+        ),
         ({"method": "dynamic_drop", "chunk": 0}, "chunk=0 is out of range: an integer >= 1"),
         ({"method": "dynamic_drop", "step": -0.1}, "step=-0.1 is out of range: step >= 0"),
         ({"method": "sparse"}, "unknown drop method 'sparse'"),

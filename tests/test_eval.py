@@ -26,7 +26,9 @@ def test_scoring_rules_on_hand_made_answers():
 
 
 def test_fit_largest_packs_the_budget_and_names_what_does_not_fit(tokenizer):
-    build = lambda n: "Q: " + "ab " * n + "?"
+    def build(n):
+        return "Q: " + "ab " * n + "?"
+
     n, prompt, tokens = haystack.fit_largest(tokenizer, 500, build, start=10)
     assert tokens == len(prompt) <= 500 < len(build(n + 1)) and prompt == build(n)
     with pytest.raises(ValueError, match="the prompt with 1 of its lines already takes 7 tokens, over the budget of 5"):
@@ -39,14 +41,17 @@ def test_bos_is_written_once_and_base_models_get_the_bare_text(tokenizer):
     assert haystack.with_bos(tokenizer, "text") == "text"  # the byte tokenizer adds no BOS by default
     llama_like = byte_tokenizer()
     llama_like._tokenizer.post_processor = __import__("tokenizers").processors.TemplateProcessing(
-        single="<s> $A", special_tokens=[("<s>", 1)])
+        single="<s> $A", special_tokens=[("<s>", 1)]
+    )
     assert haystack.with_bos(llama_like, "text") == "<s>text" and haystack.with_bos(llama_like, "<s>text") == "<s>text"
     bare = byte_tokenizer()
     bare.chat_template = None
     assert haystack.templated(bare, "Task.", " Answer:") == "Task. Answer:"  # RULER's base template
 
 
-@pytest.mark.parametrize("name", [n for n in tasks.TASKS if not n.startswith("ruler")] + ["ruler-tight:niah_single_1", "ppl"])
+@pytest.mark.parametrize(
+    "name", [n for n in tasks.TASKS if not n.startswith("ruler")] + ["ruler-tight:niah_single_1", "ppl"]
+)
 def test_every_task_is_deterministic_and_has_its_answers_in_the_prompt(tokenizer, name):
     task = tasks.get(name)
     case = task.build(tokenizer, 1200, 0.25, seed=1)
@@ -94,15 +99,23 @@ def test_effective_length_rule():
 
 def tiny_grid(tmp_path):
     model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024)
-    grid = runner.Grid("tiny", ["niah", "niah4", "passkey", "ppl", "ruler-tight:niah_single_1"], [MethodSpec.parse("rope"),
-                       MethodSpec.parse("string:shift=300,local_window=8")], [700, 1000], [0.0, 1.0], 2)
+    grid = runner.Grid(
+        "tiny",
+        ["niah", "niah4", "passkey", "ppl", "ruler-tight:niah_single_1"],
+        [MethodSpec.parse("rope"), MethodSpec.parse("string:shift=300,local_window=8")],
+        [700, 1000],
+        [0.0, 1.0],
+        2,
+    )
     return grid, (model, byte_tokenizer())
 
 
 def test_time_per_case_keeps_batch_sizes_apart():
     """Cases decoded 8 at a time and one at a time get a row each: one median over both describes neither."""
     case = {"model": "m", "machine": "cpu", "dtype": "float32", "task": "passkey", "method": "rope", "length": 16384}
-    records = [{**case, "batch": 8, "seconds": 220.0}] * 8 + [{**case, "batch": 1, "seconds": s} for s in (100.0, 110.0, 120.0)]
+    records = [{**case, "batch": 8, "seconds": 220.0}] * 8 + [
+        {**case, "batch": 1, "seconds": s} for s in (100.0, 110.0, 120.0)
+    ]
     markdown = report_runs.time_section(records)
     assert "| cpu, float32 | passkey | rope | 1 | 3 | 110.0 |" in markdown
     assert "| cpu, float32 | passkey | rope | 8 | 8 | 220.0 |" in markdown
@@ -110,12 +123,19 @@ def test_time_per_case_keeps_batch_sizes_apart():
     assert report_runs.seconds_by_batch(records) == {"1": 110.0, "8": 220.0}  # summary.json's cells split them alike
     other = [{**case, "model": "other", "batch": 1, "seconds": 50.0}]  # two models in one folder: a row each
     markdown = report_runs.time_section(records[8:] + other)
-    assert "| m | cpu, float32 | passkey | rope | 1 | 3 | 110.0 |" in markdown and "| other | cpu, float32 | passkey | rope | 1 | 1 | 50.0 |" in markdown
+    assert (
+        "| m | cpu, float32 | passkey | rope | 1 | 3 | 110.0 |" in markdown
+        and "| other | cpu, float32 | passkey | rope | 1 | 1 | 50.0 |" in markdown
+    )
 
 
 def test_file_names_of_long_method_labels_stay_short_and_apart():
     dpe = "dpe:dimensions=docs/study/dpe_dimensions_16k.safetensors,group_scales=4;4;4;4;4;4;4;4,local_window=1024,top_k=24"
-    names = {pictures.slug(dpe), pictures.slug(dpe.replace("top_k=24", "top_k=32")), pictures.slug(dpe + ",layers=" + ";".join(map(str, range(80))))}
+    names = {
+        pictures.slug(dpe),
+        pictures.slug(dpe.replace("top_k=24", "top_k=32")),
+        pictures.slug(dpe + ",layers=" + ";".join(map(str, range(80)))),
+    }
     assert len(names) == 3 and all(len(name) <= 60 and name.startswith("dpe_dimensions_docs_study") for name in names)
     assert pictures.slug("string:shift=300,local_window=8") == "string_shift_300_local_window_8"  # short ones unchanged
 
@@ -125,25 +145,53 @@ def test_the_pipeline_end_to_end_on_a_tiny_model(tmp_path):
     path = runner.run(grid, tmp_path, loaded=loaded)
     records = runner.read_results(path)
     assert len(records) == len(grid) == 5 * 2 * 2 * 2
-    assert {(r["model"], r["method"], r["task"], r["length"], r["depth"], r["seed"]) for r in records} == set(grid.keys())
+    assert {(r["model"], r["method"], r["task"], r["length"], r["depth"], r["seed"]) for r in records} == set(
+        grid.keys()
+    )
     assert {r["depth"] for r in records if r["task"] == "niah"} == {0.0, 1.0}  # the grid task cycles through the depths
     assert all(r["n_tokens"] + r["max_new_tokens"] <= r["length"] for r in records if r["task"] != "ppl")
-    assert {r["resolved"] for r in records} == {"rope [L=1024]", "string(shift=300, local_window=8, mscale=False) [L=1024]"}
-    assert all(r["prompt_hash"] and r["seconds"] >= 0 and r["machine"] == "cpu" and r["batch"] >= 1 and r["dtype"] == "float32" for r in records)
+    assert {r["resolved"] for r in records} == {
+        "rope [L=1024]",
+        "string(shift=300, local_window=8, mscale=False) [L=1024]",
+    }
+    assert all(
+        r["prompt_hash"] and r["seconds"] >= 0 and r["machine"] == "cpu" and r["batch"] >= 1 and r["dtype"] == "float32"
+        for r in records
+    )
     (run,) = provenance.read(tmp_path)  # who ran it: recorded before the first case
-    assert run["longreach"] == provenance.version() and run["model"] == run["model_name"] == "tiny" and run["cases"] == len(grid)
+    assert (
+        run["longreach"] == provenance.version()
+        and run["model"] == run["model_name"] == "tiny"
+        and run["cases"] == len(grid)
+    )
     assert run["command"].startswith("longreach ") and run["torch"] == torch.__version__
     markdown = report.build(tmp_path)
-    for name in ["summary.md", "summary.json", "summary.csv", "compare_niah4.png", "compare_ppl.png", "heatmap_niah_rope.png",
-                 "heatmap_niah4_string_local_window_8_shift_300.png"]:
+    for name in [
+        "summary.md",
+        "summary.json",
+        "summary.csv",
+        "compare_niah4.png",
+        "compare_ppl.png",
+        "heatmap_niah_rope.png",
+        "heatmap_niah4_string_local_window_8_shift_300.png",
+    ]:
         assert (tmp_path / name).stat().st_size > 0, name
     assert "## niah4" in markdown and "effective length" in markdown and "Fraction of the needles" in markdown
-    assert "## RULER" in markdown and "incomplete" in markdown and "## Time per case" in markdown and "| cpu, float32 | niah4 | rope | 1 |" in markdown
+    assert (
+        "## RULER" in markdown
+        and "incomplete" in markdown
+        and "## Time per case" in markdown
+        and "| cpu, float32 | niah4 | rope | 1 |" in markdown
+    )
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert {(c["task"], c["method"], c["length"]) for c in summary["cells"]} == {(k[2], k[1], k[3]) for k in grid.keys()}
+    assert {(c["task"], c["method"], c["length"]) for c in summary["cells"]} == {
+        (k[2], k[1], k[3]) for k in grid.keys()
+    }
     assert all(c["n"] == 2 and c["low"] <= c["score"] <= c["high"] for c in summary["cells"] if c["task"] != "ppl")
     assert all(set(c["seconds_per_case"]) == {"1"} for c in summary["cells"])
-    assert {(p["task"], p["length"], p["n"]) for p in summary["paired"]} == {(t, n, 2) for t in grid.tasks if t != "ppl" for n in (700, 1000)}
+    assert {(p["task"], p["length"], p["n"]) for p in summary["paired"]} == {
+        (t, n, 2) for t in grid.tasks if t != "ppl" for n in (700, 1000)
+    }
     assert "Minus rope on the same cases" in markdown
     # the report is a function of the JSONL alone
     (tmp_path / "summary.md").unlink()
@@ -169,11 +217,18 @@ def test_records_and_summary_say_what_a_length_meant(tmp_path):
     markdown = report.build(tmp_path)
     rows = {row["task"]: row for row in json.loads((tmp_path / "summary.json").read_text())["sizes"]}
     tokens = [r["n_tokens"] for r in ruler_cases]
-    assert rows["ruler:niah_single_1"] == {"model": "tiny", "task": "ruler:niah_single_1", "length": 1000, "cases": 3,
-                                           "tokens": {"mean": sum(tokens) / 3, "min": min(tokens), "max": max(tokens)},
-                                           "haystack_units": {"min": min(r["haystack_units"] for r in ruler_cases),
-                                                              "max": max(r["haystack_units"] for r in ruler_cases)},
-                                           "searched_units": [searched]}
+    assert rows["ruler:niah_single_1"] == {
+        "model": "tiny",
+        "task": "ruler:niah_single_1",
+        "length": 1000,
+        "cases": 3,
+        "tokens": {"mean": sum(tokens) / 3, "min": min(tokens), "max": max(tokens)},
+        "haystack_units": {
+            "min": min(r["haystack_units"] for r in ruler_cases),
+            "max": max(r["haystack_units"] for r in ruler_cases),
+        },
+        "searched_units": [searched],
+    }
     assert rows["passkey"]["searched_units"] is None and rows["passkey"]["cases"] == 3
     assert "## Prompt sizes" in markdown and f"; searched {searched} |" in markdown
 
@@ -181,15 +236,29 @@ def test_records_and_summary_say_what_a_length_meant(tmp_path):
 def test_paired_differences_against_rope_pair_the_same_cases(tmp_path):
     """string minus rope per length, over the (depth, seed)s both ran; a case only one method ran is left out."""
     base = {"model": "m", "task": "passkey", "metric": "exact", "window": 1024, "seconds": 1.0}
-    scores = {("rope", 0): 0.0, ("rope", 1): 100.0, ("rope", 2): 0.0, ("string", 0): 100.0, ("string", 1): 100.0,
-              ("string", 2): 100.0, ("string", 3): 0.0}
-    lines = [json.dumps({**base, "method": method, "resolved": method, "length": 700, "depth": 0.5, "seed": seed, "score": score})
-             for (method, seed), score in scores.items()]
+    scores = {
+        ("rope", 0): 0.0,
+        ("rope", 1): 100.0,
+        ("rope", 2): 0.0,
+        ("string", 0): 100.0,
+        ("string", 1): 100.0,
+        ("string", 2): 100.0,
+        ("string", 3): 0.0,
+    }
+    lines = [
+        json.dumps(
+            {**base, "method": method, "resolved": method, "length": 700, "depth": 0.5, "seed": seed, "score": score}
+        )
+        for (method, seed), score in scores.items()
+    ]
     (tmp_path / runner.RESULTS).write_text("\n".join(lines) + "\n")
     markdown = report.build(tmp_path)
     paired = json.loads((tmp_path / "summary.json").read_text())["paired"]
     assert len(paired) == 1 and paired[0]["method"] == "string" and paired[0]["minus"] == "rope" and paired[0]["n"] == 3
-    assert paired[0]["difference"] == pytest.approx(200 / 3) and 0 <= paired[0]["low"] < paired[0]["difference"] <= paired[0]["high"] == 100
+    assert (
+        paired[0]["difference"] == pytest.approx(200 / 3)
+        and 0 <= paired[0]["low"] < paired[0]["difference"] <= paired[0]["high"] == 100
+    )
     assert "| string | +66.7 [+0, +100] (n=3) |" in markdown
 
 
@@ -197,16 +266,26 @@ def write_records(folder, scores: dict, **fields):
     """A results file of hand-made records: ``scores`` maps (method, task, length, seed) to a score."""
     base = {"model": "m", "metric": "exact", "window": 1024, "seconds": 1.0, "depth": None, **fields}
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / runner.RESULTS).write_text("".join(json.dumps({**base, "method": m, "resolved": m, "task": t, "length": n, "seed": s,
-                                                             "score": v}) + "\n" for (m, t, n, s), v in scores.items()))
+    (folder / runner.RESULTS).write_text(
+        "".join(
+            json.dumps({**base, "method": m, "resolved": m, "task": t, "length": n, "seed": s, "score": v}) + "\n"
+            for (m, t, n, s), v in scores.items()
+        )
+    )
 
 
 def test_the_study_picks_the_best_complete_methods_and_publishes_every_folder(tmp_path):
     from longreach.eval import study
 
     mean_of = {"rope": 0, "string": 100, "a": 50, "b": 75, "c": 25, "partial": 100}
-    scores = {(m, t, n, s): float(100 * (s < v / 25)) for m, v in mean_of.items() for t in ("passkey", "niah4")
-              for n in (700, 1000) for s in range(4) if m != "partial" or n == 700}
+    scores = {
+        (m, t, n, s): float(100 * (s < v / 25))
+        for m, v in mean_of.items()
+        for t in ("passkey", "niah4")
+        for n in (700, 1000)
+        for s in range(4)
+        if m != "partial" or n == 700
+    }
     write_records(tmp_path / "study_window", scores)
     assert study.best(tmp_path / "study_window", ["rope", "string"], 2) == ["b", "a"]  # "partial" lacks its 1000 cells
     with pytest.raises(ValueError, match="run step 1"):
@@ -214,9 +293,16 @@ def test_the_study_picks_the_best_complete_methods_and_publishes_every_folder(tm
     (tmp_path / "study_window" / "heatmap_of_an_earlier_report.png").write_bytes(b"stale")
     index = study.publish([tmp_path / "study_window", tmp_path / "study_beyond"], tmp_path / "docs")
     published = {p.name for p in (tmp_path / "docs" / "window").iterdir()}
-    assert "heatmap_of_an_earlier_report.png" not in published and {"compare_niah4.png", "compare_passkey.png"} <= published
-    assert (tmp_path / "docs" / "window" / runner.RESULTS).read_text() == (tmp_path / "study_window" / runner.RESULTS).read_text()
-    assert (tmp_path / "docs" / "window" / "summary.md").exists() and (tmp_path / "docs" / "window" / "compare_niah4.png").exists()
+    assert (
+        "heatmap_of_an_earlier_report.png" not in published
+        and {"compare_niah4.png", "compare_passkey.png"} <= published
+    )
+    assert (tmp_path / "docs" / "window" / runner.RESULTS).read_text() == (
+        tmp_path / "study_window" / runner.RESULTS
+    ).read_text()
+    assert (tmp_path / "docs" / "window" / "summary.md").exists() and (
+        tmp_path / "docs" / "window" / "compare_niah4.png"
+    ).exists()
     text = index.read_text()
     assert "study_beyond" not in text and "| passkey | partial | 4 | — |" in text
     assert "| niah4 | string | +100.0 [+100, +100] (n=4) | +100.0 [+100, +100] (n=4) |" in text
@@ -280,9 +366,13 @@ def test_the_dtype_reaches_the_loader_and_a_folder_keeps_one_precision(tmp_path,
 def test_method_specs_expand_the_paper_protocol_and_compose():
     assert MethodSpec.parse("dca:protocol=paper").arguments(8192) == ("dca", {"chunk_size": 4095, "local_window": 682})
     assert MethodSpec.parse("yarn:protocol=paper").arguments(8192) == (
-        "yarn", {"factor": 1.5, "original_max_position_embeddings": 5461})
+        "yarn",
+        {"factor": 1.5, "original_max_position_embeddings": 5461},
+    )
     assert MethodSpec.parse("string+yarn:factor=2,shift=100").arguments(300) == (
-        "string", {"scaling": {"rope_type": "yarn", "factor": 2}, "shift": 100})
+        "string",
+        {"scaling": {"rope_type": "yarn", "factor": 2}, "shift": 100},
+    )
     with pytest.raises(ValueError, match="protocol='llama' is not one of: paper"):
         MethodSpec.parse("dca:protocol=llama").arguments(8192)
     with pytest.raises(ValueError, match="after '\\+': unknown frequency method 'dca'; frequency methods: pi, ntk"):
@@ -291,14 +381,25 @@ def test_method_specs_expand_the_paper_protocol_and_compose():
 
 def test_any_mix_of_methods_runs_through_the_runner(tmp_path):
     model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024)
-    specs = ["rope", "string:shift=300,local_window=8", "dca:protocol=paper", "self_extend", "rerope:leak=2",
-             "yarn:factor=2", "string+ntk:factor=2,shift=300,local_window=8", "dynamic_drop:chunk=100,layers=0;1"]
+    specs = [
+        "rope",
+        "string:shift=300,local_window=8",
+        "dca:protocol=paper",
+        "self_extend",
+        "rerope:leak=2",
+        "yarn:factor=2",
+        "string+ntk:factor=2,shift=300,local_window=8",
+        "dynamic_drop:chunk=100,layers=0;1",
+    ]
     grid = runner.Grid("tiny", ["passkey"], [MethodSpec.parse(m) for m in specs], [700], [0.5], 1)
     records = runner.read_results(runner.run(grid, tmp_path, loaded=(model, byte_tokenizer())))
     assert [r["method"] for r in records] == [MethodSpec.parse(m).label for m in specs]
     assert records[2]["resolved"] == "dca(chunk_size=511, local_window=85, mscale=False) [L=1024]"
     assert records[-2]["resolved"].startswith("string(shift=300, local_window=8, mscale=False) + ntk(factor=2)")
-    assert records[-1]["resolved"].startswith("rope + dynamic_drop(initial_rate=0.15") and "layers=[0, 1]" in records[-1]["resolved"]
+    assert (
+        records[-1]["resolved"].startswith("rope + dynamic_drop(initial_rate=0.15")
+        and "layers=[0, 1]" in records[-1]["resolved"]
+    )
 
 
 def test_a_failing_case_becomes_an_error_row_and_the_grid_goes_on(tmp_path, monkeypatch):
@@ -313,7 +414,9 @@ def test_a_failing_case_becomes_an_error_row_and_the_grid_goes_on(tmp_path, monk
     from longreach.eval import generate
 
     monkeypatch.setattr(generate, "greedy", real)
-    runner.run(grid, tmp_path, loaded=loaded)  # a rerun retries the failed case only; its success replaces the error row
+    runner.run(
+        grid, tmp_path, loaded=loaded
+    )  # a rerun retries the failed case only; its success replaces the error row
     records = runner.read_results(tmp_path / runner.RESULTS)
     assert len(records) == len(grid) and not any(r.get("error") for r in records)
     assert "## Failed cases" not in report.build(tmp_path)

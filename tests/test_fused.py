@@ -17,8 +17,12 @@ pytestmark = pytest.mark.skipif(not fused.available("cpu"), reason="needs Triton
 EXACT = torch.float64 if fused.takes(torch.float64) else torch.float32  # tl.dot takes float64 from Triton 3.5 on
 TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-12}
 
-FUSABLE = [("rope", {}), ("string", {"shift": 40, "local_window": 5}), ("string", {"shift": 40, "local_window": 5, "mscale": True}),
-           *[(name, params) for name, params in BASELINES if "dimensions" not in params]]
+FUSABLE = [
+    ("rope", {}),
+    ("string", {"shift": 40, "local_window": 5}),
+    ("string", {"shift": 40, "local_window": 5, "mscale": True}),
+    *[(name, params) for name, params in BASELINES if "dimensions" not in params],
+]
 
 
 @pytest.mark.parametrize("name, params", FUSABLE)
@@ -31,14 +35,25 @@ def test_every_method_matches_the_reference_in_prefill_chunks_and_decoding(name,
     for q_len in (n, 1, 5):
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
         for dtype in {torch.float32, EXACT if q_len == n else torch.float32}:
-            got = kernel.attention(q_rot[:, :, -q_len:].to(dtype), k_rot.to(dtype), v.to(dtype), method.layer_parts(0), inv_freq.to(dtype),
-                                   scaling=0.3, key_padding=padding if pads[1] else None, positions=positions, backend="triton",
-                                   logit_scale=method.logit_scale)
+            got = kernel.attention(
+                q_rot[:, :, -q_len:].to(dtype),
+                k_rot.to(dtype),
+                v.to(dtype),
+                method.layer_parts(0),
+                inv_freq.to(dtype),
+                scaling=0.3,
+                key_padding=padding if pads[1] else None,
+                positions=positions,
+                backend="triton",
+                logit_scale=method.logit_scale,
+            )
             assert got.dtype == dtype and not got.isnan().any()
             assert (got - want)[rows].abs().max() <= TOLERANCE[dtype], (q_len, dtype)
 
 
-@pytest.mark.parametrize("name, params", [("string", {"shift": 40, "local_window": 5}), ("dca", {"chunk_size": 16, "local_window": 4})])
+@pytest.mark.parametrize(
+    "name, params", [("string", {"shift": 40, "local_window": 5}), ("dca", {"chunk_size": 16, "local_window": 4})]
+)
 def test_partial_rotary_a_sliding_window_and_one_key_head(name, params):
     """Dimensions past the rotary pairs keep their values (Phi-3); the model's window cuts every part; GQA 4:1."""
     method = create(name, training_window=60, **params)
@@ -46,8 +61,18 @@ def test_partial_rotary_a_sliding_window_and_one_key_head(name, params):
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(n, pads=(0, 11), rotary_dims=10, kv_heads=1)
     for q_len in (n, 2):
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3, window=window)
-        got = kernel.attention(q_rot[:, :, -q_len:].float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), scaling=0.3,
-                               key_padding=padding, positions=positions, backend="triton", sliding_window=window)
+        got = kernel.attention(
+            q_rot[:, :, -q_len:].float(),
+            k_rot.float(),
+            v.float(),
+            method.parts(),
+            inv_freq.float(),
+            scaling=0.3,
+            key_padding=padding,
+            positions=positions,
+            backend="triton",
+            sliding_window=window,
+        )
         assert (got - want)[rows].abs().max() <= 1e-5
 
 
@@ -61,8 +86,17 @@ def test_key_splits_merge_to_the_one_pass_result(monkeypatch):
     monkeypatch.setattr(fused, "_combine", lambda out, lse: launched.append(out.shape[0]) or real_combine(out, lse))
     for splits in (1, 2, 4):
         monkeypatch.setattr(fused, "_splits", lambda *args, splits=splits: splits)
-        out = kernel.attention(q_rot[:, :, -3:].to(EXACT), k_rot.to(EXACT), v.to(EXACT), method.parts(), inv_freq.to(EXACT),
-                               scaling=0.3, key_padding=padding, positions=positions, backend="triton")
+        out = kernel.attention(
+            q_rot[:, :, -3:].to(EXACT),
+            k_rot.to(EXACT),
+            v.to(EXACT),
+            method.parts(),
+            inv_freq.to(EXACT),
+            scaling=0.3,
+            key_padding=padding,
+            positions=positions,
+            backend="triton",
+        )
         assert (out - want)[rows].abs().max() <= TOLERANCE[EXACT]
     assert launched == [1, 2, 4]
 
@@ -72,9 +106,16 @@ def test_float64_before_triton_3_5_is_refused_in_one_line(monkeypatch):
     monkeypatch.setattr(fused.triton, "__version__", "3.3.1")
     method = create("string", training_window=60, shift=20, local_window=4)
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(30)
-    with pytest.raises(ValueError, match=r"^backend='triton' with float64 inputs needs Triton >= 3.5 .*3\.3\.1 is installed"):
+    with pytest.raises(
+        ValueError, match=r"^backend='triton' with float64 inputs needs Triton >= 3.5 .*3\.3\.1 is installed"
+    ):
         kernel.attention(q_rot, k_rot, v, method.parts(), inv_freq, backend="triton")
-    assert kernel.attention(q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), backend="triton").dtype == torch.float32
+    assert (
+        kernel.attention(
+            q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), backend="triton"
+        ).dtype
+        == torch.float32
+    )
 
 
 def test_auto_decodes_with_the_kernel_on_cuda_only(monkeypatch):
@@ -89,7 +130,14 @@ def test_auto_decodes_with_the_kernel_on_cuda_only(monkeypatch):
     monkeypatch.setattr(fused, "available", lambda device, for_auto=False: True)
     monkeypatch.setattr(backends.flex, "available", lambda device, for_auto=False: True)
     assert backends.pick(CudaQuery(1), "auto", fusable=True) is backends.REGISTRY["triton"]
-    assert backends.pick(CudaQuery(1), "auto", fusable=False) is backends.REGISTRY["math"]  # gradients or DPE's per-head pairs
+    assert (
+        backends.pick(CudaQuery(1), "auto", fusable=False) is backends.REGISTRY["math"]
+    )  # gradients or DPE's per-head pairs
     assert backends.pick(CudaQuery(4096), "auto", fusable=True) is backends.REGISTRY["flex"]
-    cpu = torch.zeros(1, 4, 1, 16)  # the CPU: the C++ kernel where it can be built (tests/test_native.py), else the tiled one
-    assert backends.pick(cpu, "auto", fusable=True) is backends.REGISTRY["cpu_fused" if backends.cpu_fused.available("cpu") else "cpu_flash"]
+    cpu = torch.zeros(
+        1, 4, 1, 16
+    )  # the CPU: the C++ kernel where it can be built (tests/test_native.py), else the tiled one
+    assert (
+        backends.pick(cpu, "auto", fusable=True)
+        is backends.REGISTRY["cpu_fused" if backends.cpu_fused.available("cpu") else "cpu_flash"]
+    )

@@ -24,7 +24,15 @@ METHODS = [
     ("rerope", {"window": 12, "leak": 3.0}),
     ("self_extend", {"group_size": 3, "neighbor_window": 8}),
     ("dca", {"chunk_size": 16, "local_window": 4}),
-    ("dpe", {"group_scales": (2, 3, 1, 4), "local_window": 8, "top_k": 5, "dimensions": torch.rand(1, 4, 8, generator=torch.Generator().manual_seed(3))}),
+    (
+        "dpe",
+        {
+            "group_scales": (2, 3, 1, 4),
+            "local_window": 8,
+            "top_k": 5,
+            "dimensions": torch.rand(1, 4, 8, generator=torch.Generator().manual_seed(3)),
+        },
+    ),
 ]
 
 
@@ -38,16 +46,35 @@ def gradients(method, backend, n, q_len, pads, dtype, tile):
         leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
         raw_q, raw_k, raw_v = leaves
         if use_kernel:
-            rotated = lambda x: rotate(x, positions[:, None, :].double(), inv_freq)
+
+            def rotated(x):
+                return rotate(x, positions[:, None, :].double(), inv_freq)
+
             out = kernel.attention(
-                rotated(raw_q)[:, :, -q_len:].to(dtype), rotated(raw_k).to(dtype), raw_v.to(dtype), method.layer_parts(0), inv_freq.to(dtype),
-                scaling=0.3, key_padding=padding if pads[1] else None, positions=positions, backend=backend, tile=tile,
+                rotated(raw_q)[:, :, -q_len:].to(dtype),
+                rotated(raw_k).to(dtype),
+                raw_v.to(dtype),
+                method.layer_parts(0),
+                inv_freq.to(dtype),
+                scaling=0.3,
+                key_padding=padding if pads[1] else None,
+                positions=positions,
+                backend=backend,
+                tile=tile,
                 logit_scale=method.logit_scale,
             ).double()
         else:
             P = method.layer_positions(positions[:, -q_len:, None], positions[:, None, :], 0)
-            out = reference.dense_attention(raw_q[:, :, -q_len:], raw_k, raw_v, P, inv_freq, 0.3, key_padding=padding,
-                                            logit_scale=method.logit_scale)
+            out = reference.dense_attention(
+                raw_q[:, :, -q_len:],
+                raw_k,
+                raw_v,
+                P,
+                inv_freq,
+                0.3,
+                key_padding=padding,
+                logit_scale=method.logit_scale,
+            )
         (out * weight * rows).sum().backward()
         results.append([leaf.grad for leaf in leaves])
     return results
@@ -58,10 +85,19 @@ def gradients(method, backend, n, q_len, pads, dtype, tile):
 @pytest.mark.parametrize("pads", [(0, 0), (0, 6)])
 def test_gradients_equal_the_reference_in_float64(name, params, backend, pads):
     method = create(name, training_window=40, **params)
-    for n, q_len, tile in ((45, 45, 16), (45, 1, 16), (45, 13, 8), (90, 90, 32)):  # prefill, decode, a chunk; whole blocks
+    for n, q_len, tile in (
+        (45, 45, 16),
+        (45, 1, 16),
+        (45, 13, 8),
+        (90, 90, 32),
+    ):  # prefill, decode, a chunk; whole blocks
         got, want = gradients(method, backend, n, q_len, pads, torch.float64, tile)
         for g, w, what in zip(got, want, "qkv"):  # the CPU flash op is ~5e-8 accurate even in float64
-            assert (g - w).abs().max() <= {"math": 1e-12, "cpu_flash": 1e-6}[backend] * max(1.0, w.abs().max()), (what, n, q_len)
+            assert (g - w).abs().max() <= {"math": 1e-12, "cpu_flash": 1e-6}[backend] * max(1.0, w.abs().max()), (
+                what,
+                n,
+                q_len,
+            )
 
 
 @pytest.mark.parametrize("name, params", METHODS[1:2] + METHODS[-1:])
@@ -76,10 +112,14 @@ def test_gradients_in_float32_and_bfloat16(name, params):
 def test_gradcheck_against_finite_differences():
     """The classic check, independent of the reference: STRING with both parts, GQA, padding."""
     method = create("string", training_window=20, shift=5, local_window=2)
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(12, batch=2, q_heads=2, kv_heads=1, dim=4, rotary_dims=4, pads=(0, 3))
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(
+        12, batch=2, q_heads=2, kv_heads=1, dim=4, rotary_dims=4, pads=(0, 3)
+    )
 
     def run(q, k, v):
-        out = kernel.attention(q, k, v, method.parts(), inv_freq, scaling=0.5, key_padding=padding, positions=positions, tile=4)
+        out = kernel.attention(
+            q, k, v, method.parts(), inv_freq, scaling=0.5, key_padding=padding, positions=positions, tile=4
+        )
         return out * padding[:, :, None, None]
 
     for backend_inputs in ((q_rot, k_rot, v),):
@@ -96,9 +136,21 @@ def test_drop_attention_gradients_equal_the_reference():
     for use_kernel in (True, False):
         leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
         if use_kernel:
-            rotated = lambda x: rotate(x, positions[:, None, :].double(), inv_freq)
-            out = kernel.attention(rotated(leaves[0]), rotated(leaves[1]), leaves[2], method.parts(), inv_freq, scaling=0.3,
-                                   key_padding=padding, positions=positions, drop=rates)
+
+            def rotated(x):
+                return rotate(x, positions[:, None, :].double(), inv_freq)
+
+            out = kernel.attention(
+                rotated(leaves[0]),
+                rotated(leaves[1]),
+                leaves[2],
+                method.parts(),
+                inv_freq,
+                scaling=0.3,
+                key_padding=padding,
+                positions=positions,
+                drop=rates,
+            )
         else:
             P = method.relative_positions(positions[:, :, None], positions[:, None, :])
             out = reference.dense_attention(*leaves, P, inv_freq, 0.3, key_padding=padding, drop_rates=rates)
@@ -122,12 +174,20 @@ def test_fine_tuning_a_model_with_string_or_dca_gets_the_reference_gradients(fam
             model(x, attention_mask=mask, labels=x).loss.backward()
             grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
         assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 10
-        worst = max(((grads[0][n] - grads[1][n]).abs().max() / (grads[1][n].abs().max() + 1e-12)).item() for n in grads[0])
+        worst = max(
+            ((grads[0][n] - grads[1][n]).abs().max() / (grads[1][n].abs().max() + 1e-12)).item() for n in grads[0]
+        )
         assert worst <= 1e-8
 
 
-@pytest.mark.parametrize("name, params", [("rope", {}), ("string", {"shift": 20, "local_window": 4}),
-                                          ("self_extend", {"group_size": 3, "neighbor_window": 16})])
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("rope", {}),
+        ("string", {"shift": 20, "local_window": 4}),
+        ("self_extend", {"group_size": 3, "neighbor_window": 16}),
+    ],
+)
 def test_right_padded_training_batches_give_each_rows_own_loss(name, params):
     """A collator with pad_to_multiple_of: rows of 37 and 45 tokens padded on the right to 48, every row ending in
     padding (the review: 'query length 48 exceeds key length 45'). The real tokens' logits are each row's own,

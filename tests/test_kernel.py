@@ -12,9 +12,9 @@ import longreach
 from longreach.attention import block_math, kernel, merge, plan, reference, shifts, views
 from longreach.attention.backends import cpu_fused as native
 from longreach.attention.backends import triton as fused
+from longreach.attention.parts import Part
 from longreach.attention.rotary import rotate
 from longreach.methods import create
-from longreach.attention.parts import Part
 
 
 def inv_freq_for(rotary_dims: int) -> torch.Tensor:
@@ -30,7 +30,10 @@ def case(n, batch=2, q_heads=4, kv_heads=2, dim=16, rotary_dims=16, pads=(0, 0),
     positions = torch.stack([torch.arange(n) - pad for pad in pads])  # left padding: real tokens from 0
     padding = positions >= 0
     inv_freq = inv_freq_for(rotary_dims)
-    rotated = lambda x: rotate(x, positions[:, None, :].double(), inv_freq)
+
+    def rotated(x):
+        return rotate(x, positions[:, None, :].double(), inv_freq)
+
     return q, k, v, rotated(q), rotated(k), positions, padding, inv_freq
 
 
@@ -38,7 +41,9 @@ def expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling, wind
     P = method.layer_positions(positions[:, -q_len:, None], positions[:, None, :], 0)
     if window is not None:
         P = torch.where(positions[:, -q_len:, None] - positions[:, None, :] < window, P, torch.nan)
-    out = reference.dense_attention(q[:, :, -q_len:], k, v, P, inv_freq, scaling, key_padding=padding, logit_scale=method.logit_scale)
+    out = reference.dense_attention(
+        q[:, :, -q_len:], k, v, P, inv_freq, scaling, key_padding=padding, logit_scale=method.logit_scale
+    )
     real_rows = padding[:, -q_len:]  # padding query rows are never read
     return out, real_rows
 
@@ -57,8 +62,15 @@ def test_string_prefill_and_decode_match_the_reference_fp32(n, S, W, pads, backe
     for q_len in (n, 1, 3):  # prefill, one-token decode, a chunk against the cache
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
         got = kernel.attention(
-            q_rot[:, :, -q_len:].float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(),
-            scaling=0.3, key_padding=padding_arg, backend=backend, tile=8,
+            q_rot[:, :, -q_len:].float(),
+            k_rot.float(),
+            v.float(),
+            method.parts(),
+            inv_freq.float(),
+            scaling=0.3,
+            key_padding=padding_arg,
+            backend=backend,
+            tile=8,
         )
         assert got.dtype == torch.float32 and not got.isnan().any()
         assert (got - want)[rows].abs().max() <= 1e-5
@@ -79,8 +91,16 @@ def test_low_precision_inputs(dtype, tolerance, backend):
     method = create("string", training_window=60, shift=20, local_window=4)
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(48, pads=(0, 3))
     want, rows = expected(method, q, k, v, positions, padding, inv_freq, 48, scaling=0.25)
-    got = kernel.attention(q_rot.to(dtype), k_rot.to(dtype), v.to(dtype), method.parts(), inv_freq.float(), scaling=0.25,
-                           key_padding=padding, backend=backend)
+    got = kernel.attention(
+        q_rot.to(dtype),
+        k_rot.to(dtype),
+        v.to(dtype),
+        method.parts(),
+        inv_freq.float(),
+        scaling=0.25,
+        key_padding=padding,
+        backend=backend,
+    )
     assert got.dtype == dtype and not got.isnan().any()
     assert (got.double() - want)[rows].abs().max() <= tolerance
 
@@ -89,7 +109,15 @@ def test_partial_rotary_and_logit_scale():
     method = create("string", training_window=30, shift=10, local_window=3, mscale=True)
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(30, dim=16, rotary_dims=8)
     want, _ = expected(method, q, k, v, positions, padding, inv_freq, 30, scaling=0.3)
-    got = kernel.attention(q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), scaling=0.3, logit_scale=method.logit_scale)
+    got = kernel.attention(
+        q_rot.float(),
+        k_rot.float(),
+        v.float(),
+        method.parts(),
+        inv_freq.float(),
+        scaling=0.3,
+        logit_scale=method.logit_scale,
+    )
     assert (got - want).abs().max() <= 1e-5
 
 
@@ -99,8 +127,16 @@ def test_sliding_window_limits_every_part(backend):
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(40)
     for window in (8, 25):
         want, _ = expected(method, q, k, v, positions, padding, inv_freq, 40, scaling=0.3, window=window)
-        got = kernel.attention(q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), scaling=0.3,
-                               sliding_window=window, backend=backend)
+        got = kernel.attention(
+            q_rot.float(),
+            k_rot.float(),
+            v.float(),
+            method.parts(),
+            inv_freq.float(),
+            scaling=0.3,
+            sliding_window=window,
+            backend=backend,
+        )
         assert (got - want).abs().max() <= 1e-5
 
 
@@ -116,15 +152,24 @@ def test_flex_block_masks_sort_tiles_into_full_partial_and_empty():
         tiles = -(-n // 128)
         full, any_pair = inside.all(3).all(1)[:tiles, :tiles], inside.any(3).any(1)[:tiles, :tiles]
         partial = any_pair & ~full
-        for count, indices, want in [(mask.kv_num_blocks, mask.kv_indices, partial), (mask.full_kv_num_blocks, mask.full_kv_indices, full)]:
+        for count, indices, want in [
+            (mask.kv_num_blocks, mask.kv_indices, partial),
+            (mask.full_kv_num_blocks, mask.full_kv_indices, full),
+        ]:
             for row in range(tiles):
                 listed = indices[0, 0, row, : count[0, 0, row]].tolist()
                 assert sorted(listed) == want[row].nonzero().flatten().tolist()
         assert partial.any() and not any_pair[0].any() and (full.any() == (n == 512))  # a cut tile is never full
 
 
-@pytest.mark.parametrize("name, params", [("string", {"shift": 150, "local_window": 20}), ("dca", {"chunk_size": 200, "local_window": 40}),
-                                          ("dca", {"chunk_size": 90, "local_window": 20})])
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("string", {"shift": 150, "local_window": 20}),
+        ("dca", {"chunk_size": 200, "local_window": 40}),
+        ("dca", {"chunk_size": 90, "local_window": 20}),
+    ],
+)
 @pytest.mark.parametrize("q_len", [700, 300, 1])
 def test_flex_tile_classes_from_arithmetic_are_sound(name, params, q_len):
     """Block masks come from tile arithmetic (distance ranges, padding and key positions per tile), not a pass
@@ -141,7 +186,11 @@ def test_flex_tile_classes_from_arithmetic_are_sound(name, params, q_len):
         span = None if part.key_span is None else (*part.key_span(q_positions), positions)
         region = flex.Region(part.min_distance, part.max_distance, offset, padding, span)
         mask = region.block_mask(3, q_len, kv_len, "cpu")
-        b, i, j = torch.arange(3)[:, None, None], torch.arange(q_len)[None, :, None], torch.arange(kv_len)[None, None, :]
+        b, i, j = (
+            torch.arange(3)[:, None, None],
+            torch.arange(q_len)[None, :, None],
+            torch.arange(kv_len)[None, None, :],
+        )
         allowed = region.allowed(b, i, j)  # [3, Lq, Lkv]
         q_tiles, kv_tiles = -(-q_len // 128), -(-kv_len // 128)
         grid = torch.zeros(3, q_tiles * 128, kv_tiles * 128, dtype=torch.bool)
@@ -171,15 +220,35 @@ def test_dca_tiles_reach_only_their_chunks_and_need_no_mask():
     positions = torch.arange(n)[None]
     for start in range(0, n, tile):
         chunk = start // c * c
-        want = {same: [(chunk, start, False), (start, start + tile, True)], previous: [(chunk - c, chunk, False)],
-                earlier: [(0, chunk - c, False)]}
+        want = {
+            same: [(chunk, start, False), (start, start + tile, True)],
+            previous: [(chunk - c, chunk, False)],
+            earlier: [(0, chunk - c, False)],
+        }
         for part, blocks in want.items():
-            got = list(plan.masked_tiles(tile, n, part.min_distance, part.max_distance, start, None, 0,
-                                            (part.key_span, positions), tile, torch.float32, "cpu"))
-            assert [(b.keys.start, b.keys.stop, b.causal) for b in got if b.mask is None] == [b for b in blocks if b[1] > max(0, b[0])]
+            got = list(
+                plan.masked_tiles(
+                    tile,
+                    n,
+                    part.min_distance,
+                    part.max_distance,
+                    start,
+                    None,
+                    0,
+                    (part.key_span, positions),
+                    tile,
+                    torch.float32,
+                    "cpu",
+                )
+            )
+            assert [(b.keys.start, b.keys.stop, b.causal) for b in got if b.mask is None] == [
+                b for b in blocks if b[1] > max(0, b[0])
+            ]
             assert all(b.mask is None for b in got)
     for part in (same, previous, earlier):
-        keys, allowed = plan._region(torch.tensor([100]), part.min_distance, part.max_distance, n, None, (part.key_span, positions))
+        keys, allowed = plan._region(
+            torch.tensor([100]), part.min_distance, part.max_distance, n, None, (part.key_span, positions)
+        )
         assert allowed.dim() == 0 and bool(allowed)
 
 
@@ -195,8 +264,13 @@ def test_left_padding_masks_only_the_padded_first_keys():
     blocks = list(plan.masked_tiles(n, n, 0, None, 0, padding, padded, None, tile, torch.float32, "cpu"))
     for start in range(tile, n, tile):  # the first tile holds the padding itself
         got = [b for b in blocks if b.rows.start == start]
-        assert [(b.keys.start, b.keys.stop, b.mask.shape) for b in got if b.mask is not None] == [(0, 13, (3, 1, tile, 13))]
-        assert [(b.keys.start, b.keys.stop, b.causal) for b in got if b.mask is None] == [(13, start, False), (start, start + tile, True)]
+        assert [(b.keys.start, b.keys.stop, b.mask.shape) for b in got if b.mask is not None] == [
+            (0, 13, (3, 1, tile, 13))
+        ]
+        assert [(b.keys.start, b.keys.stop, b.causal) for b in got if b.mask is None] == [
+            (13, start, False),
+            (start, start + tile, True),
+        ]
     rope = list(plan.blocks(n, n, 0, None, 0, padding, padded, None, tile, True, torch.float32, "cpu"))
     assert all(b.keys.stop <= 13 and b.mask is not None for b in rope[:-1])
     assert rope[-1] == plan.Block(slice(13, n), slice(13, n), causal=True)
@@ -236,22 +310,52 @@ def test_every_plan_covers_each_allowed_pair_exactly_once(lo, hi, pads, q_len):
     for key_padding in (padding, None) if not any(pads) else (padding,):
         padded = plan.padded_keys(key_padding, q_len, kv_len)
         for structured in (True, False):
-            blocks = plan.blocks(q_len, kv_len, lo, hi, offset, key_padding, padded, None, tile, structured and q_len > 16,
-                                    torch.float32, "cpu")
-            assert torch.equal(covered(blocks, len(pads), q_len, kv_len), allowed.long()), (key_padding is None, structured)
+            blocks = plan.blocks(
+                q_len,
+                kv_len,
+                lo,
+                hi,
+                offset,
+                key_padding,
+                padded,
+                None,
+                tile,
+                structured and q_len > 16,
+                torch.float32,
+                "cpu",
+            )
+            assert torch.equal(covered(blocks, len(pads), q_len, kv_len), allowed.long()), (
+                key_padding is None,
+                structured,
+            )
 
 
-@pytest.mark.parametrize("name, params", [("rope", {}), ("string", {"shift": 20, "local_window": 4}),
-                                          ("self_extend", {"group_size": 3, "neighbor_window": 10}),
-                                          ("dca", {"chunk_size": 24, "local_window": 6})])
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("rope", {}),
+        ("string", {"shift": 20, "local_window": 4}),
+        ("self_extend", {"group_size": 3, "neighbor_window": 10}),
+        ("dca", {"chunk_size": 24, "local_window": 6}),
+    ],
+)
 def test_left_padded_batches_match_the_reference_across_the_padding_edge(name, params):
     """Three sequences padded 0, 5 and 13 keys, tiles of 8 that end inside and past the padding, GQA 4:2."""
     method = create(name, training_window=40, **params)
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(61, batch=3, pads=(0, 5, 13))
     for q_len in (61, 30, 1):
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
-        got = kernel.attention(q_rot[:, :, -q_len:].float(), k_rot.float(), v.float(), method.layer_parts(0), inv_freq.float(),
-                               scaling=0.3, key_padding=padding, positions=positions, tile=8)
+        got = kernel.attention(
+            q_rot[:, :, -q_len:].float(),
+            k_rot.float(),
+            v.float(),
+            method.layer_parts(0),
+            inv_freq.float(),
+            scaling=0.3,
+            key_padding=padding,
+            positions=positions,
+            tile=8,
+        )
         assert not got.isnan().any()
         assert (got - want)[rows].abs().max() <= 1e-5
 
@@ -275,7 +379,9 @@ def test_rows_with_an_empty_part_or_no_key_give_no_nan():
     """Padding query rows see no key at all; early rows see no far key. Neither may give NaN."""
     method = create("string", training_window=30, shift=10, local_window=3)
     _, _, v, q_rot, k_rot, _, padding, inv_freq = case(20, pads=(0, 12))
-    out = kernel.attention(q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), key_padding=padding)
+    out = kernel.attention(
+        q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), key_padding=padding
+    )
     assert not out.isnan().any()
     assert out[1, :12].abs().max() == 0  # rows of padding tokens
 
@@ -311,7 +417,9 @@ def measure_peak_growth(probe: str, live_only: bool = True) -> int:
     glibc mmap threshold returns freed blocks to the system, so RSS tracks live memory, not the allocator's
     cache; without it, RSS is what a user sees, heap fragmentation included."""
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"} if live_only else dict(os.environ)
-    return int(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env).stdout)
+    return int(
+        subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env).stdout
+    )
 
 
 MEMORY_PROBE = """
@@ -343,7 +451,15 @@ def test_structured_path_for_long_inputs_matches_the_reference(n, S, tile):
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(n, batch=1, pads=(0,))
     for q_len in (n, 50, 20):  # prefill, and chunks against a cache
         want, _ = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
-        got = kernel.attention(q_rot[:, :, -q_len:].float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), scaling=0.3, tile=tile)
+        got = kernel.attention(
+            q_rot[:, :, -q_len:].float(),
+            k_rot.float(),
+            v.float(),
+            method.parts(),
+            inv_freq.float(),
+            scaling=0.3,
+            tile=tile,
+        )
         assert (got - want).abs().max() <= 1e-5
 
 
@@ -352,7 +468,16 @@ def test_sliding_window_bands_with_a_lower_bound():
     method = create("string", training_window=120, shift=40, local_window=8)
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(150, batch=1, pads=(0,))
     want, _ = expected(method, q, k, v, positions, padding, inv_freq, 150, scaling=0.3, window=100)
-    got = kernel.attention(q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), scaling=0.3, sliding_window=100, tile=32)
+    got = kernel.attention(
+        q_rot.float(),
+        k_rot.float(),
+        v.float(),
+        method.parts(),
+        inv_freq.float(),
+        scaling=0.3,
+        sliding_window=100,
+        tile=32,
+    )
     assert (got - want).abs().max() <= 1e-5
 
 
@@ -362,11 +487,31 @@ BASELINES = [
     ("self_extend", {"group_size": 3, "neighbor_window": 10}),
     ("dca", {"chunk_size": 16, "local_window": 4}),
     ("dca", {"chunk_size": 9, "local_window": 5}),
-    ("dpe", {"group_scales": (2, 3, 1, 4), "local_window": 10, "top_k": None}),  # every pair: a shift per frequency group
+    (
+        "dpe",
+        {"group_scales": (2, 3, 1, 4), "local_window": 10, "top_k": None},
+    ),  # every pair: a shift per frequency group
     # per-head pairs that differ inside a key/value group (keys repeated per query head), then agree inside it (not repeated)
-    ("dpe", {"group_scales": (2, 3, 1, 4), "local_window": 10, "top_k": 5, "dimensions": torch.rand(1, 4, 8, generator=torch.Generator().manual_seed(3))}),
-    ("dpe", {"group_scales": (4, 2), "local_window": 7, "top_k": None,
-             "dimensions": torch.tensor([[1, 0, 1, 1, 0, 0, 1, 0], [0, 1, 1, 0, 1, 1, 0, 0]], dtype=torch.bool).repeat_interleave(2, 0)[None]}),
+    (
+        "dpe",
+        {
+            "group_scales": (2, 3, 1, 4),
+            "local_window": 10,
+            "top_k": 5,
+            "dimensions": torch.rand(1, 4, 8, generator=torch.Generator().manual_seed(3)),
+        },
+    ),
+    (
+        "dpe",
+        {
+            "group_scales": (4, 2),
+            "local_window": 7,
+            "top_k": None,
+            "dimensions": torch.tensor(
+                [[1, 0, 1, 1, 0, 0, 1, 0], [0, 1, 1, 0, 1, 1, 0, 0]], dtype=torch.bool
+            ).repeat_interleave(2, 0)[None],
+        },
+    ),
 ]
 
 
@@ -381,8 +526,16 @@ def test_baselines_prefill_and_decode_match_the_reference_fp32(name, params, pad
     for q_len in (n, 1, 20):
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
         got = kernel.attention(
-            q_rot[:, :, -q_len:].float(), k_rot.float(), v.float(), method.layer_parts(0), inv_freq.float(), scaling=0.3,
-            key_padding=padding if pads[1] else None, positions=positions, tile=tile, backend=backend,
+            q_rot[:, :, -q_len:].float(),
+            k_rot.float(),
+            v.float(),
+            method.layer_parts(0),
+            inv_freq.float(),
+            scaling=0.3,
+            key_padding=padding if pads[1] else None,
+            positions=positions,
+            tile=tile,
+            backend=backend,
         )
         assert not got.isnan().any()
         assert (got - want)[rows].abs().max() <= 1e-5
@@ -400,10 +553,17 @@ def test_key_rotations_are_reused_only_while_positions_and_frequencies_agree(mon
 
     computed = []  # how many positions each call computes angles for
     angles = shifts.shift_angles
-    monkeypatch.setattr(shifts, "shift_angles", lambda shift, p, f, dtype: computed.append(p.shape[1]) or angles(shift, p, f, dtype))
+    monkeypatch.setattr(
+        shifts, "shift_angles", lambda shift, p, f, dtype: computed.append(p.shape[1]) or angles(shift, p, f, dtype)
+    )
     positions = torch.arange(20).expand(2, -1)
-    calls = [(positions[:, :15], inv_freq), (positions, inv_freq), (positions.flip(0) - torch.tensor([[0], [3]]), inv_freq),
-             (positions, inv_freq * 1.5), (positions[:, :20], inv_freq * 1.5)]
+    calls = [
+        (positions[:, :15], inv_freq),
+        (positions, inv_freq),
+        (positions.flip(0) - torch.tensor([[0], [3]]), inv_freq),
+        (positions, inv_freq * 1.5),
+        (positions[:, :20], inv_freq * 1.5),
+    ]
     for p, f in calls:
         cos, sin = rotations.get(shift, p, f, torch.float64)
         want_cos, want_sin = direct(p, f)
@@ -424,13 +584,22 @@ def test_dca_decoding_turns_the_query_per_chunk_instead_of_the_cached_keys(monke
     included)."""
     method = create("dca", training_window=40, chunk_size=16, local_window=4)
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(70, pads=pads)
-    monkeypatch.setattr(views, "shifted_keys", lambda key, shift, *args: key if not shift else pytest.fail("a key was rotated"))
+    monkeypatch.setattr(
+        views, "shifted_keys", lambda key, shift, *args: key if not shift else pytest.fail("a key was rotated")
+    )
     for q_len in (1, 5):
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
-        got = kernel.attention(q_rot[:, :, -q_len:].float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(),
-                               scaling=0.3, key_padding=padding if pads[1] else None, positions=positions)
+        got = kernel.attention(
+            q_rot[:, :, -q_len:].float(),
+            k_rot.float(),
+            v.float(),
+            method.parts(),
+            inv_freq.float(),
+            scaling=0.3,
+            key_padding=padding if pads[1] else None,
+            positions=positions,
+        )
         assert (got - want)[rows].abs().max() <= 1e-5
-
 
 
 @pytest.mark.parametrize("name, params", [("rope", {}), ("string", {"shift": 20, "local_window": 4}), *BASELINES])
@@ -441,12 +610,22 @@ def test_the_compiled_decoding_step_equals_the_reference(name, params):
 
     method = create(name, training_window=40, **params)
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(61, batch=2, pads=(0, 7))
-    extra = torch.randn(2, 2, 9, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(5))  # empty slots hold garbage
+    extra = torch.randn(
+        2, 2, 9, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(5)
+    )  # empty slots hold garbage
     marks = torch.cat([positions.masked_fill(~padding, -1), torch.full((2, 9), -2)], dim=1)
     for q_len in (1, 5):
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
-        got = static.attention(q_rot[:, :, -q_len:], torch.cat([k_rot, extra], 2), torch.cat([v, extra], 2), method.layer_parts(0), inv_freq,
-                               marks, scaling=0.3, logit_scale=method.logit_scale)
+        got = static.attention(
+            q_rot[:, :, -q_len:],
+            torch.cat([k_rot, extra], 2),
+            torch.cat([v, extra], 2),
+            method.layer_parts(0),
+            inv_freq,
+            marks,
+            scaling=0.3,
+            logit_scale=method.logit_scale,
+        )
         assert (got - want)[rows].abs().max() <= 1e-12
 
 
@@ -462,8 +641,14 @@ def test_the_compiled_steps_drop_attention_equals_the_tiled_one():
     assert torch.equal(static.drop_below_quantile(scores, rates), rows.drop_below_quantile(scores, rates))
 
 
-@pytest.mark.parametrize("name, params", [("string", {"shift": 100, "local_window": 10}), ("string", {"shift": 40, "local_window": 5, "mscale": True}),
-                                          ("rope", {})])
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("string", {"shift": 100, "local_window": 10}),
+        ("string", {"shift": 40, "local_window": 5, "mscale": True}),
+        ("rope", {}),
+    ],
+)
 @pytest.mark.parametrize("pads, window", [((0, 0), None), ((0, 37), None), ((0, 37), 70)])
 def test_flex_runs_string_as_one_softmax_over_the_turned_keys(monkeypatch, name, params, pads, window):
     """FlexAttention prefill of parts that move by constants: one call over ``[K | K_far]`` (K_far turned by
@@ -473,20 +658,41 @@ def test_flex_runs_string_as_one_softmax_over_the_turned_keys(monkeypatch, name,
 
     calls = []
     real = flex._function
-    monkeypatch.setattr(flex, "_function", lambda device: lambda q, k, *args, **kwargs: calls.append(k.shape[2]) or real(device)(q, k, *args, **kwargs))
+    monkeypatch.setattr(
+        flex,
+        "_function",
+        lambda device: lambda q, k, *args, **kwargs: calls.append(k.shape[2]) or real(device)(q, k, *args, **kwargs),
+    )
     method = create(name, training_window=300, **params)
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(300, pads=pads)
     want, rows = expected(method, q, k, v, positions, padding, inv_freq, 300, scaling=0.3, window=window)
-    got = kernel.attention(q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), scaling=0.3, logit_scale=method.logit_scale,
-                           key_padding=padding if pads[1] else None, sliding_window=window, backend="flex")
+    got = kernel.attention(
+        q_rot.float(),
+        k_rot.float(),
+        v.float(),
+        method.parts(),
+        inv_freq.float(),
+        scaling=0.3,
+        logit_scale=method.logit_scale,
+        key_padding=padding if pads[1] else None,
+        sliding_window=window,
+        backend="flex",
+    )
     assert (got - want)[rows].abs().max() <= 1e-5
     parts = 1 if name == "rope" or (window is not None and window <= params["shift"]) else 2
     assert calls == [parts * 384]  # one call over every part's keys, each part's segment 3 tiles of 128
 
 
-@pytest.mark.parametrize("name, params", [("rerope", {"window": 40}), ("rerope", {"window": 40, "leak": 4.0}),
-                                          ("self_extend", {"group_size": 3, "neighbor_window": 50}),
-                                          ("dca", {"chunk_size": 160, "local_window": 30}), ("dca", {"chunk_size": 90, "local_window": 20})])
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("rerope", {"window": 40}),
+        ("rerope", {"window": 40, "leak": 4.0}),
+        ("self_extend", {"group_size": 3, "neighbor_window": 50}),
+        ("dca", {"chunk_size": 160, "local_window": 30}),
+        ("dca", {"chunk_size": 90, "local_window": 20}),
+    ],
+)
 @pytest.mark.parametrize("q_len", [300, 40])
 def test_flex_runs_every_part_in_one_launch(monkeypatch, name, params, q_len):
     """ReRoPE, Self-Extend and DCA move their queries by position: each such part has its own query segment
@@ -496,15 +702,28 @@ def test_flex_runs_every_part_in_one_launch(monkeypatch, name, params, q_len):
 
     calls = []
     real = flex._function
-    monkeypatch.setattr(flex, "_function", lambda device: lambda q, k, *args, **kwargs: calls.append(k.shape[2]) or real(device)(q, k, *args, **kwargs))
+    monkeypatch.setattr(
+        flex,
+        "_function",
+        lambda device: lambda q, k, *args, **kwargs: calls.append(k.shape[2]) or real(device)(q, k, *args, **kwargs),
+    )
     method = create(name, training_window=200, **params)
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(300, pads=(0, 37))
     want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
-    got = kernel.attention(q_rot[:, :, -q_len:].float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), scaling=0.3,
-                           logit_scale=method.logit_scale, key_padding=padding, positions=positions, backend="flex")
+    got = kernel.attention(
+        q_rot[:, :, -q_len:].float(),
+        k_rot.float(),
+        v.float(),
+        method.parts(),
+        inv_freq.float(),
+        scaling=0.3,
+        logit_scale=method.logit_scale,
+        key_padding=padding,
+        positions=positions,
+        backend="flex",
+    )
     assert (got - want)[rows].abs().max() <= 1e-5
     assert len(calls) == 1
-
 
 
 def test_flex_compiles_again_with_smaller_tiles_when_shared_memory_runs_out(monkeypatch):
@@ -520,9 +739,12 @@ def test_flex_compiles_again_with_smaller_tiles_when_shared_memory_runs_out(monk
         def run(q, k, v, kernel_options=None, **kwargs):
             asked.append(kernel_options)
             if kernel_options is None or kernel_options.get("BLOCK_M", 128) > 32:
-                raise RuntimeError("No valid triton configs. OutOfMemoryError: out of resource: triton_tem_fused_flex_attention_0 "
-                                   "Required: 233472 Hardware limit:232448")
+                raise RuntimeError(
+                    "No valid triton configs. OutOfMemoryError: out of resource: triton_tem_fused_flex_attention_0 "
+                    "Required: 233472 Hardware limit:232448"
+                )
             return real(device)(q, k, v, **kwargs)
+
         return run
 
     monkeypatch.setattr(flex, "_function", short_of_memory)
@@ -539,7 +761,11 @@ def test_flex_compiles_again_with_smaller_tiles_when_shared_memory_runs_out(monk
     string = create("string", training_window=200, shift=60, local_window=8).parts()
     kernel.attention(*arguments[:3], string, arguments[4], **common)
     assert asked[5] is None  # another kernel variant starts from the default tiles
-    monkeypatch.setattr(flex, "_function", lambda device: lambda *args, **kwargs: (_ for _ in ()).throw(RuntimeError("illegal memory access")))
+    monkeypatch.setattr(
+        flex,
+        "_function",
+        lambda device: lambda *args, **kwargs: (_ for _ in ()).throw(RuntimeError("illegal memory access")),
+    )
     with pytest.raises(RuntimeError, match="illegal memory access"):
         kernel.attention(*arguments, **common)
 
@@ -550,7 +776,9 @@ def test_memory_efficient_attention_gets_a_bias_with_aligned_rows():
     from longreach.attention.backends.cuda_efficient import aligned_rows
 
     for dtype, row in ((torch.float32, 4), (torch.bfloat16, 8)):
-        mask = torch.randn(2, 1, 7, 40, dtype=torch.float64).to(dtype)[..., 1:]  # 39 keys, rows 40 apart, start off by one
+        mask = torch.randn(2, 1, 7, 40, dtype=torch.float64).to(dtype)[
+            ..., 1:
+        ]  # 39 keys, rows 40 apart, start off by one
         aligned = aligned_rows(mask)
         assert aligned.shape == mask.shape and torch.equal(aligned, mask)
         assert aligned.stride(-2) % row == 0 and aligned.stride(-1) == 1 and aligned.data_ptr() % 16 == 0
@@ -576,11 +804,19 @@ def test_auto_falls_back_with_one_warning_when_flexattention_fails_to_compile(mo
             except TypeError:  # PyTorch 2.6 takes no traceback argument
                 failure = BackendCompilerFailed(lambda *a: None, inner)
             raise failure
+
         return compile_and_run
 
     real_pick = backends.pick
-    monkeypatch.setattr(kernel, "pick", lambda query, backend, **kwargs: (backends.REGISTRY["flex"] if backend == "auto" and flex.available(query.device, for_auto=True)
-                                                                else real_pick(query, "cpu_flash" if backend == "auto" else backend)))
+    monkeypatch.setattr(
+        kernel,
+        "pick",
+        lambda query, backend, **kwargs: (
+            backends.REGISTRY["flex"]
+            if backend == "auto" and flex.available(query.device, for_auto=True)
+            else real_pick(query, "cpu_flash" if backend == "auto" else backend)
+        ),
+    )
     monkeypatch.setattr(flex, "_function", failing)
     monkeypatch.setattr(flex, "_compile_failure", [])
     method = create("string", training_window=60, shift=20, local_window=4)
@@ -592,12 +828,16 @@ def test_auto_falls_back_with_one_warning_when_flexattention_fails_to_compile(mo
     assert (got - want).abs().max() <= 1e-5
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert (kernel.attention(*arguments, scaling=0.3) - want).abs().max() <= 1e-5  # no second warning, no second attempt
+        assert (
+            kernel.attention(*arguments, scaling=0.3) - want
+        ).abs().max() <= 1e-5  # no second warning, no second attempt
     with pytest.raises(BackendCompilerFailed):
         kernel.attention(*arguments, scaling=0.3, backend="flex")
 
 
-def emulated_flash_forward(q, k, v, cum_q, cum_k, max_q, max_k, dropout, causal, debug, *, scale, window_size_left, window_size_right):
+def emulated_flash_forward(
+    q, k, v, cum_q, cum_k, max_q, max_k, dropout, causal, debug, *, scale, window_size_left, window_size_right
+):
     """FlashAttention-2's forward as PyTorch's ``aten._flash_attention_forward`` defines it, on the CPU: ``[B, L, H, D]``
     tensors, grouped-query heads, the causal mask aligned to the bottom right, a left window (-1: none), and a row
     with no key reported as ``lse = +inf`` with output 0."""
@@ -623,34 +863,65 @@ def test_the_windowed_flash_backend_computes_each_part_in_one_call(monkeypatch, 
 
     calls = []
     monkeypatch.setattr(windows, "available", lambda query: True)
-    monkeypatch.setattr(windows, "_flash_forward", lambda *a, **kw: calls.append(kw["window_size_left"]) or emulated_flash_forward(*a, **kw))
+    monkeypatch.setattr(
+        windows,
+        "_flash_forward",
+        lambda *a, **kw: calls.append(kw["window_size_left"]) or emulated_flash_forward(*a, **kw),
+    )
     method = create(name, training_window=60, **params)
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(70)
     for q_len, window in ((70, None), (1, None), (5, None), (70, 33)):
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3, window=window)
         calls.clear()
-        got = kernel.attention(q_rot[:, :, -q_len:].float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), scaling=0.3,
-                               positions=positions, backend="cuda_flash", sliding_window=window)
+        got = kernel.attention(
+            q_rot[:, :, -q_len:].float(),
+            k_rot.float(),
+            v.float(),
+            method.parts(),
+            inv_freq.float(),
+            scaling=0.3,
+            positions=positions,
+            backend="cuda_flash",
+            sliding_window=window,
+        )
         assert (got - want)[rows].abs().max() <= 1e-5, (q_len, window)
         assert len(calls) == len(method.parts())  # one call per part, no tiles
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(70, pads=(0, 9))
     want, rows = expected(method, q, k, v, positions, padding, inv_freq, 70, scaling=0.3)
-    monkeypatch.setattr(backends.REGISTRY["cuda_efficient"], "block", block_math.block)  # the tiled kernel's CUDA backend, on the CPU
+    monkeypatch.setattr(
+        backends.REGISTRY["cuda_efficient"], "block", block_math.block
+    )  # the tiled kernel's CUDA backend, on the CPU
     calls.clear()
-    got = kernel.attention(q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), scaling=0.3, key_padding=padding,
-                           positions=positions, backend="cuda_flash")
+    got = kernel.attention(
+        q_rot.float(),
+        k_rot.float(),
+        v.float(),
+        method.parts(),
+        inv_freq.float(),
+        scaling=0.3,
+        key_padding=padding,
+        positions=positions,
+        backend="cuda_flash",
+    )
     assert (got - want)[rows].abs().max() <= 1e-5 and not calls
 
 
 def test_the_windowed_flash_backend_needs_cuda_and_half_precision():
     method = create("string", training_window=60, shift=20, local_window=4)
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(20)
-    with pytest.raises(ValueError, match="backend='cuda_flash' needs PyTorch's FlashAttention: a CUDA device and float16 or bfloat16 inputs"):
-        kernel.attention(q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), backend="cuda_flash")
+    with pytest.raises(
+        ValueError,
+        match="backend='cuda_flash' needs PyTorch's FlashAttention: a CUDA device and float16 or bfloat16 inputs",
+    ):
+        kernel.attention(
+            q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), backend="cuda_flash"
+        )
 
 
-WHOLE_METHOD = [pytest.param("triton", marks=pytest.mark.skipif(not fused.available("cpu"), reason="needs Triton")),
-                pytest.param("cpu_fused", marks=pytest.mark.skipif(not native.available("cpu"), reason="needs a C++ compiler"))]
+WHOLE_METHOD = [
+    pytest.param("triton", marks=pytest.mark.skipif(not fused.available("cpu"), reason="needs Triton")),
+    pytest.param("cpu_fused", marks=pytest.mark.skipif(not native.available("cpu"), reason="needs a C++ compiler")),
+]
 """The backends that take every part of a method in one pass (tests/test_fused.py, tests/test_native.py)."""
 
 
@@ -658,11 +929,19 @@ WHOLE_METHOD = [pytest.param("triton", marks=pytest.mark.skipif(not fused.availa
 def test_whole_method_kernels_give_bfloat16_outputs_close_to_float32(backend):
     method = create("string", training_window=200, shift=70, local_window=9)
     g = torch.Generator().manual_seed(1)
-    q, k, v = torch.randn(1, 4, 130, 32, generator=g), torch.randn(1, 2, 130, 32, generator=g), torch.randn(1, 2, 130, 32, generator=g)
+    q, k, v = (
+        torch.randn(1, 4, 130, 32, generator=g),
+        torch.randn(1, 2, 130, 32, generator=g),
+        torch.randn(1, 2, 130, 32, generator=g),
+    )
     inv_freq = 1.0 / (10000 ** (torch.arange(0, 32, 2) / 32))
     for q_len in (130, 1):
-        got = kernel.attention(q[:, :, -q_len:].bfloat16(), k.bfloat16(), v.bfloat16(), method.parts(), inv_freq, backend=backend)
-        want = kernel.attention(*(x.bfloat16().float() for x in (q[:, :, -q_len:], k, v)), method.parts(), inv_freq, backend="math")
+        got = kernel.attention(
+            q[:, :, -q_len:].bfloat16(), k.bfloat16(), v.bfloat16(), method.parts(), inv_freq, backend=backend
+        )
+        want = kernel.attention(
+            *(x.bfloat16().float() for x in (q[:, :, -q_len:], k, v)), method.parts(), inv_freq, backend="math"
+        )
         assert got.dtype == torch.bfloat16
         assert (got.float() - want).abs().max() <= 2e-2
 
@@ -674,10 +953,18 @@ def test_whole_method_kernels_refuse_gradients_and_per_head_pairs_in_one_line(ba
     q_rot = q_rot.float().requires_grad_()
     with pytest.raises(ValueError, match=f"backend='{backend}' computes no gradients"):
         kernel.attention(q_rot, k_rot.float(), v.float(), method.parts(), inv_freq.float(), backend=backend)
-    dpe = create("dpe", training_window=60, group_scales=(2, 3, 1, 4), local_window=10, top_k=5,
-                 dimensions=torch.rand(1, 4, 8, generator=torch.Generator().manual_seed(3)))
+    dpe = create(
+        "dpe",
+        training_window=60,
+        group_scales=(2, 3, 1, 4),
+        local_window=10,
+        top_k=5,
+        dimensions=torch.rand(1, 4, 8, generator=torch.Generator().manual_seed(3)),
+    )
     with pytest.raises(ValueError, match="no per-head rotary pairs"):
-        kernel.attention(q_rot.detach(), k_rot.float(), v.float(), dpe.layer_parts(0), inv_freq.float(), backend=backend)
+        kernel.attention(
+            q_rot.detach(), k_rot.float(), v.float(), dpe.layer_parts(0), inv_freq.float(), backend=backend
+        )
 
 
 @pytest.mark.parametrize("backend", WHOLE_METHOD)
@@ -693,8 +980,13 @@ def test_a_model_generates_the_same_tokens_with_a_whole_method_kernel_as_on_tile
     for name in ("cpu_flash", backend):
         longreach.apply(model, "dca", backend=name, chunk_size=24, local_window=4)
         with torch.no_grad():
-            outputs[name] = (model(x, attention_mask=mask).logits, model.generate(x, **settings),
-                             model.generate(x, cache_implementation="static", **settings))
+            outputs[name] = (
+                model(x, attention_mask=mask).logits,
+                model.generate(x, **settings),
+                model.generate(x, cache_implementation="static", **settings),
+            )
         longreach.remove(model)
     assert (outputs[backend][0] - outputs["cpu_flash"][0])[mask.bool()].abs().max() <= 1e-4
-    assert torch.equal(outputs[backend][1], outputs["cpu_flash"][1]) and torch.equal(outputs[backend][2], outputs["cpu_flash"][2])
+    assert torch.equal(outputs[backend][1], outputs["cpu_flash"][1]) and torch.equal(
+        outputs[backend][2], outputs["cpu_flash"][2]
+    )

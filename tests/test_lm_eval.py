@@ -15,13 +15,14 @@ import pytest
 
 lm_eval = pytest.importorskip("lm_eval")
 
-import longreach  # noqa: E402
-from lm_eval.tasks import TaskManager  # noqa: E402
 from conftest import tiny_model  # noqa: E402
 from lm_eval.models.huggingface import HFLM  # noqa: E402
+from lm_eval.tasks import TaskManager  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
+
+import longreach  # noqa: E402
 from longreach import models  # noqa: E402
 from longreach.lm_eval import LongreachLM  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
 
 WINDOW = 64
 STRING = dict(method="string", shift=16, local_window=4)
@@ -48,25 +49,46 @@ def setup(tmp_path_factory):
     """``(model folder, task folder)``: a tiny Llama saved with the real tokenizer, and the three tasks."""
     folder = tmp_path_factory.mktemp("lm_eval")
     tokenizer = AutoTokenizer.from_pretrained(models.default_path())
-    model = tiny_model("llama", vocab_size=len(tokenizer), max_position_embeddings=WINDOW, pad_token_id=tokenizer.pad_token_id,
-                       bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    model = tiny_model(
+        "llama",
+        vocab_size=len(tokenizer),
+        max_position_embeddings=WINDOW,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     model.save_pretrained(folder / "model")
     tokenizer.save_pretrained(folder / "model")
     tasks = folder / "tasks"
     tasks.mkdir()
     lengths = [6, 30, 70, 110]  # words: within L, and well past it
-    write_task(tasks, "lr_tiny_gen", "generate_until",
-               [{"context": passage(s, n) + "\nNext:", "answer": WORDS[s]} for s, n in enumerate(lengths)],
-               'doc_to_text: "{{context}}"\ndoc_to_target: "{{answer}}"\n'
-               'generation_kwargs:\n  until: ["\\n"]\n  max_gen_toks: 6\n  do_sample: false\n'
-               "metric_list:\n  - metric: exact_match\n")
-    write_task(tasks, "lr_tiny_choice", "multiple_choice",
-               [{"context": passage(s, n), "choices": [" " + w for w in WORDS[s : s + 3]], "label": s % 3} for s, n in enumerate(lengths)],
-               'doc_to_text: "{{context}}"\ndoc_to_choice: "{{choices}}"\ndoc_to_target: "{{label}}"\n'
-               "metric_list:\n  - metric: acc\n")
-    write_task(tasks, "lr_tiny_rolling", "loglikelihood_rolling",
-               [{"text": passage(s, n)} for s, n in enumerate([40, 200])],  # 200 words: more than one window of 256 tokens
-               'doc_to_text: ""\ndoc_to_target: "{{text}}"\nmetric_list:\n  - metric: word_perplexity\n')
+    write_task(
+        tasks,
+        "lr_tiny_gen",
+        "generate_until",
+        [{"context": passage(s, n) + "\nNext:", "answer": WORDS[s]} for s, n in enumerate(lengths)],
+        'doc_to_text: "{{context}}"\ndoc_to_target: "{{answer}}"\n'
+        'generation_kwargs:\n  until: ["\\n"]\n  max_gen_toks: 6\n  do_sample: false\n'
+        "metric_list:\n  - metric: exact_match\n",
+    )
+    write_task(
+        tasks,
+        "lr_tiny_choice",
+        "multiple_choice",
+        [
+            {"context": passage(s, n), "choices": [" " + w for w in WORDS[s : s + 3]], "label": s % 3}
+            for s, n in enumerate(lengths)
+        ],
+        'doc_to_text: "{{context}}"\ndoc_to_choice: "{{choices}}"\ndoc_to_target: "{{label}}"\n'
+        "metric_list:\n  - metric: acc\n",
+    )
+    write_task(
+        tasks,
+        "lr_tiny_rolling",
+        "loglikelihood_rolling",
+        [{"text": passage(s, n)} for s, n in enumerate([40, 200])],  # 200 words: more than one window of 256 tokens
+        'doc_to_text: ""\ndoc_to_target: "{{text}}"\nmetric_list:\n  - metric: word_perplexity\n',
+    )
     return folder / "model", tasks
 
 
@@ -74,7 +96,9 @@ def samples(lm, tasks) -> dict:
     """Per task, every request's raw response (generated text, or log-likelihoods), in document order."""
     manager = TaskManager(include_path=str(tasks))
     out = lm_eval.simple_evaluate(model=lm, tasks=TASKS, task_manager=manager, log_samples=True, random_seed=0)
-    return {task: [s["resps"] for s in sorted(rows, key=lambda s: s["doc_id"])] for task, rows in out["samples"].items()}
+    return {
+        task: [s["resps"] for s in sorted(rows, key=lambda s: s["doc_id"])] for task, rows in out["samples"].items()
+    }
 
 
 def loglikelihoods(responses) -> list[float]:
@@ -93,7 +117,10 @@ def evaluated(setup):
     folder, tasks = setup
     string = LongreachLM(pretrained=str(folder), **STRING, **COMMON)
     assert longreach.describe(string.model).startswith("string(shift=16, local_window=4")
-    return {"rope": samples(LongreachLM(pretrained=str(folder), method="rope", **COMMON), tasks), "string": samples(string, tasks)}
+    return {
+        "rope": samples(LongreachLM(pretrained=str(folder), method="rope", **COMMON), tasks),
+        "string": samples(string, tasks),
+    }
 
 
 def test_rope_reproduces_lm_evals_own_hf_model(setup, evaluated):
@@ -108,15 +135,28 @@ def test_string_equals_longreachs_own_api_and_changes_the_answers(setup, evaluat
     model, _ = longreach.load(str(folder))
     direct = samples(HFLM(pretrained=longreach.apply(model, **STRING), **COMMON), tasks)
     assert_same(ours, direct, 1e-5)
-    changes = [abs(a - b) for a, b in zip(loglikelihoods(ours["lr_tiny_choice"]), loglikelihoods(rope["lr_tiny_choice"]))]
-    assert changes[:3] == pytest.approx([0.0] * 3, abs=1e-5)  # the first prompt fits in the local window: STRING is RoPE there
+    changes = [
+        abs(a - b) for a, b in zip(loglikelihoods(ours["lr_tiny_choice"]), loglikelihoods(rope["lr_tiny_choice"]))
+    ]
+    assert changes[:3] == pytest.approx(
+        [0.0] * 3, abs=1e-5
+    )  # the first prompt fits in the local window: STRING is RoPE there
     assert max(changes) > 5e-4  # a random tiny model is nearly uniform, yet the long prompts move 50x the tolerance
 
 
 def test_method_parameters_are_split_from_lm_evals_and_checked_before_loading(setup, monkeypatch):
     folder, _ = setup
-    lm = LongreachLM(pretrained=str(folder), method="self_extend", group_size=2, neighbor_window=8, scaling="yarn", factor=2.0,
-                     drop="dynamic_drop", layers=(0,), **COMMON)
+    lm = LongreachLM(
+        pretrained=str(folder),
+        method="self_extend",
+        group_size=2,
+        neighbor_window=8,
+        scaling="yarn",
+        factor=2.0,
+        drop="dynamic_drop",
+        layers=(0,),
+        **COMMON,
+    )
     assert "self_extend(group_size=2, neighbor_window=8)" in longreach.describe(lm.model)
     assert lm.model.config.rope_parameters["rope_type"] == "yarn"
     loaded = []
@@ -141,18 +181,37 @@ def test_model_arguments_given_as_text_are_read_as_the_command_line_reads_them()
 
 def run_cli(*args: str, cwd) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "longreach.lm_eval", *args], capture_output=True, text=True, cwd=cwd, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "longreach.lm_eval", *args], capture_output=True, text=True, cwd=cwd, env=env
+    )
 
 
 def test_command_line_is_lm_evals_with_the_longreach_model(setup, evaluated, tmp_path):
     folder, tasks = setup
     model_args = f"pretrained={folder},method=string,shift=16,local_window=4,max_length=256,dtype=float32"
-    done = run_cli("--model_args", model_args, "--tasks", "lr_tiny_choice", "--include_path", str(tasks), "--device", "cpu",
-                   "--batch_size", "2", "--output_path", str(tmp_path / "out"), "--log_samples", cwd=tmp_path)
+    done = run_cli(
+        "--model_args",
+        model_args,
+        "--tasks",
+        "lr_tiny_choice",
+        "--include_path",
+        str(tasks),
+        "--device",
+        "cpu",
+        "--batch_size",
+        "2",
+        "--output_path",
+        str(tmp_path / "out"),
+        "--log_samples",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     [result] = list((tmp_path / "out").rglob("results_*.json"))
-    cli_samples = [json.loads(line) for path in (tmp_path / "out").rglob("samples_lr_tiny_choice_*.jsonl")
-                   for line in path.read_text().splitlines()]
+    cli_samples = [
+        json.loads(line)
+        for path in (tmp_path / "out").rglob("samples_lr_tiny_choice_*.jsonl")
+        for line in path.read_text().splitlines()
+    ]
     cli = [s["resps"] for s in sorted(cli_samples, key=lambda s: s["doc_id"])]
     assert loglikelihoods(cli) == pytest.approx(loglikelihoods(evaluated["string"]["lr_tiny_choice"]), abs=1e-5, rel=0)
     assert json.loads(result.read_text())["results"]["lr_tiny_choice"]["acc,none"] is not None
@@ -160,8 +219,17 @@ def test_command_line_is_lm_evals_with_the_longreach_model(setup, evaluated, tmp
 
 def test_command_line_errors_are_one_line(setup, tmp_path):
     folder, tasks = setup
-    done = run_cli("--model_args", f"pretrained={folder},method=string,shift=100", "--tasks", "lr_tiny_choice",
-                   "--include_path", str(tasks), "--device", "cpu", cwd=tmp_path)
+    done = run_cli(
+        "--model_args",
+        f"pretrained={folder},method=string,shift=100",
+        "--tasks",
+        "lr_tiny_choice",
+        "--include_path",
+        str(tasks),
+        "--device",
+        "cpu",
+        cwd=tmp_path,
+    )
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("longreach: error: shift=100 is out of range") and "Traceback" not in done.stderr
@@ -171,7 +239,10 @@ def test_missing_lm_eval_names_the_install_command(monkeypatch):
     for name in [m for m in sys.modules if m == "lm_eval" or m.startswith(("lm_eval.", "longreach.lm_eval"))]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "lm_eval", None)
-    with pytest.raises(ImportError, match=r'run: pip install "lm_eval>=0.4.13,<0.5" \(or, in a clone of longreach: pip install -e "\.\[lm-eval\]"\)'):
+    with pytest.raises(
+        ImportError,
+        match=r'run: pip install "lm_eval>=0.4.13,<0.5" \(or, in a clone of longreach: pip install -e "\.\[lm-eval\]"\)',
+    ):
         import longreach.lm_eval  # noqa: F401
 
 

@@ -45,7 +45,9 @@ EVERY_METHOD = [
 
 
 def shift_at(shift, positions):
-    return shift(positions).double() if callable(shift) else torch.full(positions.shape, float(shift), dtype=torch.float64)
+    return (
+        shift(positions).double() if callable(shift) else torch.full(positions.shape, float(shift), dtype=torch.float64)
+    )
 
 
 @pytest.mark.parametrize("name, params", EVERY_METHOD)
@@ -76,8 +78,10 @@ def test_worked_entries_of_the_baselines():
     assert leaky[10, 0] == 4 + (10 - 4) / 2
     se = dense(create("self_extend", training_window=40, group_size=2, neighbor_window=4), 12)
     assert se[10, 1] == 10 // 2 - 1 // 2 + 4 - 4 // 2 == 7 and se[10, 7] == 3
-    assert torch.equal(dense(create("self_extend", training_window=40, group_size=1, neighbor_window=4), 12).nan_to_num(-1),
-                       dense(create("rope", training_window=40), 12).nan_to_num(-1))
+    assert torch.equal(
+        dense(create("self_extend", training_window=40, group_size=1, neighbor_window=4), 12).nan_to_num(-1),
+        dense(create("rope", training_window=40), 12).nan_to_num(-1),
+    )
     dca = dense(create("dca", training_window=40, chunk_size=6, local_window=2), 12)  # c = 4
     assert dca[9, 8] == 1  # same chunk: 9 mod 4 - 8 mod 4
     assert dca[9, 5] == min(1 + 4, 6) - 1 == 4  # previous chunk
@@ -96,8 +100,10 @@ def test_string_default_shift_is_a_third_of_the_window():
     assert create("string", training_window=8192).local_window == 128
 
 
-@pytest.mark.parametrize("window, shift, local_window", [(131072, 43691, 128), (2048, 683, 128), (600, 200, 37), (384, 128, 24),
-                                                         (256, 85, 16), (96, 32, 6), (10, 3, 1)])
+@pytest.mark.parametrize(
+    "window, shift, local_window",
+    [(131072, 43691, 128), (2048, 683, 128), (600, 200, 37), (384, 128, 24), (256, 85, 16), (96, 32, 6), (10, 3, 1)],
+)
 def test_string_defaults_fit_every_window(window, shift, local_window):
     """The default W is min(128, L // 16), the paper's 128 at every L it evaluates (2K and up): 128 was out of range
     below L = 385 (W < S = L/3), an error naming a parameter the user never set."""
@@ -107,8 +113,11 @@ def test_string_defaults_fit_every_window(window, shift, local_window):
 
 
 def test_a_shift_below_the_default_window_says_the_window_was_the_default():
-    with pytest.raises(ValueError, match=r"local_window=16 is out of range: 0 < local_window < shift = 5 < L = 256 \(the default at "
-                                         r"L = 256, min\(128, L // 16\): give a smaller local_window"):
+    with pytest.raises(
+        ValueError,
+        match=r"local_window=16 is out of range: 0 < local_window < shift = 5 < L = 256 \(the default at "
+        r"L = 256, min\(128, L // 16\): give a smaller local_window",
+    ):
         create("string", training_window=256, shift=5)
 
 
@@ -138,7 +147,11 @@ def test_bad_string_parameters_name_the_parameter_and_range(params, message):
         ("rerope", {"leak": 1.0}, "leak=1.0 is out of range: a number > 1"),
         ("self_extend", {"group_size": 0}, "group_size=0 is out of range: group_size >= 1"),
         ("self_extend", {"neighbor_window": 2.5}, "neighbor_window must be an integer"),
-        ("dca", {"chunk_size": 6, "local_window": 6}, "local_window=6 is out of range: 0 < local_window < chunk_size = 6"),
+        (
+            "dca",
+            {"chunk_size": 6, "local_window": 6},
+            "local_window=6 is out of range: 0 < local_window < chunk_size = 6",
+        ),
         ("dca", {"local_window": 0}, "local_window=0 is out of range"),
         ("dca", {"group": 2}, "dca has no parameter group"),
     ],
@@ -150,17 +163,36 @@ def test_bad_baseline_parameters_name_the_parameter_and_range(name, params, mess
 
 def test_unknown_method_lists_the_supported_ones():
     every = "rope, string, rerope, self_extend, dca, dpe, pi, ntk, dynamic, yarn, llama3, drop, dynamic_drop"
-    with pytest.raises(ValueError, match=rf"unknown method 'strng'; did you mean string\? methods: {every} \(`longreach methods`"):
+    with pytest.raises(
+        ValueError, match=rf"unknown method 'strng'; did you mean string\? methods: {every} \(`longreach methods`"
+    ):
         create("strng", training_window=9)
 
 
 def test_available_lists_every_method_with_defaults_and_ranges():
     rows = {row["name"]: row for row in methods.available()}
-    assert set(rows) == {"rope", "string", "rerope", "self_extend", "dca", "pi", "ntk", "dynamic", "yarn", "llama3",
-                         "drop", "dynamic_drop", "dpe"}
+    assert set(rows) == {
+        "rope",
+        "string",
+        "rerope",
+        "self_extend",
+        "dca",
+        "pi",
+        "ntk",
+        "dynamic",
+        "yarn",
+        "llama3",
+        "drop",
+        "dynamic_drop",
+        "dpe",
+    }
     assert rows["dynamic_drop"]["parameters"]["chunk"] == 1000 and rows["drop"]["kind"] == "drop"
     assert rows["string"]["parameters"] == {"shift": None, "local_window": None, "mscale": False}  # both derived from L
-    assert "2410.18745" in rows["string"]["paper"] and "2402.17463" in rows["dca"]["paper"] and "2504.18857" in rows["dpe"]["paper"]
+    assert (
+        "2410.18745" in rows["string"]["paper"]
+        and "2402.17463" in rows["dca"]["paper"]
+        and "2504.18857" in rows["dpe"]["paper"]
+    )
     assert rows["dpe"]["parameters"] == {"group_scales": None, "local_window": 1024, "top_k": 48, "dimensions": None}
     for row in rows.values():
         assert row["changes"] and set(row["ranges"]) == set(row["parameters"])

@@ -18,9 +18,14 @@ def test_the_kernel_builds_where_a_compiler_is():
     """CI has a compiler: a kernel that fails to build there is a failure, not a skip (auto would fall back silently)."""
     assert native_builds()
 
-METHODS = [("rope", {}), ("string", {"shift": 40, "local_window": 5}), ("string", {"shift": 300, "local_window": 30, "mscale": True}),
-           ("dca", {"chunk_size": 200, "local_window": 20}),  # few chunks: a decoding step turns one query per chunk
-           *[(name, params) for name, params in BASELINES if name in ("rerope", "self_extend", "dca")]]
+
+METHODS = [
+    ("rope", {}),
+    ("string", {"shift": 40, "local_window": 5}),
+    ("string", {"shift": 300, "local_window": 30, "mscale": True}),
+    ("dca", {"chunk_size": 200, "local_window": 20}),  # few chunks: a decoding step turns one query per chunk
+    *[(name, params) for name, params in BASELINES if name in ("rerope", "self_extend", "dca")],
+]
 
 
 @pytest.fixture
@@ -42,8 +47,18 @@ def test_every_method_matches_the_reference_in_prefill_chunks_and_decoding(name,
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(n, pads=pads)
     for q_len in (n, 40, 5, 1):
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
-        got = kernel.attention(q_rot[:, :, -q_len:].float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), scaling=0.3,
-                               key_padding=padding if pads[1] else None, positions=positions, backend="auto", logit_scale=method.logit_scale)
+        got = kernel.attention(
+            q_rot[:, :, -q_len:].float(),
+            k_rot.float(),
+            v.float(),
+            method.parts(),
+            inv_freq.float(),
+            scaling=0.3,
+            key_padding=padding if pads[1] else None,
+            positions=positions,
+            backend="auto",
+            logit_scale=method.logit_scale,
+        )
         assert got.dtype == torch.float32 and not got.isnan().any()
         assert (got - want)[rows].abs().max() <= 2e-5, q_len
     assert len(calls) == 4
@@ -57,8 +72,16 @@ def test_decoding_splits_the_keys_and_combines_them_exactly(pad, calls):
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(2600, batch=2, q_heads=3, kv_heads=1, pads=(0, pad))
     for q_len in (1, 3):
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
-        got = kernel.attention(q_rot[:, :, -q_len:].float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), scaling=0.3,
-                               key_padding=padding if pad else None, positions=positions)
+        got = kernel.attention(
+            q_rot[:, :, -q_len:].float(),
+            k_rot.float(),
+            v.float(),
+            method.parts(),
+            inv_freq.float(),
+            scaling=0.3,
+            key_padding=padding if pad else None,
+            positions=positions,
+        )
         assert (got - want)[rows].abs().max() <= 2e-5
     assert len(calls) == 2
 
@@ -71,13 +94,30 @@ def test_a_sliding_window_partial_rotary_one_key_head_and_padding_not_on_the_lef
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(n, pads=(0, 11), rotary_dims=10, kv_heads=1)
     for q_len in (n, 2):
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3, window=window)
-        got = kernel.attention(q_rot[:, :, -q_len:].float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), scaling=0.3,
-                               key_padding=padding, positions=positions, sliding_window=window)
+        got = kernel.attention(
+            q_rot[:, :, -q_len:].float(),
+            k_rot.float(),
+            v.float(),
+            method.parts(),
+            inv_freq.float(),
+            scaling=0.3,
+            key_padding=padding,
+            positions=positions,
+            sliding_window=window,
+        )
         assert (got - want)[rows].abs().max() <= 2e-5
     assert len(calls) == 2
     holed = padding.clone()
     holed[0, 50] = False
-    kernel.attention(q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), key_padding=holed, positions=positions)
+    kernel.attention(
+        q_rot.float(),
+        k_rot.float(),
+        v.float(),
+        method.parts(),
+        inv_freq.float(),
+        key_padding=holed,
+        positions=positions,
+    )
     assert len(calls) == 2
 
 
@@ -89,7 +129,10 @@ def test_key_spans_over_positions_that_skip_take_the_tiled_kernel(calls):
     skipping = positions.clone()
     skipping[:, 60:] += 7
     arguments = (q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float())
-    assert torch.equal(kernel.attention(*arguments, positions=skipping), kernel.attention(*arguments, positions=skipping, backend="cpu_flash"))
+    assert torch.equal(
+        kernel.attention(*arguments, positions=skipping),
+        kernel.attention(*arguments, positions=skipping, backend="cpu_flash"),
+    )
     assert not calls
     kernel.attention(*arguments, positions=positions)
     assert len(calls) == 1

@@ -36,8 +36,9 @@ def test_every_answer_is_the_value_of_its_keys_record_earlier_in_the_same_docume
         for begin, end in zip(starts, starts[1:]):
             documents.append(end - begin)
             records, queries = records_and_queries(row_ids[begin:end])
-            assert queries and all(key in records and records[key][0] < start and records[key][1] == value
-                                   for start, key, value in queries)
+            assert queries and all(
+                key in records and records[key][0] < start and records[key][1] == value for start, key, value in queries
+            )
             distances += [start - records[key][0] for start, key, _ in queries]
             asked = [key for _, key, _ in queries]
             never_asked += len(set(records) - set(asked))
@@ -62,10 +63,14 @@ def test_a_packed_document_is_scored_as_if_it_were_alone():
     model = LlamaForCausalLM(train.Shape(layers=1, hidden=32, heads=2, kv_heads=1).config(128)).eval()
     data = Corpus(128, "natural").batch(2, np.random.default_rng(0))
     row = next(r for r in range(len(data["input_ids"])) if (data["input_ids"][r] == BOS).sum() >= 2)
-    bos = np.flatnonzero(data["input_ids"][row].numpy() == BOS).tolist() + [int((data["input_ids"][row] != corpus.PAD).sum())]
+    bos = np.flatnonzero(data["input_ids"][row].numpy() == BOS).tolist() + [
+        int((data["input_ids"][row] != corpus.PAD).sum())
+    ]
     begin, end = bos[1], bos[2]  # the row's second document
     with torch.no_grad():
-        packed = model(input_ids=data["input_ids"], position_ids=data["position_ids"], use_cache=False).logits[row, begin:end]
+        packed = model(input_ids=data["input_ids"], position_ids=data["position_ids"], use_cache=False).logits[
+            row, begin:end
+        ]
         alone = model(input_ids=data["input_ids"][row : row + 1, begin:end]).logits[0]
     torch.testing.assert_close(packed, alone, atol=1e-5, rtol=1e-5)
 
@@ -79,7 +84,11 @@ def test_document_lengths_follow_the_distribution_and_give_a_left_skewed_frequen
 
 
 def test_a_record_token_holds_one_key_and_one_value():
-    pairs = [(k, v) for k in range(corpus.FIRST_KEY, corpus.FIRST_VALUE) for v in range(corpus.FIRST_VALUE, corpus.FIRST_RECORD)]
+    pairs = [
+        (k, v)
+        for k in range(corpus.FIRST_KEY, corpus.FIRST_VALUE)
+        for v in range(corpus.FIRST_VALUE, corpus.FIRST_RECORD)
+    ]
     tokens = [corpus.record_token(k, v) for k, v in pairs]
     assert sorted(tokens) == list(range(corpus.FIRST_RECORD, corpus.VOCAB))
     assert [corpus.key_and_value(t) for t in tokens] == pairs
@@ -90,7 +99,7 @@ def test_a_retrieval_case_puts_the_asked_record_at_the_distance():
     for distance in (RECORD, 100, 256 - 2 * RECORD):
         tokens, position, answer = corpus.retrieval_case(256, distance, 4, rng)
         records, queries = records_and_queries(tokens)
-        (query, key, value), = queries
+        ((query, key, value),) = queries
         assert len(records) == 4 and query - records[key][0] == distance and answer == value == records[key][1]
         assert position == query + 1 and tokens[0] == BOS
     with pytest.raises(ValueError, match="distance=300 is out of range"):
@@ -112,8 +121,9 @@ class Oracle(torch.nn.Module):
 def test_measuring_scores_a_perfect_and_a_blind_model_and_pairs_their_cases():
     grid = measure.distances(128, 4)
     perfect = measure.by_distance(Oracle(), 128, grid, cases=10)
-    blind = measure.by_distance(lambda input_ids: type("O", (), {"logits": torch.zeros(*input_ids.shape, corpus.VOCAB)}),
-                                128, grid, cases=10)
+    blind = measure.by_distance(
+        lambda input_ids: type("O", (), {"logits": torch.zeros(*input_ids.shape, corpus.VOCAB)}), 128, grid, cases=10
+    )
     assert grid[0] == measure.SHORTEST and grid[-1] == 128 - 2 * RECORD
     assert all(row["accuracy"] == 100.0 and row["n"] == 10 and row["low"] > 69 for row in perfect.values())
     assert all(row["accuracy"] == 0.0 for row in blind.values())
@@ -124,22 +134,30 @@ def test_measuring_scores_a_perfect_and_a_blind_model_and_pairs_their_cases():
 
 def test_training_checkpoints_in_safetensors_and_resumes_to_the_same_weights(tmp_path):
     data, shape = Corpus(80, "natural"), train.Shape(layers=1, hidden=32, heads=2, kv_heads=1)
-    straight = train.train(data, tmp_path / "straight", shape, train.Schedule(steps=4, rows=2, save_every=2), progress=False)
+    straight = train.train(
+        data, tmp_path / "straight", shape, train.Schedule(steps=4, rows=2, save_every=2), progress=False
+    )
     schedule = train.Schedule(steps=4, rows=2, save_every=2)
     train.train(data, tmp_path / "resumed", shape, schedule, progress=False)
     shutil.rmtree(tmp_path / "resumed" / "step_4")  # as if interrupted after step 2
-    resumed = train.train(data, tmp_path / "resumed", shape, dataclasses.replace(schedule, save_every=1), progress=False)
+    resumed = train.train(
+        data, tmp_path / "resumed", shape, dataclasses.replace(schedule, save_every=1), progress=False
+    )
     assert [p.name for p in train.checkpoints(tmp_path / "resumed")] == ["step_2", "step_3", "step_4"]
     a, b = load_file(straight / "model.safetensors"), load_file(resumed / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
     model, state = train.load(resumed)
     assert state["step"] == 4 and state["tokens_seen"] > 0 and sum(state["document_lengths"]) > 0
     assert train.position_frequency(state)[0] == sum(n * c for n, c in enumerate(state["document_lengths"]))
-    with pytest.raises(ValueError, match=r"holds a run with other settings: distribution='uniform' \(the run's: 'natural'\)"):
+    with pytest.raises(
+        ValueError, match=r"holds a run with other settings: distribution='uniform' \(the run's: 'natural'\)"
+    ):
         train.train(Corpus(80, "uniform"), tmp_path / "resumed", shape, schedule, progress=False)
     for changed in (dict(steps=6), dict(rows=3), dict(lr=1e-3), dict(warmup=3)):
         name, value = next(iter(changed.items()))
-        with pytest.raises(ValueError, match=rf"other settings: {name}={value} \(the run's: {getattr(schedule, name)}\); resume it"):
+        with pytest.raises(
+            ValueError, match=rf"other settings: {name}={value} \(the run's: {getattr(schedule, name)}\); resume it"
+        ):
             train.train(data, tmp_path / "resumed", shape, dataclasses.replace(schedule, **changed), progress=False)
     assert train.state_of(resumed)["schedule"] == dataclasses.asdict(dataclasses.replace(schedule, save_every=1))
 
@@ -148,31 +166,80 @@ def test_the_command_line_trains_measures_and_reports_a_run(tmp_path, capsys):
     from longreach import cli
 
     run = tmp_path / "natural_80"
-    cli.main(["probe", "train", "--window", "80", "--steps", "4", "--rows", "2", "--save-every", "2", "--layers", "1",
-              "--hidden", "32", "--heads", "2", "--kv-heads", "1", "--out", str(run)])
-    cli.main(["probe", "measure", str(run), "--cases", "3", "--distances", "3", "--method", "rope", "--method", "string:shift=30,local_window=4"])
-    cli.main(["probe", "measure", str(run), "--cases", "3", "--distances", "3", "--method", "rope", "--final-only"])  # measured: nothing to do
+    cli.main(
+        [
+            "probe",
+            "train",
+            "--window",
+            "80",
+            "--steps",
+            "4",
+            "--rows",
+            "2",
+            "--save-every",
+            "2",
+            "--layers",
+            "1",
+            "--hidden",
+            "32",
+            "--heads",
+            "2",
+            "--kv-heads",
+            "1",
+            "--out",
+            str(run),
+        ]
+    )
+    cli.main(
+        [
+            "probe",
+            "measure",
+            str(run),
+            "--cases",
+            "3",
+            "--distances",
+            "3",
+            "--method",
+            "rope",
+            "--method",
+            "string:shift=30,local_window=4",
+        ]
+    )
+    cli.main(
+        ["probe", "measure", str(run), "--cases", "3", "--distances", "3", "--method", "rope", "--final-only"]
+    )  # measured: nothing to do
     cli.main(["probe", "report", str(run), "--out", str(tmp_path / "report")])
     summary = json.loads((tmp_path / "report" / "summary.json").read_text())
     growth = summary["runs"]["natural_80"]["growth"]
     assert [row["step"] for row in growth] == [2, 4] and growth[1]["tokens_seen"] > growth[0]["tokens_seen"]
-    assert all(row["sure_effective_length"] <= row["effective_length"] <= row["possible_effective_length"] for row in growth)
+    assert all(
+        row["sure_effective_length"] <= row["effective_length"] <= row["possible_effective_length"] for row in growth
+    )
     final = summary["runs"]["natural_80"]["final"]
-    assert set(final) == {"rope", "string:shift=30,local_window=4"} and all(row["n"] == 3 for row in final["rope"].values())
-    assert set(summary["runs"]["natural_80"]["minus_rope"]["string:shift=30,local_window=4"]) <= {"first third", "middle third", "last third"}
+    assert set(final) == {"rope", "string:shift=30,local_window=4"} and all(
+        row["n"] == 3 for row in final["rope"].values()
+    )
+    assert set(summary["runs"]["natural_80"]["minus_rope"]["string:shift=30,local_window=4"]) <= {
+        "first third",
+        "middle third",
+        "last third",
+    }
     for name in ("summary.md", "effective_length.png", "accuracy_natural_80.png", "configs/natural_80.json"):
         assert (tmp_path / "report" / name).stat().st_size > 0
     with pytest.raises(SystemExit, match="holds no checkpoint"):
         cli.main(["probe", "measure", str(tmp_path)])
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--window", "40"], "window=40 is out of range"),
-    (["--lr", "nan"], "lr=nan is out of range"),
-    (["--seed", "-1"], "seed=-1 is out of range"),
-    (["--hidden", "30", "--heads", "4"], "do not fit"),
-    (["--window", "64", "--median-tokens", "100"], "--median-tokens 100 is out of range: at most the window"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--window", "40"], "window=40 is out of range"),
+        (["--lr", "nan"], "lr=nan is out of range"),
+        (["--seed", "-1"], "seed=-1 is out of range"),
+        (["--hidden", "30", "--heads", "4"], "do not fit"),
+        (["--window", "64", "--median-tokens", "100"], "--median-tokens 100 is out of range: at most the window"),
+    ],
+)
 def test_bad_training_arguments_end_in_one_line(argv, message, tmp_path):
     from longreach import cli
 

@@ -28,28 +28,57 @@ def methods(draw, window):
         return name, {"group_size": draw(st.integers(1, 5)), "neighbor_window": draw(st.integers(1, window))}
     if name == "dca":
         chunk = draw(st.integers(3, window))
-        return name, {"chunk_size": chunk, "local_window": draw(st.integers(1, chunk - 1)), "mscale": draw(st.booleans())}
+        return name, {
+            "chunk_size": chunk,
+            "local_window": draw(st.integers(1, chunk - 1)),
+            "mscale": draw(st.booleans()),
+        }
     return name, {}
 
 
 @SETTINGS
-@given(data=st.data(), n=st.integers(8, 100), pad=st.integers(0, 30), q_len=st.sampled_from([None, 1, 7]),
-       kv_heads=st.sampled_from([1, 2, 4]), dtype=st.sampled_from([torch.float64, torch.float32, torch.bfloat16]),
-       rotary=st.sampled_from([16, 8]), drop=st.booleans(), backend=st.sampled_from(["auto", "flex"]))
+@given(
+    data=st.data(),
+    n=st.integers(8, 100),
+    pad=st.integers(0, 30),
+    q_len=st.sampled_from([None, 1, 7]),
+    kv_heads=st.sampled_from([1, 2, 4]),
+    dtype=st.sampled_from([torch.float64, torch.float32, torch.bfloat16]),
+    rotary=st.sampled_from([16, 8]),
+    drop=st.booleans(),
+    backend=st.sampled_from(["auto", "flex"]),
+)
 def test_the_kernel_equals_the_reference_on_random_cases(data, n, pad, q_len, kv_heads, dtype, rotary, drop, backend):
     window = data.draw(st.integers(8, 64), label="window")
     name, params = data.draw(methods(window), label="method")
     method = create(name, training_window=window, **params)
     pads = (0, min(pad, n - 1))
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(n, q_heads=4, kv_heads=kv_heads, rotary_dims=rotary, pads=pads)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(
+        n, q_heads=4, kv_heads=kv_heads, rotary_dims=rotary, pads=pads
+    )
     q_len = q_len or n
     scale = method.logit_scale_at(positions[:, -1] + 1)
-    rates = torch.rand(2, q_len, generator=torch.Generator().manual_seed(n), dtype=torch.float64) * 0.5 if drop else None
+    rates = (
+        torch.rand(2, q_len, generator=torch.Generator().manual_seed(n), dtype=torch.float64) * 0.5 if drop else None
+    )
     P = method.relative_positions(positions[:, -q_len:, None], positions[:, None, :])
-    want = reference.dense_attention(q[:, :, -q_len:], k, v, P, inv_freq, 0.3, key_padding=padding, logit_scale=scale, drop_rates=rates)
-    got = kernel.attention(q_rot[:, :, -q_len:].to(dtype), k_rot.to(dtype), v.to(dtype), method.parts(), inv_freq.to(dtype),
-                           scaling=0.3, key_padding=padding if pads[1] else None, positions=positions, logit_scale=scale,
-                           drop=rates, tile=16, backend=backend)
+    want = reference.dense_attention(
+        q[:, :, -q_len:], k, v, P, inv_freq, 0.3, key_padding=padding, logit_scale=scale, drop_rates=rates
+    )
+    got = kernel.attention(
+        q_rot[:, :, -q_len:].to(dtype),
+        k_rot.to(dtype),
+        v.to(dtype),
+        method.parts(),
+        inv_freq.to(dtype),
+        scaling=0.3,
+        key_padding=padding if pads[1] else None,
+        positions=positions,
+        logit_scale=scale,
+        drop=rates,
+        tile=16,
+        backend=backend,
+    )
     tolerance = {torch.float64: 1e-10, torch.float32: 1e-5, torch.bfloat16: 0.1}[dtype]
     if drop and dtype != torch.float64:
         return  # low precision may move a score across the quantile: drops are compared in float64 only
@@ -60,8 +89,14 @@ FAMILIES = {"llama": {}, "qwen2": {}, "mistral": {"sliding_window": 20}, "gemma3
 
 
 @SETTINGS
-@given(data=st.data(), family=st.sampled_from(sorted(FAMILIES)), n=st.integers(12, 110), pad=st.integers(0, 25),
-       cache=st.sampled_from(["none", "dynamic", "static"]), kv_heads=st.sampled_from([1, 2, 4]))
+@given(
+    data=st.data(),
+    family=st.sampled_from(sorted(FAMILIES)),
+    n=st.integers(12, 110),
+    pad=st.integers(0, 25),
+    cache=st.sampled_from(["none", "dynamic", "static"]),
+    kv_heads=st.sampled_from([1, 2, 4]),
+)
 @torch.no_grad()
 def test_models_equal_the_reference_with_every_cache_kind(data, family, n, pad, cache, kv_heads):
     window = data.draw(st.integers(16, 96), label="window")
@@ -78,7 +113,11 @@ def test_models_equal_the_reference_with_every_cache_kind(data, family, n, pad, 
         got = model(x, attention_mask=mask).logits
     else:  # a chunked prefill into the cache, then one-token steps
         split = data.draw(st.integers(1, n - 1), label="split")
-        past = DynamicCache(config=model.config) if cache == "dynamic" else StaticCache(config=model.config, max_cache_len=n + 3)
+        past = (
+            DynamicCache(config=model.config)
+            if cache == "dynamic"
+            else StaticCache(config=model.config, max_cache_len=n + 3)
+        )
         pieces = [model(x[:, :split], attention_mask=mask[:, :split], past_key_values=past).logits]
         for end in range(split + 1, n + 1):
             pieces.append(model(x[:, end - 1 : end], attention_mask=mask[:, :end], past_key_values=past).logits)

@@ -85,9 +85,14 @@ def test_cwe_lists_all_ten_common_words(tokenizer, family, length):
 
 
 def test_the_vt_example_is_one_per_run_renamed_per_case(tokenizer):
-    examples = [tasks.get("ruler:vt").build(tokenizer, length, None, seed).prompt.split("Memorize and track the chain(s)")[1]
-                for length, seed in ((2048, 0), (4096, 5))]
-    layout = lambda example: re.sub(r"VAR [A-Z]+ = (VAR [A-Z]+|\d+)", "VAR", example.split("Question:")[0])
+    examples = [
+        tasks.get("ruler:vt").build(tokenizer, length, None, seed).prompt.split("Memorize and track the chain(s)")[1]
+        for length, seed in ((2048, 0), (4096, 5))
+    ]
+
+    def layout(example):
+        return re.sub(r"VAR [A-Z]+ = (VAR [A-Z]+|\d+)", "VAR", example.split("Question:")[0])
+
     assert layout(examples[0]) == layout(examples[1]) and examples[0] != examples[1]
 
 
@@ -95,9 +100,11 @@ def test_the_sentence_splitter_keeps_every_character():
     """Punkt (RULER's splitter) may add a space where it cuts, never drops a character."""
     from longreach.eval import haystack
 
-    assert haystack.sentences('He said "Hi." Then (ok.) End.') == ['He said "Hi."', 'Then (ok.) End.']
+    assert haystack.sentences('He said "Hi." Then (ok.) End.') == ['He said "Hi."', "Then (ok.) End."]
     text = re.sub(r"\s+", " ", haystack.essays()).strip()
-    assert "".join(" ".join(haystack.sentences(text)).split()) == "".join(text.split())  # the review: 11 of 38 quotes lost
+    assert "".join(" ".join(haystack.sentences(text)).split()) == "".join(
+        text.split()
+    )  # the review: 11 of 38 quotes lost
 
 
 def test_niah4_reads_the_essays_in_the_order_of_strings_own_file(tokenizer):
@@ -117,10 +124,22 @@ def test_cwe_builds_past_8k_with_the_answer_inside_the_length(tokenizer, length)
 
 
 def test_tokens_to_generate_are_upstreams():
-    expected = {"niah4": 128, "niah4-chat": 128, "passkey": 10, "passkey-chat": 10, "niah": 128, "ruler:vt": 30,
-                "ruler:cwe": 120, "ruler:fwe": 50, "ruler:qa_1": 32, "ruler:qa_2": 32}
+    expected = {
+        "niah4": 128,
+        "niah4-chat": 128,
+        "passkey": 10,
+        "passkey-chat": 10,
+        "niah": 128,
+        "ruler:vt": 30,
+        "ruler:cwe": 120,
+        "ruler:fwe": 50,
+        "ruler:qa_1": 32,
+        "ruler:qa_2": 32,
+    }
     expected |= {f"ruler:{n}": 128 for n in ruler.TASKS if n.startswith("niah")}
-    expected |= {name.replace("ruler:", "ruler-tight:"): tokens for name, tokens in expected.items() if name.startswith("ruler:")}
+    expected |= {
+        name.replace("ruler:", "ruler-tight:"): tokens for name, tokens in expected.items() if name.startswith("ruler:")
+    }
     assert {name: tasks.get(name).max_new_tokens for name in ALL} == expected
     assert tasks.expand("ruler-tight") == [f"ruler-tight:{n}" for n in ruler.TASKS]
 
@@ -135,7 +154,9 @@ def test_vt_has_its_in_context_example_with_fresh_names_and_value(tokenizer):
     assert value != "12345" and f"5 variables are assigned the value {value}, they are: " in example
     assert example.rstrip().endswith(" ".join(name for name, _ in chain))  # the example's answer, renamed as upstream
     assert count(tokenizer, "Memorize and track the chain(s)" + example) <= 520
-    assert re.findall(r"VAR ([A-Z]{5}) = ", main) and set(case.references) == set(re.findall(r"VAR ([A-Z]{5}) = ", main))
+    assert re.findall(r"VAR ([A-Z]{5}) = ", main) and set(case.references) == set(
+        re.findall(r"VAR ([A-Z]{5}) = ", main)
+    )
     assert case.prompt.endswith(", they are: ")
 
 
@@ -143,7 +164,9 @@ def test_vt_has_its_in_context_example_with_fresh_names_and_value(tokenizer):
 def test_cwe_has_one_solved_example_and_upstreams_repeats(tokenizer, length, example, repeats):
     case = tasks.get("ruler:cwe").build(tokenizer, length, None, seed=2)
     first, second = case.prompt.split(ruler.words.CWE_ANSWER)[:2]
-    words = re.findall(r"\d+\. ([^\d\n]+?)(?= \d+\.|\n|$)", first.split("Memorize the ones that appear most often.\n")[1])
+    words = re.findall(
+        r"\d+\. ([^\d\n]+?)(?= \d+\.|\n|$)", first.split("Memorize the ones that appear most often.\n")[1]
+    )
     assert len(words) == 10 * example[1] + (example[0] - 10) * example[2]
     solved = re.findall(r"\d+\. (.+?)(?= \d+\.|\n)", second.split("\n")[0] + "\n")
     assert len(solved) == 10 and all(words.count(w) == example[1] for w in solved)  # the example is solved correctly
@@ -160,12 +183,16 @@ def test_squad_fills_with_its_own_article_first_and_hotpotqa_keeps_all_ten(token
     item = questions[0]
     assert documents[item["documents"][0]] in shown
     own = {documents[i] for i in item["article"]}
-    assert len(shown) == case.haystack_units and (set(shown) - {documents[item["documents"][0]]} <= own
-                                                   or own <= set(shown))
+    assert len(shown) == case.haystack_units and (
+        set(shown) - {documents[item["documents"][0]]} <= own or own <= set(shown)
+    )
     questions, documents = ruler.qa_data("hotpotqa")
     for seed in (0, 5):
         case = tasks.get("ruler:qa_2").build(tokenizer, 2048, None, seed=seed)
-        assert all(documents[i] in case.prompt for i in questions[seed]["documents"]) and len(questions[seed]["documents"]) == 10
+        assert (
+            all(documents[i] in case.prompt for i in questions[seed]["documents"])
+            and len(questions[seed]["documents"]) == 10
+        )
 
 
 def test_ruler_needles_sit_at_depths_drawn_from_its_forty(tokenizer):
@@ -197,9 +224,13 @@ def test_ruler_scores_after_upstreams_postprocessing():
 def test_string_four_needles_as_the_string_repository(tokenizer):
     task = tasks.get("niah4")
     case = task.build(tokenizer, 8192, None, seed=4)
-    assert case.prompt.startswith("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them.")
+    assert case.prompt.startswith(
+        "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them."
+    )
     assert case.prompt.endswith(". \n\n\nWhat are the magic numbers mentioned in the provided text?\nThe numbers are")
-    assert all(f" One of the magic number is: {v}. " in case.prompt and 100000 <= int(v) <= 1000000 for v in case.references)
+    assert all(
+        f" One of the magic number is: {v}. " in case.prompt and 100000 <= int(v) <= 1000000 for v in case.references
+    )
     positions = [case.prompt.index(f"is: {v}.") / len(case.prompt) for v in case.references]
     assert [int(d / (0.99 / 4)) for d in case.needle_depths] == [0, 1, 2, 3] and positions == sorted(positions)
     assert all(abs(p - d) < 0.03 for p, d in zip(positions, case.needle_depths))
@@ -207,7 +238,9 @@ def test_string_four_needles_as_the_string_repository(tokenizer):
     two = task.score(f"{case.references[3]}, {case.references[0]}</s>", case)
     assert two["score"] == 100.0 and two["fraction"] == 0.5 and task.score(case.references[1], case)["score"] == 0.0
     chat = tasks.get("niah4-chat").build(tokenizer, 8192, None, seed=4)
-    assert chat.prompt.startswith("<|im_start|>system") and chat.prompt.endswith("<|im_start|>assistant\nThe numbers are")
+    assert chat.prompt.startswith("<|im_start|>system") and chat.prompt.endswith(
+        "<|im_start|>assistant\nThe numbers are"
+    )
 
 
 def test_passkey_as_landmark_attentions_script(tokenizer):
@@ -228,7 +261,9 @@ def test_passkey_as_landmark_attentions_script(tokenizer):
 def test_running_out_of_words_or_documents_is_a_one_line_error(monkeypatch):
     monkeypatch.setattr(ruler.words, "_cwe_words", lambda: [f"w{i}" for i in range(40)])
     for family in ("ruler", "ruler-tight"):
-        with pytest.raises(ValueError, match=rf"{family}:cwe at 16384 tokens: all 40 distinct words of wonderwords take only \d+ of"):
+        with pytest.raises(
+            ValueError, match=rf"{family}:cwe at 16384 tokens: all 40 distinct words of wonderwords take only \d+ of"
+        ):
             tasks.get(f"{family}:cwe").build(byte_tokenizer(), 16384, None, seed=0)
 
 
@@ -238,32 +273,58 @@ def test_wilson_and_bootstrap_intervals_on_hand_worked_counts():
     assert stats.wilson(0, 20)[0] == 0.0 and round(stats.wilson(0, 10)[1], 1) == 27.8 and stats.wilson(0, 10)[0] == 0.0
     assert round(stats.wilson(10, 10)[0], 1) == 72.2 and stats.wilson(10, 10)[1] == 100.0
     assert stats.bootstrap([[50.0] * 7]) == (50.0, 50.0)
-    assert math.isnan(stats.bootstrap([[50.0, 60.0], [70.0]])[0])  # one case of a task: no interval, not a zero-width one
+    assert math.isnan(
+        stats.bootstrap([[50.0, 60.0], [70.0]])[0]
+    )  # one case of a task: no interval, not a zero-width one
     assert stats.effective_length({2048: math.nan}) == 0
     low, high = stats.interval([0.0, 25.0, 50.0, 75.0, 100.0] * 4)
     assert 30 < low < 50 < high < 70
     assert stats.interval([100.0, 0.0, 100.0, 100.0, 0.0, 100.0, 100.0, 100.0, 100.0, 100.0]) == stats.wilson(8, 10)
     averages = stats.weighted_averages({4096: 90.0, 8192: 80.0, 16384: 70.0})
-    assert averages["avg"] == 80.0 and averages["wavg_inc"] == pytest.approx(460 / 6) and averages["wavg_dec"] == pytest.approx(500 / 6)
+    assert (
+        averages["avg"] == 80.0
+        and averages["wavg_inc"] == pytest.approx(460 / 6)
+        and averages["wavg_dec"] == pytest.approx(500 / 6)
+    )
 
 
 def _record(task: str, length: int, seed: int, score: float, empty: bool = False) -> dict:
-    return {"model": "m", "method": "rope", "resolved": "rope [L=8192]", "window": 8192, "task": task, "length": length,
-            "depth": None, "seed": seed, "score": score, "metric": "string_match_all", "empty": empty, "seconds": 1.0}
+    return {
+        "model": "m",
+        "method": "rope",
+        "resolved": "rope [L=8192]",
+        "window": 8192,
+        "task": task,
+        "length": length,
+        "depth": None,
+        "seed": seed,
+        "score": score,
+        "metric": "string_match_all",
+        "empty": empty,
+        "seconds": 1.0,
+    }
 
 
 def test_the_ruler_score_is_the_mean_of_task_means_with_averages_and_effective_length(tmp_path):
     means = {4096: 90.0, 8192: 86.0}  # every task scores these at 4K and 8K: RULER mean = the same
-    records = [_record(task, n, seed, means[n] + (5 if seed else -5), empty=(seed == 0 and task == "ruler:vt"))
-               for task in report.RULER_TASKS for n in means for seed in range(2)]
+    records = [
+        _record(task, n, seed, means[n] + (5 if seed else -5), empty=(seed == 0 and task == "ruler:vt"))
+        for task in report.RULER_TASKS
+        for n in means
+        for seed in range(2)
+    ]
     (tmp_path / runner.RESULTS).write_text("".join(json.dumps(r) + "\n" for r in records))
     markdown = report.build(tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
     rows = {row["length"]: row for row in summary["ruler"]}
     assert rows[4096]["score"] == pytest.approx(90.0) and rows[8192]["score"] == pytest.approx(86.0)
-    assert all(row["complete"] and row["cases"] == 26 and row["low"] < row["score"] < row["high"] for row in rows.values())
+    assert all(
+        row["complete"] and row["cases"] == 26 and row["low"] < row["score"] < row["high"] for row in rows.values()
+    )
     ruler_length = next(e for e in summary["effective_length"] if e["task"] == "ruler")
-    assert ruler_length["point"] == 8192 and ruler_length["sure"] == 4096  # at 8K the lower bound (about 84) misses 85.6
+    assert (
+        ruler_length["point"] == 8192 and ruler_length["sure"] == 4096
+    )  # at 8K the lower bound (about 84) misses 85.6
     assert ruler_length["avg"] == pytest.approx(88.0) and ruler_length["wavg_inc"] == pytest.approx((90 + 2 * 86) / 3)
     assert "vt 2" in markdown and "## RULER" in markdown and (tmp_path / "compare_ruler.png").stat().st_size > 0
     assert "Minus rope" not in markdown  # one method: nothing to pair
@@ -273,7 +334,9 @@ def test_the_ruler_score_is_the_mean_of_task_means_with_averages_and_effective_l
     qa_1 = [r for r in records if r["task"] == "ruler:qa_1"]  # qa_2 could not be built at this length, qa_1 could
     (tmp_path / runner.RESULTS).write_text("".join(json.dumps(r) + "\n" for r in without_qa + qa_1))
     markdown = report.build(tmp_path)
-    assert "(12 tasks, incomplete, n=24)" in markdown and "11 tasks" not in markdown.split("## RULER")[1].split("\n\n")[2]
+    assert (
+        "(12 tasks, incomplete, n=24)" in markdown and "11 tasks" not in markdown.split("## RULER")[1].split("\n\n")[2]
+    )
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert not any(row["complete"] for row in summary["ruler"])
     assert next(e for e in summary["effective_length"] if e["task"] == "ruler")["point"] is None  # out of the averages
@@ -284,7 +347,10 @@ def test_the_ruler_difference_against_rope_pairs_cases_within_each_task(tmp_path
     # each task's pairs are resampled on their own, so the interval is exact; the third case of string has no pair
     rope = [_record(task, 4096, seed, 10.0 * seed) for task in report.RULER_TASKS for seed in range(2)]
     first = report.RULER_TASKS[0]
-    string = [{**r, "method": "string", "resolved": "string [L=8192]", "score": r["score"] + 20 * (r["task"] == first)} for r in rope]
+    string = [
+        {**r, "method": "string", "resolved": "string [L=8192]", "score": r["score"] + 20 * (r["task"] == first)}
+        for r in rope
+    ]
     unpaired = {**string[0], "seed": 2}
     (tmp_path / runner.RESULTS).write_text("".join(json.dumps(r) + "\n" for r in rope + string + [unpaired]))
     markdown = report.build(tmp_path)
@@ -292,17 +358,26 @@ def test_the_ruler_difference_against_rope_pairs_cases_within_each_task(tmp_path
     assert paired["method"] == "string" and paired["n"] == 26
     assert paired["difference"] == pytest.approx(20 / 13) and paired["low"] == paired["high"] == pytest.approx(20 / 13)
     assert "| string | +1.5 [+2, +2] (n=26) |" in markdown
-    (tmp_path / runner.RESULTS).write_text("".join(json.dumps(r) + "\n" for r in rope[:-2] + string[:-2]))  # 12 tasks both
-    assert "| string | +1.7 [+2, +2] (n=24) (12 tasks) |" in report.build(tmp_path)  # 20 / 12: a partial average, marked
-    (tmp_path / runner.RESULTS).write_text("".join(json.dumps(r) + "\n" for r in rope + string[2:]))  # string lacks a task
+    (tmp_path / runner.RESULTS).write_text(
+        "".join(json.dumps(r) + "\n" for r in rope[:-2] + string[:-2])
+    )  # 12 tasks both
+    assert "| string | +1.7 [+2, +2] (n=24) (12 tasks) |" in report.build(
+        tmp_path
+    )  # 20 / 12: a partial average, marked
+    (tmp_path / runner.RESULTS).write_text(
+        "".join(json.dumps(r) + "\n" for r in rope + string[2:])
+    )  # string lacks a task
     report.build(tmp_path)
     (paired,) = json.loads((tmp_path / "summary.json").read_text())["ruler_paired"]
     assert paired["n"] == 0 and paired["difference"] is None
 
 
 def test_effective_length_is_reported_by_point_and_by_lower_bound(tmp_path):
-    records = [_record("niah4", n, seed, 100.0 if seed < passed else 0.0)
-               for n, passed in ((2048, 10), (4096, 9)) for seed in range(10)]
+    records = [
+        _record("niah4", n, seed, 100.0 if seed < passed else 0.0)
+        for n, passed in ((2048, 10), (4096, 9))
+        for seed in range(10)
+    ]
     (tmp_path / runner.RESULTS).write_text("".join(json.dumps(r) + "\n" for r in records))
     report.build(tmp_path)
     (effective,) = json.loads((tmp_path / "summary.json").read_text())["effective_length"]
@@ -311,16 +386,31 @@ def test_effective_length_is_reported_by_point_and_by_lower_bound(tmp_path):
 
 def test_a_batch_gives_the_answers_of_one_case_at_a_time_also_read_in_chunks(tmp_path):
     model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024)
-    grid = lambda: runner.Grid("tiny", ["passkey", "ruler-tight:niah_single_1"], [MethodSpec.parse("rope"),
-                               MethodSpec.parse("string:shift=200,local_window=8")], [700, 900], [0.5], 3)
+
+    def grid():
+        return runner.Grid(
+            "tiny",
+            ["passkey", "ruler-tight:niah_single_1"],
+            [MethodSpec.parse("rope"), MethodSpec.parse("string:shift=200,local_window=8")],
+            [700, 900],
+            [0.5],
+            3,
+        )
+
     one = runner.read_results(runner.run(grid(), tmp_path / "one", loaded=(model, byte_tokenizer())))
     three = runner.read_results(runner.run(grid(), tmp_path / "three", loaded=(model, byte_tokenizer()), batch_size=3))
-    chunked = runner.read_results(runner.run(grid(), tmp_path / "chunked", loaded=(model, byte_tokenizer()), batch_size=3,
-                                             prefill_tokens=256))  # three prompts of 700-900 tokens in chunks of 85
+    chunked = runner.read_results(
+        runner.run(grid(), tmp_path / "chunked", loaded=(model, byte_tokenizer()), batch_size=3, prefill_tokens=256)
+    )  # three prompts of 700-900 tokens in chunks of 85
     assert len(one) == len(three) == len(chunked) == 24
-    answers = lambda records: {runner.case_key(r): (r["answer"], r["prompt_hash"], r["n_tokens"]) for r in records}
+
+    def answers(records):
+        return {runner.case_key(r): (r["answer"], r["prompt_hash"], r["n_tokens"]) for r in records}
+
     assert answers(one) == answers(three) == answers(chunked)
-    assert {r["prefill_tokens"] for r in one} == {0} and {r["prefill_tokens"] for r in three} == {generate.BATCH_PREFILL_TOKENS}
+    assert {r["prefill_tokens"] for r in one} == {0} and {r["prefill_tokens"] for r in three} == {
+        generate.BATCH_PREFILL_TOKENS
+    }
     assert {r["prefill_tokens"] for r in chunked} == {256}
 
 
@@ -329,10 +419,22 @@ def test_length_dependent_methods_answer_the_same_in_any_batch_and_chunking(tmp_
     frequencies follow a forward's longest sequence, decodes each case alone in one forward."""
     model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=512)
     methods = ["dynamic:factor=2", "dca:mscale=true,chunk_size=300,local_window=40", "dynamic_drop:chunk=64,layers=0;1"]
-    grid = lambda: runner.Grid("tiny", ["passkey"], [MethodSpec.parse(m) for m in methods], [600, 700], [0.5], 3)
-    runs = {name: runner.read_results(runner.run(grid(), tmp_path / name, loaded=(model, byte_tokenizer()), **settings))
-            for name, settings in (("one", {}), ("three", {"batch_size": 3}), ("chunked", {"batch_size": 3, "prefill_tokens": 301}))}
-    answers = lambda records: {runner.case_key(r): (r["answer"], r["prompt_hash"]) for r in records}
+
+    def grid():
+        return runner.Grid("tiny", ["passkey"], [MethodSpec.parse(m) for m in methods], [600, 700], [0.5], 3)
+
+    runs = {
+        name: runner.read_results(runner.run(grid(), tmp_path / name, loaded=(model, byte_tokenizer()), **settings))
+        for name, settings in (
+            ("one", {}),
+            ("three", {"batch_size": 3}),
+            ("chunked", {"batch_size": 3, "prefill_tokens": 301}),
+        )
+    }
+
+    def answers(records):
+        return {runner.case_key(r): (r["answer"], r["prompt_hash"]) for r in records}
+
     assert len(runs["one"]) == 18 and answers(runs["one"]) == answers(runs["three"]) == answers(runs["chunked"])
     dynamic = [r for r in runs["chunked"] if r["method"].startswith("dynamic:")]
     assert {(r["batch"], r["prefill_tokens"]) for r in dynamic} == {(1, 0)}
@@ -340,7 +442,10 @@ def test_length_dependent_methods_answer_the_same_in_any_batch_and_chunking(tmp_
 
 
 def test_a_prefill_forward_stays_within_its_token_budget_over_the_batch():
-    assert generate.prefill_budget(1, None) == 0 and generate.prefill_budget(4, None) == generate.BATCH_PREFILL_TOKENS == 4096
+    assert (
+        generate.prefill_budget(1, None) == 0
+        and generate.prefill_budget(4, None) == generate.BATCH_PREFILL_TOKENS == 4096
+    )
     assert generate.prefill_budget(1, 8192) == 8192 and generate.prefill_budget(8, 0) == 0  # as given
     assert generate.prefill_chunk(4096, 4, 8192) == 2048
     assert generate.prefill_chunk(8000, 1, 8192) is None  # fits: one forward, as transformers does by default

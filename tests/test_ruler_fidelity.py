@@ -88,8 +88,13 @@ def test_a_punkt_model_other_than_punkt_tab_english_is_refused(monkeypatch):
     import punkt
 
     model = punkt.load_model("english")
-    other = SimpleNamespace(abbrev_types=model.abbrev_types | {"approx"}, collocations=model.collocations, sent_starters=model.sent_starters,
-                            numeric_abbrev_types=model.numeric_abbrev_types, ortho_context=model.ortho_context)
+    other = SimpleNamespace(
+        abbrev_types=model.abbrev_types | {"approx"},
+        collocations=model.collocations,
+        sent_starters=model.sent_starters,
+        numeric_abbrev_types=model.numeric_abbrev_types,
+        ortho_context=model.ortho_context,
+    )
     monkeypatch.setattr(punkt, "load_model", lambda language: other)
     haystack._punkt.cache_clear()
     try:
@@ -104,7 +109,9 @@ def prompts(monkeypatch):
     """Every prompt whose tokens are counted -- each probe of the size search and each back-off -- and the
     search run afresh: the case starts 30 units above the size it finds, so it backs off at least 3 times."""
     counted, count, size = [], haystack.count_tokens, haystack.ruler_size
-    monkeypatch.setattr(haystack, "count_tokens", lambda tokenizer, text: counted.append(text) or count(tokenizer, text))
+    monkeypatch.setattr(
+        haystack, "count_tokens", lambda tokenizer, text: counted.append(text) or count(tokenizer, text)
+    )
     monkeypatch.setattr(haystack, "ruler_size", lambda *args: size(*args) + 30)
     monkeypatch.setattr(haystack, "_SEARCHED", {})
     return counted
@@ -120,7 +127,9 @@ def test_qa_draws_fresh_documents_at_every_probe_and_back_off(tokenizer, prompts
     questions, documents = ruler.qa_data("squad")
     case = tasks.get("ruler:qa_1").build(tokenizer, 4096, None, seed=5)
 
-    def draws(question: int) -> list[tuple[bool, set[str]]]:  # per prompt: whole article shown?, what was drawn at random
+    def draws(
+        question: int,
+    ) -> list[tuple[bool, set[str]]]:  # per prompt: whole article shown?, what was drawn at random
         item = questions[question]
         article = {documents[i] for i in item["documents"] + item["article"]}
         shown = [set(documents_of(p)) for p in prompts if item["question"] in p]
@@ -128,7 +137,12 @@ def test_qa_draws_fresh_documents_at_every_probe_and_back_off(tokenizer, prompts
 
     searched, backed = sorted(draws(0), key=lambda d: len(d[1])), draws(5)
     pairs = [(a, b) for draws in (searched, backed) for (whole, a), (also, b) in zip(draws, draws[1:]) if whole == also]
-    assert len(searched) >= 6 and len(backed) >= 4 and len(pairs) >= 6 and len(documents_of(case.prompt)) == case.haystack_units
+    assert (
+        len(searched) >= 6
+        and len(backed) >= 4
+        and len(pairs) >= 6
+        and len(documents_of(case.prompt)) == case.haystack_units
+    )
     assert not any(a <= b or b <= a for a, b in pairs)  # within a branch of qa.py:131, no draw is a part of the next
 
 

@@ -66,8 +66,12 @@ def test_a_left_padded_batch_equals_each_sequence_alone(family):
     assert (logits[0] - model(long).logits[0]).abs().max() <= 1e-5
     assert (logits[1, 15:] - model(short).logits[0]).abs().max() <= 1e-5
     generated = model.generate(batch, attention_mask=mask, max_new_tokens=6, min_new_tokens=6, do_sample=False)
-    assert torch.equal(generated[0, 50:], model.generate(long, max_new_tokens=6, min_new_tokens=6, do_sample=False)[0, 50:])
-    assert torch.equal(generated[1, 50:], model.generate(short, max_new_tokens=6, min_new_tokens=6, do_sample=False)[0, 35:])
+    assert torch.equal(
+        generated[0, 50:], model.generate(long, max_new_tokens=6, min_new_tokens=6, do_sample=False)[0, 50:]
+    )
+    assert torch.equal(
+        generated[1, 50:], model.generate(short, max_new_tokens=6, min_new_tokens=6, do_sample=False)[0, 35:]
+    )
 
 
 @torch.no_grad()
@@ -88,14 +92,23 @@ def test_remove_restores_and_apply_twice_replaces(family):
 def test_string_defaults_come_from_the_training_window():
     model = tiny_model("llama", max_position_embeddings=600)
     assert longreach.apply(model, "string") is model
-    assert (longreach.applied(model).shift, longreach.applied(model).local_window) == (200, 37)  # W = L // 16 below L = 2048
+    assert (longreach.applied(model).shift, longreach.applied(model).local_window) == (
+        200,
+        37,
+    )  # W = L // 16 below L = 2048
     assert longreach.describe(model) == "string(shift=200, local_window=37, mscale=False) [L=600]"
 
 
 def test_the_training_window_is_max_position_embeddings_not_the_original_one():
     """Llama 3.1: trained to 131072 after an 8192 stage; the STRING paper uses L = 128K, S = L/3."""
-    llama31 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
+    llama31 = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_theta": 500000.0,
+    }
     model = tiny_model("llama", max_position_embeddings=131072, rope_parameters=llama31)
     assert longreach.training_window(model.config) == 131072
     longreach.apply(model, "string")
@@ -121,7 +134,10 @@ def test_training_window_can_be_overridden():
 
 def test_string_defaults_fit_a_small_model():
     """The default W scales below L = 2048 (it was 128 at every L: out of range for this L = 96 model)."""
-    assert longreach.describe(longreach.apply(tiny_model("llama"), "string")) == "string(shift=32, local_window=6, mscale=False) [L=96]"
+    assert (
+        longreach.describe(longreach.apply(tiny_model("llama"), "string"))
+        == "string(shift=32, local_window=6, mscale=False) [L=96]"
+    )
 
 
 def test_bad_parameters_and_methods_are_clear_errors():
@@ -146,7 +162,10 @@ def test_mask_function_passes_key_positions_only():
     mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]]).bool()
     assert key_positions_mask(2, 4, 4, attention_mask=mask)[:, 0, 0].tolist() == [[0, 1, 2, 3], [-1, -1, 0, 1]]
     # decoding: the 2D mask is one token short of the cache, as transformers pads it
-    assert key_positions_mask(2, 1, 5, q_offset=4, attention_mask=mask)[:, 0, 0].tolist() == [[0, 1, 2, 3, 4], [-1, -1, 0, 1, 2]]
+    assert key_positions_mask(2, 1, 5, q_offset=4, attention_mask=mask)[:, 0, 0].tolist() == [
+        [0, 1, 2, 3, 4],
+        [-1, -1, 0, 1, 2],
+    ]
     # a static cache: 8 slots, 3 cached tokens and one query; the 4 empty slots are -2 (no keys; padding is -1)
     assert key_positions_mask(1, 1, 8, q_offset=torch.tensor(3))[0, 0, 0].tolist() == [0, 1, 2, 3, -2, -2, -2, -2]
 
@@ -177,7 +196,9 @@ def apply_named(model, label, **extra):
 @torch.no_grad()
 def test_baselines_equal_the_dense_reference(family, label):
     if family == "gemma3" and "yarn" in label:
-        pytest.skip("Gemma 3 has one set of rope_parameters per layer type: frequency methods are refused (tested below)")
+        pytest.skip(
+            "Gemma 3 has one set of rope_parameters per layer type: frequency methods are refused (tested below)"
+        )
     model, x = tiny_model(family), ids(80)
     apply_named(model, label)
     kernel = model(x).logits.double()
@@ -214,8 +235,16 @@ def test_baselines_generate_and_batch_like_single_sequences(label, family):
     assert torch.equal(alone[0], sequence)
 
 
-@pytest.mark.parametrize("name, params", [("pi", {"factor": 2.0}), ("ntk", {"factor": 2.0}), ("dynamic", {"factor": 2.0}),
-                                          ("yarn", {"factor": 2.0, "beta_fast": 16.0}), ("llama3", {"factor": 4.0})])
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("pi", {"factor": 2.0}),
+        ("ntk", {"factor": 2.0}),
+        ("dynamic", {"factor": 2.0}),
+        ("yarn", {"factor": 2.0, "beta_fast": 16.0}),
+        ("llama3", {"factor": 4.0}),
+    ],
+)
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @torch.no_grad()
 def test_frequency_methods_equal_transformers_own_scaling(name, params, family):
@@ -259,8 +288,14 @@ def test_reapplying_keeps_the_models_own_window_after_a_rescale():
     assert model.config.rope_parameters["rope_type"] == "default"
 
 
-LLAMA31 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-           "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
+LLAMA31 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+    "rope_theta": 500000.0,
+}
 QWEN_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, "rope_theta": 1e6}
 OWN_SCALINGS = {"llama3.1": ("llama", LLAMA31), "qwen+yarn": ("qwen2", QWEN_YARN)}
 
@@ -275,7 +310,9 @@ def test_a_frequency_method_composes_over_the_models_own_scaling(own, tmp_path):
     own_scaling = model.model.rotary_emb.attention_scaling
     longreach.apply(model, "yarn", factor=1.0)  # the identity: nothing moves
     assert torch.equal(model.model.rotary_emb.inv_freq, own_freq)
-    assert torch.allclose(model(x).logits, stock, rtol=0, atol=1e-6)  # the same frequencies (a rebuilt module may round cos/sin apart: PyTorch 2.7)
+    assert torch.allclose(
+        model(x).logits, stock, rtol=0, atol=1e-6
+    )  # the same frequencies (a rebuilt module may round cos/sin apart: PyTorch 2.7)
     longreach.apply(model, "dca", chunk_size=30, local_window=6, scaling={"rope_type": "yarn", "factor": 2.0})
     freq = model.model.rotary_emb.inv_freq
     assert freq[0] == own_freq[0] and freq[-1] == pytest.approx(own_freq[-1].item() / 2)  # the lowest one halves
@@ -293,26 +330,38 @@ def test_a_frequency_method_composes_over_the_models_own_scaling(own, tmp_path):
     assert torch.allclose(loaded(x).logits, want, atol=1e-5)
     longreach.remove(model)
     assert torch.equal(model.model.rotary_emb.inv_freq, own_freq)
-    assert torch.allclose(model(x).logits, stock, rtol=0, atol=1e-6)  # the same frequencies (a rebuilt module may round cos/sin apart: PyTorch 2.7)
+    assert torch.allclose(
+        model(x).logits, stock, rtol=0, atol=1e-6
+    )  # the same frequencies (a rebuilt module may round cos/sin apart: PyTorch 2.7)
 
 
-@pytest.mark.parametrize("name, params, transformers_parameters", [
-    ("pi", {"factor": 3.0}, {"rope_type": "linear", "factor": 3.0}),
-    ("ntk", {"factor": 3.0}, {"rope_type": "default", "rope_theta": 10000.0 * 3.0 ** (16 / 14)}),
-    ("yarn", {"factor": 3.0, "original_max_position_embeddings": 8192},
-     {"rope_type": "yarn", "factor": 3.0, "original_max_position_embeddings": 8192, "truncate": False}),
-])
+@pytest.mark.parametrize(
+    "name, params, transformers_parameters",
+    [
+        ("pi", {"factor": 3.0}, {"rope_type": "linear", "factor": 3.0}),
+        ("ntk", {"factor": 3.0}, {"rope_type": "default", "rope_theta": 10000.0 * 3.0 ** (16 / 14)}),
+        (
+            "yarn",
+            {"factor": 3.0, "original_max_position_embeddings": 8192},
+            {"rope_type": "yarn", "factor": 3.0, "original_max_position_embeddings": 8192, "truncate": False},
+        ),
+    ],
+)
 def test_the_composed_maps_equal_transformers_on_default_frequencies(name, params, transformers_parameters):
     default = tiny_model("llama").model.rotary_emb
     scaled = tiny_model("llama", rope_parameters={"rope_theta": 10000.0, **transformers_parameters}).model.rotary_emb
-    inv_freq, attention_scaling = longreach.methods.create(name, 96, **params).over(default.inv_freq, 1.0, {"rope_type": "llama3"})
+    inv_freq, attention_scaling = longreach.methods.create(name, 96, **params).over(
+        default.inv_freq, 1.0, {"rope_type": "llama3"}
+    )
     assert torch.allclose(inv_freq, scaled.inv_freq, rtol=1e-6)
     assert attention_scaling == pytest.approx(scaled.attention_scaling)
 
 
 def test_what_does_not_compose_is_refused_in_one_line_naming_the_models_scaling():
     model = tiny_model("llama", max_position_embeddings=131072, rope_parameters=LLAMA31)
-    with pytest.raises(ValueError, match=r"^llama3 over the model's own rope_type='llama3' \(factor=8.0, .*\) scaling is not defined"):
+    with pytest.raises(
+        ValueError, match=r"^llama3 over the model's own rope_type='llama3' \(factor=8.0, .*\) scaling is not defined"
+    ):
         longreach.apply(model, "llama3", factor=2.0)
     with pytest.raises(ValueError, match="dynamic over the model's own rope_type='llama3'"):
         longreach.apply(model, "rope", scaling={"rope_type": "dynamic"})
@@ -331,7 +380,9 @@ def test_a_refused_apply_leaves_the_method_already_applied():
         longreach.apply(gemma, "dca", scaling={"rope_type": "yarn", "factor": 2.0})
     assert longreach.describe(gemma).startswith("string(shift=20")
     llama, x = tiny_model("llama"), ids(80)
-    longreach.apply(llama, "self_extend", group_size=3, neighbor_window=16, scaling={"rope_type": "yarn", "factor": 2.0})
+    longreach.apply(
+        llama, "self_extend", group_size=3, neighbor_window=16, scaling={"rope_type": "yarn", "factor": 2.0}
+    )
     want, described = llama(x).logits, longreach.describe(llama)
     for name in ("ntk", "pi", "yarn"):
         with pytest.raises(ValueError, match=re.escape("factor=1e+308 is out of range")):

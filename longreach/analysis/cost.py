@@ -14,7 +14,11 @@ import copy
 from dataclasses import dataclass
 from pathlib import Path
 
-DEVICES_GIB = (24, 80, 140)  # GPU memory as nvidia-smi reports it, rounded to GiB: a "24 GB" card, an 80 GB A100/H100, a 141 GB H200
+DEVICES_GIB = (
+    24,
+    80,
+    140,
+)  # GPU memory as nvidia-smi reports it, rounded to GiB: a "24 GB" card, an 80 GB A100/H100, a 141 GB H200
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1}
 
@@ -33,8 +37,14 @@ def shape_of(config) -> Shape:
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return Shape(config.num_hidden_layers, heads, getattr(config, "num_key_value_heads", None) or heads, head_dim,
-                 count_parameters(config), Path(str(getattr(config, "_name_or_path", "") or "")).name or config.model_type)
+    return Shape(
+        config.num_hidden_layers,
+        heads,
+        getattr(config, "num_key_value_heads", None) or heads,
+        head_dim,
+        count_parameters(config),
+        Path(str(getattr(config, "_name_or_path", "") or "")).name or config.model_type,
+    )
 
 
 def count_parameters(config) -> int:
@@ -86,15 +96,17 @@ def table(shape: Shape, lengths: list[int], dtype_bytes: int = 2, window: int = 
     rows = []
     for n in lengths:
         kv = kv_cache_bytes(shape, n, dtype_bytes)
-        rows.append({
-            "tokens": n,
-            "full_flops": attention_flops(shape, n, "full"),
-            "causal_flops": attention_flops(shape, n, "causal"),
-            "sliding_flops": attention_flops(shape, n, "sliding", window),
-            "kv_bytes": kv,
-            "weight_bytes": weights,
-            **{f"fits_{gib}GiB": weights + kv <= gib * GIB for gib in DEVICES_GIB},
-        })
+        rows.append(
+            {
+                "tokens": n,
+                "full_flops": attention_flops(shape, n, "full"),
+                "causal_flops": attention_flops(shape, n, "causal"),
+                "sliding_flops": attention_flops(shape, n, "sliding", window),
+                "kv_bytes": kv,
+                "weight_bytes": weights,
+                **{f"fits_{gib}GiB": weights + kv <= gib * GIB for gib in DEVICES_GIB},
+            }
+        )
     return rows
 
 
@@ -102,12 +114,16 @@ def markdown(rows: list[dict], window: int) -> str:
     from ..plots import length_text
 
     fits = " | ".join(f"fits {gib} GiB" for gib in DEVICES_GIB)
-    lines = [f"| tokens (K = 1024) | attention FLOPs (full) | causal | sliding w={window} | KV cache | weights | {fits} |",
-             "|---" * (6 + len(DEVICES_GIB)) + "|"]
+    lines = [
+        f"| tokens (K = 1024) | attention FLOPs (full) | causal | sliding w={window} | KV cache | weights | {fits} |",
+        "|---" * (6 + len(DEVICES_GIB)) + "|",
+    ]
     for r in rows:
         marks = " | ".join("yes" if r[f"fits_{gib}GiB"] else "no" for gib in DEVICES_GIB)
-        lines.append(f"| {length_text(r['tokens'])} | {r['full_flops']:.3g} | {r['causal_flops']:.3g} | {r['sliding_flops']:.3g} | "
-                     f"{_gib(r['kv_bytes'])} | {_gib(r['weight_bytes'])} | {marks} |")
+        lines.append(
+            f"| {length_text(r['tokens'])} | {r['full_flops']:.3g} | {r['causal_flops']:.3g} | {r['sliding_flops']:.3g} | "
+            f"{_gib(r['kv_bytes'])} | {_gib(r['weight_bytes'])} | {marks} |"
+        )
     return "\n".join(lines)
 
 
@@ -130,15 +146,27 @@ def plot(shape: Shape, lengths: list[int], path: Path, dtype_bytes: int = 2, win
 
     n = np.unique(np.geomspace(min(lengths), max(lengths), 60).astype(int))
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for mode, label in (("full", "full attention"), ("causal", "causal attention"), ("sliding", f"sliding window {window}")):
+    for mode, label in (
+        ("full", "full attention"),
+        ("causal", "causal attention"),
+        ("sliding", f"sliding window {window}"),
+    ):
         left.loglog(n, [attention_flops(shape, int(x), mode, window) for x in n], label=label)
-    left.set(xlabel="context length (tokens)", ylabel="attention FLOPs per forward pass", title="compute: quadratic vs sliding window")
+    left.set(
+        xlabel="context length (tokens)",
+        ylabel="attention FLOPs per forward pass",
+        title="compute: quadratic vs sliding window",
+    )
     right.loglog(n, [kv_cache_bytes(shape, int(x), dtype_bytes) / GIB for x in n], label="KV cache")
     right.axhline(shape.parameters * dtype_bytes / GIB, color="grey", linestyle="--", label="weights")
     for gib in DEVICES_GIB:
         right.axhline(gib, color="black", linestyle=":", linewidth=0.8)
         right.text(n[0], gib, f" {gib} GiB", va="bottom", fontsize=7)
-    right.set(xlabel="context length (tokens)", ylabel="memory (GiB)", title=f"memory: linear KV cache ({dtype_bytes}-byte values)")
+    right.set(
+        xlabel="context length (tokens)",
+        ylabel="memory (GiB)",
+        title=f"memory: linear KV cache ({dtype_bytes}-byte values)",
+    )
     for ax in (left, right):
         ax.set_xticks(lengths, [length_text(x) for x in lengths])  # the table's lengths, as it writes them
         ax.xaxis.set_minor_formatter(ticker.NullFormatter())
@@ -165,7 +193,9 @@ def load_config(source: str):
     try:
         return AutoConfig.from_pretrained(source)
     except OSError:
-        raise RuntimeError(f"cannot read a config from {source!r}: not a file, a folder with config.json, or a reachable hub id") from None
+        raise RuntimeError(
+            f"cannot read a config from {source!r}: not a file, a folder with config.json, or a reachable hub id"
+        ) from None
 
 
 def _from_json(path: Path):

@@ -51,8 +51,11 @@ def measure(model, tokenizer, text: str, length: int, points: int = 24, top_k: i
     finally:
         if temporary:
             remove(model)
-    return {"positions": rows.tolist(), "top_k": top_k,
-            "layers": {layer: values[0].tolist() for layer, values in sorted(record.items())}}
+    return {
+        "positions": rows.tolist(),
+        "top_k": top_k,
+        "layers": {layer: values[0].tolist() for layer, values in sorted(record.items())},
+    }
 
 
 def plot(results: dict[str, dict], path: Path, window: int | None = None) -> Path:
@@ -63,8 +66,13 @@ def plot(results: dict[str, dict], path: Path, window: int | None = None) -> Pat
     }
     top_k = next(iter(results.values()))["top_k"]
     title = "max attention probability" if top_k == 1 else f"mean of the top-{top_k} attention probabilities"
-    return plots.panels(series, f"{title} vs query position, per layer", path, xlabel="query position (tokens)",
-                        marks={"window": window} if window else None)
+    return plots.panels(
+        series,
+        f"{title} vs query position, per layer",
+        path,
+        xlabel="query position (tokens)",
+        marks={"window": window} if window else None,
+    )
 
 
 def save(results: dict[str, dict], path: Path) -> Path:

@@ -89,7 +89,9 @@ def synthetic(spec: str, seed: int = 0) -> np.ndarray:
             raise ValueError(f"{name} parameter {item!r} must look like name=number") from None
     unknown = set(params) - set(defaults[name]) - {"count"}
     if unknown:
-        raise ValueError(f"{name} has no parameter {', '.join(sorted(unknown))}; its parameters: {', '.join(defaults[name])}, count")
+        raise ValueError(
+            f"{name} has no parameter {', '.join(sorted(unknown))}; its parameters: {', '.join(defaults[name])}, count"
+        )
     count = params.pop("count", 100_000)
     if not (count == int(count) and 1 <= count <= MAX_DOCUMENTS):
         raise ValueError(f"count={count:g} is out of range: a whole number of documents 1 .. {MAX_DOCUMENTS:,}")
@@ -113,8 +115,13 @@ def token_lengths(folder: Path, tokenizer, pattern: str = "*.txt") -> np.ndarray
     files = sorted(Path(folder).rglob(pattern))
     if not files:
         raise ValueError(f"no {pattern} files under {folder}")
-    return np.array([len(tokenizer(f.read_text(encoding="utf-8", errors="replace"), add_special_tokens=False)["input_ids"])
-                     for f in files], dtype=np.int64)
+    return np.array(
+        [
+            len(tokenizer(f.read_text(encoding="utf-8", errors="replace"), add_special_tokens=False)["input_ids"])
+            for f in files
+        ],
+        dtype=np.int64,
+    )
 
 
 def plot(lengths, window: int, path: Path, title: str = "position frequency") -> Path:
@@ -126,6 +133,16 @@ def plot(lengths, window: int, path: Path, title: str = "position frequency") ->
         f = frequency(lengths, window, packing)
         s = shares(f)
         series[f"{packing} ({s['i < L/2']:.0%} at i < L/2, {s['i >= 3L/4']:.1%} at i >= 3L/4)"] = (
-            list(range(window)), list(f / f.sum()))
-    return plots.lines(series, title, path, ylabel="share of all occurrences", xlabel="relative position i (tokens; K = 1024)", tokens="positions",
-                       marks={"L/2": window / 2, "3L/4": 3 * window / 4}, markers=False)
+            list(range(window)),
+            list(f / f.sum()),
+        )
+    return plots.lines(
+        series,
+        title,
+        path,
+        ylabel="share of all occurrences",
+        xlabel="relative position i (tokens; K = 1024)",
+        tokens="positions",
+        marks={"L/2": window / 2, "3L/4": 3 * window / 4},
+        markers=False,
+    )

@@ -16,14 +16,20 @@ def matrix(name: str, length: int, training_window: int | None = None, **params)
     if isinstance(length, bool) or not isinstance(length, int) or length < 1:
         raise ValueError(f"length={length!r} is out of range: an integer >= 1")
     if name not in methods.METHODS:
-        kind = "a frequency method: it changes RoPE's frequencies, not positions" if name in methods.scaling.ALIASES else "unknown"
+        kind = (
+            "a frequency method: it changes RoPE's frequencies, not positions"
+            if name in methods.scaling.ALIASES
+            else "unknown"
+        )
         raise ValueError(f"{name!r} is {kind}; position methods: {', '.join(methods.METHODS)}")
     method = methods.create(name, training_window=training_window or length, **params)
     positions = torch.arange(length)
     return method.relative_positions(positions[:, None], positions[None, :]).numpy(), method.describe()
 
 
-def plot(P: np.ndarray, title: str, path: Path, numbers: bool | None = None, panel_titles: list[str] | None = None) -> Path:
+def plot(
+    P: np.ndarray, title: str, path: Path, numbers: bool | None = None, panel_titles: list[str] | None = None
+) -> Path:
     """Numbers in the cells for small matrices (as the STRING paper's Figure 5), a colour image otherwise;
     ``P [n, n, G]`` draws one panel per frequency group (DPE), titled by ``panel_titles``."""
     import matplotlib
@@ -39,24 +45,37 @@ def plot(P: np.ndarray, title: str, path: Path, numbers: bool | None = None, pan
     size = size if panels == 1 else min(size, 4.5)
     columns = min(panels, 4)
     rows = -(-panels // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=((size + 1.2) * columns, size * rows + (0.5 if panels > 1 else 0)), squeeze=False)
+    fig, axes = plt.subplots(
+        rows, columns, figsize=((size + 1.2) * columns, size * rows + (0.5 if panels > 1 else 0)), squeeze=False
+    )
     for index, ax in enumerate(axes.flat):
         if index >= panels:
             ax.axis("off")
             continue
         panel = stack[..., index]
-        image = ax.imshow(np.ma.masked_invalid(panel), cmap="viridis", interpolation="nearest", vmin=0, vmax=np.nanmax(stack))
+        image = ax.imshow(
+            np.ma.masked_invalid(panel), cmap="viridis", interpolation="nearest", vmin=0, vmax=np.nanmax(stack)
+        )
         if numbers:
             for (i, j), value in np.ndenumerate(panel):
                 if not np.isnan(value):
-                    ax.text(j, i, f"{value:g}", ha="center", va="center", fontsize=8,
-                            color="white" if value < np.nanmax(stack) / 2 else "black")
+                    ax.text(
+                        j,
+                        i,
+                        f"{value:g}",
+                        ha="center",
+                        va="center",
+                        fontsize=8,
+                        color="white" if value < np.nanmax(stack) / 2 else "black",
+                    )
             ax.set_xticks(range(n))
             ax.set_yticks(range(n))
         fig.colorbar(image, ax=ax, label="relative position RoPE sees")
         ax.set_xlabel("key position j")
         ax.set_ylabel("query position i")
-        ax.set_title(title if panels == 1 else (panel_titles or [f"group {g}" for g in range(panels)])[index], fontsize=10)
+        ax.set_title(
+            title if panels == 1 else (panel_titles or [f"group {g}" for g in range(panels)])[index], fontsize=10
+        )
     if panels > 1:
         fig.suptitle(title)
     fig.tight_layout()

@@ -35,15 +35,23 @@ def holding(folder: Path, limit: float = BUILD_LIMIT):
         holder = _holder(lock)
         why = _stale(holder, lock, limit)
         if why:
-            print(f"longreach: removed a stale build lock {lock} ({why}); building the CPU kernel again", file=sys.stderr, flush=True)
+            print(
+                f"longreach: removed a stale build lock {lock} ({why}); building the CPU kernel again",
+                file=sys.stderr,
+                flush=True,
+            )
             for name in (LOCK, TORCH_LOCK):
                 with contextlib.suppress(FileNotFoundError):
                     (folder / name).unlink()
             continue
         if holder and holder.get("pid") != waiting_for:
             waiting_for = holder.get("pid")
-            print(f"longreach: waiting for process {waiting_for} on {holder.get('host')}, which is building the CPU attention "
-                  f"kernel ({lock})", file=sys.stderr, flush=True)
+            print(
+                f"longreach: waiting for process {waiting_for} on {holder.get('host')}, which is building the CPU attention "
+                f"kernel ({lock})",
+                file=sys.stderr,
+                flush=True,
+            )
         time.sleep(POLL)
     try:
         with contextlib.suppress(FileNotFoundError):
@@ -82,7 +90,9 @@ def _stale(holder: dict | None, lock: Path, limit: float) -> str | None:
     if age > limit:
         return f"taken {age:.0f} s ago; a build takes under {limit:.0f} s"
     if holder is None:
-        return "unreadable, written 2 s ago or more" if age > 2.0 else None  # a lock being written is empty for a moment
+        return (
+            "unreadable, written 2 s ago or more" if age > 2.0 else None
+        )  # a lock being written is empty for a moment
     pid = holder.get("pid")
     if holder.get("host") == socket.gethostname() and isinstance(pid, int) and not _alive(pid):
         return f"its builder, process {pid}, is gone"

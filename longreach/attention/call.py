@@ -54,7 +54,7 @@ class Call:
     @property
     def q_positions(self) -> torch.Tensor:
         """``[B, Lq]``: the queries' positions."""
-        return self.positions[:, self.offset:]
+        return self.positions[:, self.offset :]
 
     @functools.cached_property
     def needs_grad(self) -> bool:

@@ -94,14 +94,17 @@ def key_views(cells: Sequence[Cell]) -> tuple[list[Callable], list[int]]:
     return shifts, index
 
 
-def view_angles(views: Sequence[tuple[Shift, float]], q_positions: torch.Tensor, inv_freq: torch.Tensor,
-                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def view_angles(
+    views: Sequence[tuple[Shift, float]], q_positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(cos, sin)`` ``[V, B, 1, Lq, P]`` of each query view's move: its query shift less its constant key shift."""
     batch, q_len = q_positions.shape
     angles = []
     for shift, key_constant in views:
         if callable(shift):
-            angles.append(shift_angles(lambda p, shift=shift, by=key_constant: shift(p) - by, q_positions, inv_freq, dtype))
+            angles.append(
+                shift_angles(lambda p, shift=shift, by=key_constant: shift(p) - by, q_positions, inv_freq, dtype)
+            )
         else:
             angles.append(rotation(shift - key_constant, inv_freq, dtype, q_positions.device))
     shape = (batch, 1, q_len, inv_freq.shape[-1])

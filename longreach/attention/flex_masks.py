@@ -65,10 +65,15 @@ def _structured_block_mask(lo, hi, offset, q_len, kv_len, device):
 def _block_mask(region: Region, batch: int, q_len: int, kv_len: int, device):
     """The region's block mask: its tiles sorted by :func:`_tile_classes`, its pairs by :meth:`Region.allowed`."""
     partial, full = _tile_classes(region, q_len, kv_len, device)
+
     # the compiled kernel sees the bounds as tensors: new values (a decoding step's offset) reuse it, not recompile it
-    as_tensor = lambda x: None if x is None else torch.tensor(min(max(x, INT32.min), INT32.max), dtype=torch.int32, device=device)
+    def as_tensor(x):
+        return None if x is None else torch.tensor(min(max(x, INT32.min), INT32.max), dtype=torch.int32, device=device)
+
     span = None if region.span is None else tuple(map(_int32, region.span))
-    traced = dataclasses.replace(region, lo=as_tensor(region.lo), hi=as_tensor(region.hi), offset=as_tensor(region.offset), span=span)
+    traced = dataclasses.replace(
+        region, lo=as_tensor(region.lo), hi=as_tensor(region.hi), offset=as_tensor(region.offset), span=span
+    )
 
     def mask_mod(b, h, q_idx, kv_idx):
         return traced.allowed(b, q_idx, kv_idx)
@@ -119,8 +124,9 @@ def segment_length(length: int) -> int:
     return -(-length // TILE) * TILE
 
 
-def segmented_block_mask(cells: list[tuple[int, int, Region]], q_segments: int, kv_segments: int, q_len: int, kv_len: int,
-                         device) -> "_flex_module.BlockMask":
+def segmented_block_mask(
+    cells: list[tuple[int, int, Region]], q_segments: int, kv_segments: int, q_len: int, kv_len: int, device
+) -> "_flex_module.BlockMask":
     """One block mask over queries and keys laid side by side in tile-aligned segments (``segment_length`` rows or
     keys each): cell ``(a, c, region)`` gives query segment ``a`` against key segment ``c`` the pairs of ``region``
     (row ``a s_q + t`` is query ``t`` as a part moves it, key ``c s_k + j`` key ``j``); pairs of no cell are out.
@@ -139,9 +145,19 @@ def segmented_block_mask(cells: list[tuple[int, int, Region]], q_segments: int, 
         table[a, c] = index
     regions = [region for *_, region in cells]
     lows = torch.tensor([r.lo for r in regions], dtype=torch.int32, device=device)
-    highs = torch.tensor([INT32.max if r.hi is None else min(r.hi, INT32.max) for r in regions], dtype=torch.int32, device=device)
-    sizes = {name: torch.tensor(value, dtype=torch.int32, device=device) for name, value in
-             (("q_segment", q_segment), ("kv_segment", kv_segment), ("q_len", q_len), ("kv_len", kv_len), ("offset", regions[0].offset))}
+    highs = torch.tensor(
+        [INT32.max if r.hi is None else min(r.hi, INT32.max) for r in regions], dtype=torch.int32, device=device
+    )
+    sizes = {
+        name: torch.tensor(value, dtype=torch.int32, device=device)
+        for name, value in (
+            ("q_segment", q_segment),
+            ("kv_segment", kv_segment),
+            ("q_len", q_len),
+            ("kv_len", kv_len),
+            ("offset", regions[0].offset),
+        )
+    }
     padding = regions[0].padding
     spans = _stacked_spans(regions, batch, q_len)
 
@@ -161,8 +177,13 @@ def segmented_block_mask(cells: list[tuple[int, int, Region]], q_segments: int, 
         inside = inside & covers(distance, lows[part], highs[part], real, key_positions[b, key_at], span)
         return inside
 
-    return _flex_module.BlockMask.from_kv_blocks(*_tile_lists(partial), *_tile_lists(full), BLOCK_SIZE=TILE, mask_mod=mask_mod,
-                                                 seq_lengths=(q_segments * q_segment, kv_segments * kv_segment))
+    return _flex_module.BlockMask.from_kv_blocks(
+        *_tile_lists(partial),
+        *_tile_lists(full),
+        BLOCK_SIZE=TILE,
+        mask_mod=mask_mod,
+        seq_lengths=(q_segments * q_segment, kv_segments * kv_segment),
+    )
 
 
 def _stacked_spans(regions: list[Region], batch: int, q_len: int):
@@ -172,10 +193,22 @@ def _stacked_spans(regions: list[Region], batch: int, q_len: int):
     if not spanned:
         return None
     _, _, key_positions = spanned[0]
-    first = torch.stack([_int32(r.span[0]).expand(batch, q_len) if r.span is not None else
-                         torch.full((batch, q_len), INT32.min, dtype=torch.int32, device=key_positions.device) for r in regions])
-    stop = torch.stack([_int32(r.span[1]).expand(batch, q_len) if r.span is not None else
-                        torch.full((batch, q_len), INT32.max, dtype=torch.int32, device=key_positions.device) for r in regions])
+    first = torch.stack(
+        [
+            _int32(r.span[0]).expand(batch, q_len)
+            if r.span is not None
+            else torch.full((batch, q_len), INT32.min, dtype=torch.int32, device=key_positions.device)
+            for r in regions
+        ]
+    )
+    stop = torch.stack(
+        [
+            _int32(r.span[1]).expand(batch, q_len)
+            if r.span is not None
+            else torch.full((batch, q_len), INT32.max, dtype=torch.int32, device=key_positions.device)
+            for r in regions
+        ]
+    )
     return first, stop, _int32(key_positions)
 
 

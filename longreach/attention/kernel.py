@@ -70,9 +70,23 @@ def attention(
     ``kept_keys``: this layer's :class:`.shifts.MovedKeys`, which keeps the keys moved by per-token key shifts
     across decoding steps (the tiled kernel; the fused kernel turns keys as it reads them).
     """
-    arguments = dict(query=query, key=key, value=value, parts=tuple(parts), inv_freq=inv_freq, scaling=scaling,
-                     key_padding=key_padding, sliding_window=sliding_window, logit_scale=logit_scale,
-                     positions=positions, drop=drop, backend=backend, tile=tile, memo=memo, kept_keys=kept_keys)
+    arguments = dict(
+        query=query,
+        key=key,
+        value=value,
+        parts=tuple(parts),
+        inv_freq=inv_freq,
+        scaling=scaling,
+        key_padding=key_padding,
+        sliding_window=sliding_window,
+        logit_scale=logit_scale,
+        positions=positions,
+        drop=drop,
+        backend=backend,
+        tile=tile,
+        memo=memo,
+        kept_keys=kept_keys,
+    )
     try:
         return _attention(**arguments)
     except Exception as error:
@@ -83,8 +97,23 @@ def attention(
         return _attention(**arguments)
 
 
-def _attention(query, key, value, parts, inv_freq, scaling, key_padding, sliding_window, logit_scale, positions, drop,
-               backend, tile, memo, kept_keys) -> torch.Tensor:
+def _attention(
+    query,
+    key,
+    value,
+    parts,
+    inv_freq,
+    scaling,
+    key_padding,
+    sliding_window,
+    logit_scale,
+    positions,
+    drop,
+    backend,
+    tile,
+    memo,
+    kept_keys,
+) -> torch.Tensor:
     """:func:`attention` itself."""
     q_heads, q_len, kv_len = query.shape[1], query.shape[2], key.shape[2]
     if q_len > kv_len:
@@ -93,18 +122,38 @@ def _attention(query, key, value, parts, inv_freq, scaling, key_padding, sliding
         raise ValueError(f"query heads ({q_heads}) must be a multiple of key/value heads ({key.shape[1]})")
     memo = Memo() if memo is None else memo
     # the first row that drops a score: a host sync, once per forward pass (the memo holds ``drop``, which the layers share)
-    first_dropping = None if drop is None else memo.get("first dropping row", (drop,), (), lambda: first_dropping_row(drop))
+    first_dropping = (
+        None if drop is None else memo.get("first dropping row", (drop,), (), lambda: first_dropping_row(drop))
+    )
     dropping = first_dropping is not None
     split = pairs_split_groups(parts, key.shape[1], q_heads)
     if split and (q_len > SMALL_QUERY or dropping):
         key, value = expand_heads(key, q_heads), expand_heads(value, q_heads)  # prefill: as DPE's official code
     if dropping:
-        common = dict(scaling=scaling, key_padding=key_padding, sliding_window=sliding_window, logit_scale=logit_scale,
-                      positions=positions)
+        common = dict(
+            scaling=scaling,
+            key_padding=key_padding,
+            sliding_window=sliding_window,
+            logit_scale=logit_scale,
+            positions=positions,
+        )
         return _attention_with_drop(query, key, value, parts, inv_freq, drop, first_dropping, common, backend, tile)
     query, key, scaling, positions = prepare(query, key, inv_freq, scaling, logit_scale, positions)
-    call = Call(query, key, value, parts, inv_freq, scaling, positions, memo, key_padding, sliding_window, tile, kept_keys,
-                augment=split and key.shape[1] < q_heads)  # decoding: two key sets side by side, see augmented
+    call = Call(
+        query,
+        key,
+        value,
+        parts,
+        inv_freq,
+        scaling,
+        positions,
+        memo,
+        key_padding,
+        sliding_window,
+        tile,
+        kept_keys,
+        augment=split and key.shape[1] < q_heads,
+    )  # decoding: two key sets side by side, see augmented
     chosen = pick(query, backend, fusable=call.fusable, needs_grad=call.needs_grad)
     out, _ = _run(chosen, call)
     return out.to(query.dtype).transpose(1, 2)
@@ -116,8 +165,13 @@ def _run(backend: Backend, call: Call) -> tuple[torch.Tensor, torch.Tensor]:
     if not cells:  # the model's sliding window excludes every part
         return nothing_attended(call)
     objects = (*cells, call.positions, call.inv_freq, *(() if call.key_padding is None else (call.key_padding,)))
-    prepared = call.memo.get(backend.name, objects, (*call.geometry, call.sliding_window),
-                             lambda: backend.prepare(cells, call), keep=backend.keep)
+    prepared = call.memo.get(
+        backend.name,
+        objects,
+        (*call.geometry, call.sliding_window),
+        lambda: backend.prepare(cells, call),
+        keep=backend.keep,
+    )
     if prepared is None:
         return _run(REGISTRY[backend.fallback], call)
     return backend.run(prepared, cells, call)
@@ -149,10 +203,24 @@ def _attention_with_drop(query, key, value, parts, inv_freq, drop, first, common
     pieces = []
     if first:
         keep = offset + first
-        head = {**common, "key_padding": None if common["key_padding"] is None else common["key_padding"][:, :keep],
-                "positions": None if common["positions"] is None else common["positions"][:, :keep]}
-        out = attention(query[:, :, :first], key[:, :, :keep], value[:, :, :keep], parts, inv_freq, backend=backend, tile=tile, **head)
+        head = {
+            **common,
+            "key_padding": None if common["key_padding"] is None else common["key_padding"][:, :keep],
+            "positions": None if common["positions"] is None else common["positions"][:, :keep],
+        }
+        out = attention(
+            query[:, :, :first],
+            key[:, :, :keep],
+            value[:, :, :keep],
+            parts,
+            inv_freq,
+            backend=backend,
+            tile=tile,
+            **head,
+        )
         pieces.append(out.transpose(1, 2).to(accumulate))
     indices = torch.arange(offset + first, key.shape[2], device=query.device)
-    pieces.append(rows.dropped_attention(query[:, :, first:], key, value, parts, inv_freq, indices, drop[:, first:], **common))
+    pieces.append(
+        rows.dropped_attention(query[:, :, first:], key, value, parts, inv_freq, indices, drop[:, first:], **common)
+    )
     return torch.cat(pieces, dim=2).to(query.dtype).transpose(1, 2)

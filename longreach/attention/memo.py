@@ -23,8 +23,14 @@ class Memo:
         self.entries: dict[tuple, object] = {}
         self.held: list[Sequence[object]] = []
 
-    def get(self, kind: str, objects: Sequence[object], values: Hashable, build: Callable[[], object],
-            keep: Callable[[object], bool] = lambda entry: True):
+    def get(
+        self,
+        kind: str,
+        objects: Sequence[object],
+        values: Hashable,
+        build: Callable[[], object],
+        keep: Callable[[object], bool] = lambda entry: True,
+    ):
         """The entry for ``(kind, objects, values)``, built by ``build()`` the first time (and held if ``keep(entry)``)."""
         key = (kind, tuple(map(id, objects)), values)
         if key in self.entries:

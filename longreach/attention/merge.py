@@ -1,6 +1,6 @@
 """Running a plan: every part's blocks, merged by their log-sum-exp (docs/how-it-works.md)::
 
-    O = (exp(lse_a) O_a + exp(lse_b) O_b) / (exp(lse_a) + exp(lse_b))
+O = (exp(lse_a) O_a + exp(lse_b) O_b) / (exp(lse_a) + exp(lse_b))
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from .parts import NEG_INF
 from .rotary import compute_dtype
 
 
-def merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def merge(
+    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Combine two softmax attentions over disjoint key sets by their log-sum-exp, stably.
 
     The weight of ``a`` is ``exp(lse_a) / (exp(lse_a) + exp(lse_b)) = sigmoid(lse_a - lse_b)``,
@@ -46,8 +48,10 @@ def run(plans, backend, scaling, value, shifted):
     in_place = not (torch.is_grad_enabled() and any(x.requires_grad for x in (value, *shifted)))
 
     def nothing_attended():
-        return (torch.zeros(batch, heads, q_len, value.shape[-1], dtype=accumulate, device=q0.device),
-                torch.full((batch, heads, q_len), NEG_INF, dtype=accumulate, device=q0.device))
+        return (
+            torch.zeros(batch, heads, q_len, value.shape[-1], dtype=accumulate, device=q0.device),
+            torch.full((batch, heads, q_len), NEG_INF, dtype=accumulate, device=q0.device),
+        )
 
     out = lse = None  # allocated at the first block that covers only some rows; a whole first block is taken as it is
     reached = []  # the row ranges some block has reached
@@ -87,9 +91,12 @@ def with_empty_rows(out, lse, mask):
 def run_block(call, b, q, k, value, scaling):
     """One block by the backend ``call``: ``(out, lse)`` of its rows; a flipped block runs causal on the
     rows and keys reversed, and its rows are turned back."""
-    q, k, value = q[:, :, b.rows], k[:, :, b.keys], value[:, :, b.keys]  # [B, Hq, T, D], [B, Hkv, K, D], [B, Hkv, K, Dv]
+    q, k, value = (
+        q[:, :, b.rows],
+        k[:, :, b.keys],
+        value[:, :, b.keys],
+    )  # [B, Hq, T, D], [B, Hkv, K, D], [B, Hkv, K, Dv]
     if not b.flipped:
         return call(q, k, value, b.mask, b.causal, scaling)
     out, lse = call(q.flip(2), k.flip(2), value.flip(2), None, True, scaling)
     return out.flip(2), lse.flip(-1)
-

@@ -13,7 +13,6 @@ from typing import Callable, Union
 
 import torch
 
-
 Shift = Union[float, Callable[[torch.Tensor], torch.Tensor]]
 """A position shift: a constant, or a function of the tokens' absolute positions ``[B, L]`` (Self-Extend,
 DCA) returning ``[B, L]``, or ``[B, L, G]`` for a shift per frequency: one value per group of ``P / G``

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import torch
 
 from .parts import NEG_INF, covers
+
 SMALL_QUERY = 16  # decoding and short chunks: one small masked tile is cheapest
 MIN_BAND_TILE = 32  # narrower bands are computed with masked tiles
 
@@ -43,7 +44,9 @@ def blocks(q_len, kv_len, lo, hi, offset, key_padding, padded, span, tile, struc
     sequence were padded. Otherwise masked tiles (:func:`masked_tiles`)."""
     if not structured or (hi is not None and hi - lo - 1 < MIN_BAND_TILE):
         return masked_tiles(q_len, kv_len, lo, hi, offset, key_padding, padded, span, tile, dtype, device)
-    prefix = masked_tiles(q_len, padded, lo, hi, offset, key_padding, padded, None, tile, dtype, device) if padded else ()
+    prefix = (
+        masked_tiles(q_len, padded, lo, hi, offset, key_padding, padded, None, tile, dtype, device) if padded else ()
+    )
     if hi is None:
         return itertools.chain(prefix, _unbounded(q_len, lo, offset, padded))
     # bands use tiles twice as tall: fewer, larger unmasked calls beat the wasted diagonal halves (measured)

@@ -25,7 +25,9 @@ def _cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Ten
     return angle.cos(), angle.sin()
 
 
-def unrotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float = 1.0) -> torch.Tensor:
+def unrotate(
+    x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float = 1.0
+) -> torch.Tensor:
     """Undo RoPE: ``x [B, H, L, D]`` was rotated at ``positions [B, L]`` with cos/sin times ``attention_scaling``."""
     rot = 2 * inv_freq.shape[-1]
     cos, sin = _cos_sin(-positions[:, None, :], inv_freq)

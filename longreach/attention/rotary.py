@@ -27,7 +27,9 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def rotation(delta: float | torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+def rotation(
+    delta: float | torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(cos, sin)`` of the angles ``delta * inv_freq``: ``[..., L, D_rot / 2]`` for ``delta [..., L]``."""
     delta = torch.as_tensor(delta, dtype=dtype, device=device)
     angle = delta[..., None] * inv_freq.to(device=device, dtype=dtype)
@@ -68,5 +70,6 @@ def inverse_frequencies(rotary: nn.Module, layer_type: str | None = None) -> tor
 
 def rotary_pairs(rotary: nn.Module) -> int:
     """How many rotary pairs each head has: the length of the module's ``inv_freq`` (any layer type's)."""
-    return next(buffer for name, buffer in rotary.named_buffers() if name == "inv_freq" or name.endswith("_inv_freq")).shape[-1]
-
+    return next(
+        buffer for name, buffer in rotary.named_buffers() if name == "inv_freq" or name.endswith("_inv_freq")
+    ).shape[-1]

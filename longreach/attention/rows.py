@@ -41,8 +41,19 @@ class Tile(NamedTuple):
     parts: list[tuple[int, slice, torch.Tensor]]
 
 
-def attention_probabilities(query, key, parts, inv_freq, rows, scaling=None, key_padding=None, sliding_window=None,
-                            logit_scale=1.0, positions=None, drop=None) -> Iterator[tuple[torch.Tensor, slice]]:
+def attention_probabilities(
+    query,
+    key,
+    parts,
+    inv_freq,
+    rows,
+    scaling=None,
+    key_padding=None,
+    sliding_window=None,
+    logit_scale=1.0,
+    positions=None,
+    drop=None,
+) -> Iterator[tuple[torch.Tensor, slice]]:
     """Whole attention rows of the queries at absolute indices ``rows``: yields ``(probabilities [B, H, T, K],
     keys)``, each valid until the next is asked for.
 
@@ -58,8 +69,20 @@ def attention_probabilities(query, key, parts, inv_freq, rows, scaling=None, key
         yield _probabilities(tile, query, shifted, scaling, drop), tile.keys
 
 
-def dropped_attention(query, key, value, parts, inv_freq, rows, drop, scaling=None, key_padding=None, sliding_window=None,
-                      logit_scale=1.0, positions=None) -> torch.Tensor:
+def dropped_attention(
+    query,
+    key,
+    value,
+    parts,
+    inv_freq,
+    rows,
+    drop,
+    scaling=None,
+    key_padding=None,
+    sliding_window=None,
+    logit_scale=1.0,
+    positions=None,
+) -> torch.Tensor:
     """Attention of the queries at absolute indices ``rows`` with Drop Attention's ``drop [B, R]`` rates:
     ``[B, Hq, R, D]`` in the accumulation dtype, differentiable with O(tile x n) memory."""
     query, key, scaling, positions = shifts.prepare(query, key, inv_freq, scaling, logit_scale, positions)
@@ -71,17 +94,29 @@ def dropped_attention(query, key, value, parts, inv_freq, rows, drop, scaling=No
     return _DroppedRows.apply(plan, scaling, drop, query, value, *[t for pair in shifted for t in pair])
 
 
-def _shifted_cells(query, key, cells: Sequence[Cell], inv_freq, rows, positions) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _shifted_cells(
+    query, key, cells: Sequence[Cell], inv_freq, rows, positions
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Each cell's query and key, moved by its part's shifts."""
-    return [(shifts.shifted(query, cell.query_shift, positions[:, rows], inv_freq, cell.part.pairs),
-             shifts.shifted(key, cell.key_shift, positions, inv_freq, cell.part.pairs)) for cell in cells]
+    return [
+        (
+            shifts.shifted(query, cell.query_shift, positions[:, rows], inv_freq, cell.part.pairs),
+            shifts.shifted(key, cell.key_shift, positions, inv_freq, cell.part.pairs),
+        )
+        for cell in cells
+    ]
 
 
-def _tiles(cells: Sequence[Cell], rows: torch.Tensor, kv_len: int, key_padding, positions, sliding_window) -> Iterator[Tile]:
+def _tiles(
+    cells: Sequence[Cell], rows: torch.Tensor, kv_len: int, key_padding, positions, sliding_window
+) -> Iterator[Tile]:
     """The tiles of ``rows`` (absolute indices), each with its key window and its cells' keys, widened to
     multiples of the width quantum (see the module)."""
     quantum = -(-(-(-kv_len // WIDTHS)) // WIDTH_ALIGNMENT) * WIDTH_ALIGNMENT
-    widen = lambda start, stop: slice(start // quantum * quantum, min(kv_len, -(-stop // quantum) * quantum))
+
+    def widen(start, stop):
+        return slice(start // quantum * quantum, min(kv_len, -(-stop // quantum) * quantum))
+
     for start in range(0, rows.numel(), DROP_TILE):
         tile_rows = rows[start : start + DROP_TILE]
         first = 0 if sliding_window is None else max(0, int(tile_rows.min()) - sliding_window + 1)
@@ -101,8 +136,12 @@ def _scores(tile: Tile, query, shifted, scaling: float, drop) -> torch.Tensor:
     """The tile's scores ``[B, Hq, T, K]`` over its key window in the accumulation dtype, -inf where no cell holds
     the pair, Drop Attention's rates applied."""
     compute = compute_dtype(query.dtype)
-    scores = torch.full((*query.shape[:2], tile.rows.stop - tile.rows.start, tile.keys.stop - tile.keys.start), NEG_INF,
-                        dtype=compute, device=query.device)
+    scores = torch.full(
+        (*query.shape[:2], tile.rows.stop - tile.rows.start, tile.keys.stop - tile.keys.start),
+        NEG_INF,
+        dtype=compute,
+        device=query.device,
+    )
     for index, keys, allowed in tile.parts:
         q, k = shifted[index]
         part = grouped_matmul(q[:, :, tile.rows].to(compute), k[:, :, keys].to(compute).transpose(-1, -2)) * scaling
@@ -135,7 +174,9 @@ def drop_below_quantile(scores: torch.Tensor, rates: torch.Tensor) -> torch.Tens
         return scores
     fillers = top - rank  # [B, T]
     width = scores.shape[-1]
-    padded = scores.new_empty((*scores.shape[:-1], width + -(-(int(fillers.max()) + 1) // WIDTH_ALIGNMENT) * WIDTH_ALIGNMENT))
+    padded = scores.new_empty(
+        (*scores.shape[:-1], width + -(-(int(fillers.max()) + 1) // WIDTH_ALIGNMENT) * WIDTH_ALIGNMENT)
+    )
     padded[..., :width] = scores
     padded[..., :width].masked_fill_(torch.isneginf(scores), float("inf"))
     filler = torch.arange(padded.shape[-1] - width, device=scores.device) < fillers[..., None]  # [B, T, P]
@@ -180,12 +221,15 @@ class _DroppedRows(torch.autograd.Function):
             probabilities = _probabilities(tile, query, shifted, ctx.scaling, ctx.drop)
             d_out = grad_out[:, :, tile.rows]
             grad_value[:, :, tile.keys] += per_kv_head(probabilities.transpose(-1, -2) @ d_out, kv_heads)
-            d_scores = probabilities * (grouped_matmul(d_out, value[:, :, tile.keys].to(accumulate).transpose(-1, -2))
-                                        - row_dots[:, :, tile.rows])
+            d_scores = probabilities * (
+                grouped_matmul(d_out, value[:, :, tile.keys].to(accumulate).transpose(-1, -2))
+                - row_dots[:, :, tile.rows]
+            )
             for index, keys, allowed in tile.parts:
                 q, k = shifted[index]
                 part = d_scores[..., keys.start - tile.keys.start : keys.stop - tile.keys.start] * allowed * ctx.scaling
                 grads[2 * index][:, :, tile.rows] += grouped_matmul(part, k[:, :, keys].to(accumulate))
-                grads[2 * index + 1][:, :, keys] += per_kv_head(part.transpose(-1, -2) @ q[:, :, tile.rows].to(accumulate),
-                                                                        k.shape[1])
+                grads[2 * index + 1][:, :, keys] += per_kv_head(
+                    part.transpose(-1, -2) @ q[:, :, tile.rows].to(accumulate), k.shape[1]
+                )
         return (None, None, None, None, grad_value.to(value.dtype), *(g.to(t.dtype) for g, t in zip(grads, flat)))

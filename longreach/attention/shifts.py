@@ -42,8 +42,14 @@ def per_sequence(value: float | torch.Tensor, dtype: torch.dtype, device) -> tor
     return value.view(-1, 1, 1, 1) if value.dim() else value
 
 
-def shifted(x: torch.Tensor, shift, positions: torch.Tensor, inv_freq: torch.Tensor, pairs: torch.Tensor | None = None,
-            angles: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+def shifted(
+    x: torch.Tensor,
+    shift,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    pairs: torch.Tensor | None = None,
+    angles: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """``x`` moved by a constant shift, or by ``shift(positions)`` per token (``[B, L]`` -> ``[B, 1, L]``;
     ``angles``: its ``(cos, sin)`` when already computed, see :func:`shift_angles` and :func:`.rotary.rotation`); with ``pairs``
     (``[query heads, rotary pairs]``), only the marked pairs of each head move."""
@@ -56,7 +62,9 @@ def shifted(x: torch.Tensor, shift, positions: torch.Tensor, inv_freq: torch.Ten
     return moved if pairs is None else torch.where(_pair_dims(pairs, x.shape[1], x.shape[-1], x.device), moved, x)
 
 
-def shift_angles(shift, positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def shift_angles(
+    shift, positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(cos, sin)`` ``[B, 1, L, D_rot / 2]`` of a per-token shift at ``positions [B, L]``; the shift is
     evaluated in float64, so that fractional shifts (Leaky ReRoPE) of large positions keep their precision.
     A shift per group of rotary pairs (``[B, L, G]``) gives each pair its group's angle."""
@@ -85,7 +93,9 @@ def pairs_split_groups(parts: Sequence[Part], kv_heads: int, q_heads: int) -> bo
     for part in parts:
         if part.pairs is not None:
             if part.pairs.shape[0] != q_heads:
-                raise ValueError(f"a part's pairs mark {part.pairs.shape[0]} heads; the model has {q_heads} query heads")
+                raise ValueError(
+                    f"a part's pairs mark {part.pairs.shape[0]} heads; the model has {q_heads} query heads"
+                )
             groups = part.pairs.view(kv_heads, q_heads // kv_heads, -1)
             if not bool((groups == groups[:, :1]).all()):
                 return True
@@ -108,8 +118,14 @@ def augmented(query, key, part: Part, q_positions, positions, inv_freq) -> tuple
     return q, torch.cat((moved_k, key), dim=-1)
 
 
-def shifted_keys(key: torch.Tensor, shift, positions: torch.Tensor, inv_freq: torch.Tensor, pairs: torch.Tensor | None = None,
-                 angles: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+def shifted_keys(
+    key: torch.Tensor,
+    shift,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    pairs: torch.Tensor | None = None,
+    angles: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """:func:`shifted` for keys, with the angles of a per-token shift taken from :data:`KEY_ROTATIONS`."""
     if callable(shift) and angles is None:
         angles = KEY_ROTATIONS.get(shift, positions, inv_freq, compute_dtype(key.dtype))
@@ -129,7 +145,9 @@ class KeyRotations:
         self.size = size
         self.entries: OrderedDict[int, tuple] = OrderedDict()
 
-    def get(self, shift, positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def get(
+        self, shift, positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(cos, sin)`` ``[B, 1, Lkv, D_rot / 2]`` for keys at ``positions [B, Lkv]``."""
         entry = self.entries.get(id(shift))
         if entry is not None and self._extends(entry, shift, positions, inv_freq, dtype):
@@ -150,10 +168,16 @@ class KeyRotations:
     @staticmethod
     def _extends(entry, shift, positions, inv_freq, dtype) -> bool:
         held_shift, known, held_inv_freq, cos, _ = entry
-        return (held_shift is shift and cos.dtype == dtype and known.device == positions.device
-                and known.shape[0] == positions.shape[0] and known.shape[1] <= positions.shape[1]
-                and held_inv_freq.shape == inv_freq.shape and torch.equal(held_inv_freq, inv_freq.to(held_inv_freq.device))
-                and torch.equal(known, positions[:, : known.shape[1]]))
+        return (
+            held_shift is shift
+            and cos.dtype == dtype
+            and known.device == positions.device
+            and known.shape[0] == positions.shape[0]
+            and known.shape[1] <= positions.shape[1]
+            and held_inv_freq.shape == inv_freq.shape
+            and torch.equal(held_inv_freq, inv_freq.to(held_inv_freq.device))
+            and torch.equal(known, positions[:, : known.shape[1]])
+        )
 
 
 KEY_ROTATIONS = KeyRotations()
@@ -177,7 +201,9 @@ class MovedKeys:
 
     def __init__(self) -> None:
         self.entries: dict[int, tuple] = {}
-        self.received: tuple | None = None  # (weak reference to the key tensor of the layer's last call, its version then)
+        self.received: tuple | None = (
+            None  # (weak reference to the key tensor of the layer's last call, its version then)
+        )
         self.vouched = False  # before a call: the cache holds ``received``, unchanged
         self.extending = 0  # during a call: the keys it adds after the kept ones (0: none are trusted)
 
@@ -187,7 +213,9 @@ class MovedKeys:
     def vouch(self, cached_key: torch.Tensor | None) -> None:
         """Before the layer's forward: ``cached_key`` is what the cache holds for the layer (``None``: unknown)."""
         held = self.received
-        self.vouched = held is not None and cached_key is not None and held[0]() is cached_key and cached_key._version == held[1]
+        self.vouched = (
+            held is not None and cached_key is not None and held[0]() is cached_key and cached_key._version == held[1]
+        )
 
     def begin(self, key: torch.Tensor, new_keys: int) -> None:
         """A call of the layer: ``key`` as the cache handed it over, whose last ``new_keys`` are the call's own."""
@@ -203,7 +231,10 @@ class MovedKeys:
             _, known, _, moved = entry
             kept = known.shape[1]
             if length > moved.shape[2]:
-                moved = torch.cat((moved[:, :, :kept], moved.new_empty(*moved.shape[:2], length - kept + self.ROOM, moved.shape[-1])), dim=2)
+                moved = torch.cat(
+                    (moved[:, :, :kept], moved.new_empty(*moved.shape[:2], length - kept + self.ROOM, moved.shape[-1])),
+                    dim=2,
+                )
             moved[:, :, kept:length] = shifted_keys(key[:, :, kept:], shift, positions[:, kept:], inv_freq)
         else:
             moved = key.new_empty(*key.shape[:2], length + self.ROOM, key.shape[-1])
@@ -215,9 +246,18 @@ class MovedKeys:
         """Whether ``entry`` holds the first ``trusted`` keys of this call, moved by ``shift``."""
         held_shift, known, held_inv_freq, moved = entry
         kept = known.shape[1]
-        return (self.extending > 0 and kept == trusted and held_shift is shift and moved.dtype == key.dtype and moved.device == key.device
-                and moved.shape[:2] == key.shape[:2] and moved.shape[-1] == key.shape[-1] and held_inv_freq.shape == inv_freq.shape
-                and torch.equal(held_inv_freq, inv_freq.to(held_inv_freq.device)) and torch.equal(known, positions[:, :kept]))
+        return (
+            self.extending > 0
+            and kept == trusted
+            and held_shift is shift
+            and moved.dtype == key.dtype
+            and moved.device == key.device
+            and moved.shape[:2] == key.shape[:2]
+            and moved.shape[-1] == key.shape[-1]
+            and held_inv_freq.shape == inv_freq.shape
+            and torch.equal(held_inv_freq, inv_freq.to(held_inv_freq.device))
+            and torch.equal(known, positions[:, :kept])
+        )
 
 
 def fold_block_key_shifts(parts: Sequence[Part], positions: torch.Tensor) -> list[Part]:
@@ -240,8 +280,15 @@ def fold_block_key_shifts(parts: Sequence[Part], positions: torch.Tensor) -> lis
             continue
         for start in starts:
             sigma = float(part.key_shift(torch.tensor([start], dtype=torch.float64))[0])
-            folded.append(Part(part.min_distance, part.max_distance, query_shift=_minus(part.query_shift, sigma),
-                               key_span=_within(part.key_span, start, start + size), pairs=part.pairs))
+            folded.append(
+                Part(
+                    part.min_distance,
+                    part.max_distance,
+                    query_shift=_minus(part.query_shift, sigma),
+                    key_span=_within(part.key_span, start, start + size),
+                    pairs=part.pairs,
+                )
+            )
     return folded
 
 
@@ -252,9 +299,11 @@ def _minus(shift, sigma: float):
 
 def _within(key_span, first: int, stop: int):
     """``key_span`` cut to the key positions ``[first, stop)`` (``None``: every key position)."""
+
     def span(p):
         if key_span is None:
             return torch.full_like(p, first), torch.full_like(p, stop)
         lo, hi = key_span(p)
         return lo.clamp(min=first), hi.clamp(max=stop)
+
     return span

@@ -48,7 +48,9 @@ def attention(
     """
     batch, q_heads, q_len, _ = query.shape
     scaling = 1.0 / math.sqrt(query.shape[-1]) if scaling is None else scaling
-    if any(part.pairs is not None for part in parts):  # DPE: keys per query head (checking which groups differ would sync)
+    if any(
+        part.pairs is not None for part in parts
+    ):  # DPE: keys per query head (checking which groups differ would sync)
         key, value = expand_heads(key, q_heads), expand_heads(value, q_heads)
     compute = compute_dtype(query.dtype)
     q_positions = query_positions(positions, q_len)
@@ -99,4 +101,3 @@ def _moved(x, shift, positions, inv_freq, pairs, compute):
     x = x.to(compute)
     angles = shift_angles(shift, positions, inv_freq, compute) if callable(shift) else None
     return shifted(x, shift, positions, inv_freq, pairs, angles)
-

@@ -60,8 +60,22 @@ class TiledBackend(Backend):
         """The blocks that cover the cell's pairs: masked tiles, or with whole blocks the structured plan."""
         structured = self.whole_blocks(call) and cell.part.key_span is None and call.q_len > SMALL_QUERY
         span = None if cell.part.key_span is None else (cell.part.key_span, call.positions)
-        return list(blocks(call.q_len, call.kv_len, cell.lo, cell.hi, call.offset, call.key_padding, padded, span,
-                           call.tile, structured, call.query.dtype, call.query.device))
+        return list(
+            blocks(
+                call.q_len,
+                call.kv_len,
+                cell.lo,
+                cell.hi,
+                call.offset,
+                call.key_padding,
+                padded,
+                span,
+                call.tile,
+                structured,
+                call.query.dtype,
+                call.query.device,
+            )
+        )
 
     def keep(self, plans: list[list[Block]]) -> bool:
         held = sum(b.mask.numel() for plan in plans for b in plan if isinstance(b.mask, torch.Tensor))
@@ -78,10 +92,18 @@ class TiledBackend(Backend):
                 q, k = augmented(call.query, call.key, part, call.q_positions, call.positions, call.inv_freq)
             else:
                 # [B, Hq, Lq, D]
-                q = shifted(call.query, part.query_shift, call.q_positions, call.inv_freq, part.pairs,
-                            angles(call, "query", part.query_shift, call.q_positions))
+                q = shifted(
+                    call.query,
+                    part.query_shift,
+                    call.q_positions,
+                    call.inv_freq,
+                    part.pairs,
+                    angles(call, "query", part.query_shift, call.q_positions),
+                )
                 if (k := keys.get((id(part.key_shift), id(part.pairs)))) is None:  # DCA's three parts turn keys once
-                    k = keys[id(part.key_shift), id(part.pairs)] = moved_keys(call, part.key_shift, part.pairs)  # [B, Hkv, Lkv, D]
+                    k = keys[id(part.key_shift), id(part.pairs)] = moved_keys(
+                        call, part.key_shift, part.pairs
+                    )  # [B, Hkv, Lkv, D]
             kept.append(plan)
             inputs += [q, k]
         if not inputs:  # no cell reaches a key

@@ -22,21 +22,53 @@ if triton is not None:
         second = tl.load(base[:, None] + PAIRS + pair[None, :], mask=ok, other=0.0)
         if REST > 0:
             extra = tl.arange(0, REST_P)
-            rest = tl.load(base[:, None] + 2 * PAIRS + extra[None, :], mask=rows_ok[:, None] & (extra < REST)[None, :], other=0.0)
+            rest = tl.load(
+                base[:, None] + 2 * PAIRS + extra[None, :], mask=rows_ok[:, None] & (extra < REST)[None, :], other=0.0
+            )
         else:
             rest = first
         return first, second, rest
 
     @triton.jit
-    def _cell(scores, c, q1, q2, q3, k1, k2, k3, bounds, distance, d_min, d_max, scale,
-              COS, SIN, table_base, cols, cols_ok, FIRST, STOP, span_base, t, rows_ok, key_at,
-              TABLE: tl.constexpr, SPAN: tl.constexpr, PAIRS: tl.constexpr, PAIRS_P: tl.constexpr, REST: tl.constexpr,
-              ACC: tl.constexpr):
+    def _cell(
+        scores,
+        c,
+        q1,
+        q2,
+        q3,
+        k1,
+        k2,
+        k3,
+        bounds,
+        distance,
+        d_min,
+        d_max,
+        scale,
+        COS,
+        SIN,
+        table_base,
+        cols,
+        cols_ok,
+        FIRST,
+        STOP,
+        span_base,
+        t,
+        rows_ok,
+        key_at,
+        TABLE: tl.constexpr,
+        SPAN: tl.constexpr,
+        PAIRS: tl.constexpr,
+        PAIRS_P: tl.constexpr,
+        REST: tl.constexpr,
+        ACC: tl.constexpr,
+    ):
         """Cell ``c``'s scores written into ``scores`` at its pairs; skipped when the tile's distances miss its range."""
         lo = tl.load(bounds + 2 * c)
         hi = tl.load(bounds + 2 * c + 1)
         if (d_max >= lo) & (d_min < hi):
-            if TABLE >= 0:  # keys turned by per-key angles: (k1 cos - k2 sin, k2 cos + k1 sin), as rotary.apply_rotation
+            if (
+                TABLE >= 0
+            ):  # keys turned by per-key angles: (k1 cos - k2 sin, k2 cos + k1 sin), as rotary.apply_rotation
                 pair = tl.arange(0, PAIRS_P)
                 ok = cols_ok[:, None] & (pair < PAIRS)[None, :]
                 cos = tl.load(COS + table_base + pair[None, :], mask=ok, other=1.0).to(ACC)
@@ -57,16 +89,71 @@ if triton is not None:
         return scores
 
     @triton.jit
-    def fused(Q, K, V, COS, SIN, VALID, FIRST, STOP, KEYPOS, BOUNDS, OUT, LSE,
-                stride_qc, stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kj, stride_vb, stride_vh, stride_vj,
-                stride_tt, stride_tb, stride_tj, stride_fc, stride_fb, stride_pb, stride_kpb,
-                stride_os, stride_ob, stride_oh, stride_ot, stride_ls, stride_lb, stride_lh,
-                kv_heads, group, q_len, kv_len, offset, keys_per_split, lo_min, hi_max, scale,
-                PAIRS: tl.constexpr, PAIRS_P: tl.constexpr, REST: tl.constexpr, REST_P: tl.constexpr,
-                VALUE: tl.constexpr, VALUE_P: tl.constexpr, CELLS: tl.constexpr,
-                TABLE0: tl.constexpr, TABLE1: tl.constexpr, TABLE2: tl.constexpr,
-                SPAN0: tl.constexpr, SPAN1: tl.constexpr, SPAN2: tl.constexpr, PADDED: tl.constexpr, BOUNDED: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACC: tl.constexpr):
+    def fused(
+        Q,
+        K,
+        V,
+        COS,
+        SIN,
+        VALID,
+        FIRST,
+        STOP,
+        KEYPOS,
+        BOUNDS,
+        OUT,
+        LSE,
+        stride_qc,
+        stride_qb,
+        stride_qh,
+        stride_qt,
+        stride_kb,
+        stride_kh,
+        stride_kj,
+        stride_vb,
+        stride_vh,
+        stride_vj,
+        stride_tt,
+        stride_tb,
+        stride_tj,
+        stride_fc,
+        stride_fb,
+        stride_pb,
+        stride_kpb,
+        stride_os,
+        stride_ob,
+        stride_oh,
+        stride_ot,
+        stride_ls,
+        stride_lb,
+        stride_lh,
+        kv_heads,
+        group,
+        q_len,
+        kv_len,
+        offset,
+        keys_per_split,
+        lo_min,
+        hi_max,
+        scale,
+        PAIRS: tl.constexpr,
+        PAIRS_P: tl.constexpr,
+        REST: tl.constexpr,
+        REST_P: tl.constexpr,
+        VALUE: tl.constexpr,
+        VALUE_P: tl.constexpr,
+        CELLS: tl.constexpr,
+        TABLE0: tl.constexpr,
+        TABLE1: tl.constexpr,
+        TABLE2: tl.constexpr,
+        SPAN0: tl.constexpr,
+        SPAN1: tl.constexpr,
+        SPAN2: tl.constexpr,
+        PADDED: tl.constexpr,
+        BOUNDED: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        ACC: tl.constexpr,
+    ):
         """One program: a tile of query rows (a group's heads packed) against one split of the keys."""
         tile, head_of_batch, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         b, kv_head = head_of_batch // kv_heads, head_of_batch % kv_heads
@@ -98,7 +185,9 @@ if triton is not None:
         for start in range(begin, end, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             cols_ok = cols < end
-            k1, k2, k3 = _load_rows(K + b * stride_kb + kv_head * stride_kh + cols * stride_kj, cols_ok, PAIRS, PAIRS_P, REST, REST_P)
+            k1, k2, k3 = _load_rows(
+                K + b * stride_kb + kv_head * stride_kh + cols * stride_kj, cols_ok, PAIRS, PAIRS_P, REST, REST_P
+            )
             distance = t[:, None] + offset - cols[None, :]
             d_min = t_lo + offset - (start + BLOCK_N - 1)
             d_max = t_hi + offset - start
@@ -107,20 +196,104 @@ if triton is not None:
                 key_at = tl.load(KEYPOS + b * stride_kpb + cols, mask=cols_ok, other=0)
             table_base = b * stride_tb + cols[:, None] * stride_tj
             scores = tl.full([BLOCK_M, BLOCK_N], float("-inf"), ACC)
-            scores = _cell(scores, 0, q1a, q2a, q3a, k1, k2, k3, BOUNDS, distance, d_min, d_max, scale,
-                           COS + TABLE0 * stride_tt, SIN + TABLE0 * stride_tt, table_base, cols, cols_ok,
-                           FIRST, STOP, b * stride_fb, t, rows_ok, key_at,
-                           TABLE0, SPAN0, PAIRS, PAIRS_P, REST, ACC)
+            scores = _cell(
+                scores,
+                0,
+                q1a,
+                q2a,
+                q3a,
+                k1,
+                k2,
+                k3,
+                BOUNDS,
+                distance,
+                d_min,
+                d_max,
+                scale,
+                COS + TABLE0 * stride_tt,
+                SIN + TABLE0 * stride_tt,
+                table_base,
+                cols,
+                cols_ok,
+                FIRST,
+                STOP,
+                b * stride_fb,
+                t,
+                rows_ok,
+                key_at,
+                TABLE0,
+                SPAN0,
+                PAIRS,
+                PAIRS_P,
+                REST,
+                ACC,
+            )
             if CELLS > 1:
-                scores = _cell(scores, 1, q1b, q2b, q3b, k1, k2, k3, BOUNDS, distance, d_min, d_max, scale,
-                               COS + TABLE1 * stride_tt, SIN + TABLE1 * stride_tt, table_base, cols, cols_ok,
-                               FIRST, STOP, stride_fc + b * stride_fb, t, rows_ok, key_at,
-                               TABLE1, SPAN1, PAIRS, PAIRS_P, REST, ACC)
+                scores = _cell(
+                    scores,
+                    1,
+                    q1b,
+                    q2b,
+                    q3b,
+                    k1,
+                    k2,
+                    k3,
+                    BOUNDS,
+                    distance,
+                    d_min,
+                    d_max,
+                    scale,
+                    COS + TABLE1 * stride_tt,
+                    SIN + TABLE1 * stride_tt,
+                    table_base,
+                    cols,
+                    cols_ok,
+                    FIRST,
+                    STOP,
+                    stride_fc + b * stride_fb,
+                    t,
+                    rows_ok,
+                    key_at,
+                    TABLE1,
+                    SPAN1,
+                    PAIRS,
+                    PAIRS_P,
+                    REST,
+                    ACC,
+                )
             if CELLS > 2:
-                scores = _cell(scores, 2, q1c, q2c, q3c, k1, k2, k3, BOUNDS, distance, d_min, d_max, scale,
-                               COS + TABLE2 * stride_tt, SIN + TABLE2 * stride_tt, table_base, cols, cols_ok,
-                               FIRST, STOP, 2 * stride_fc + b * stride_fb, t, rows_ok, key_at,
-                               TABLE2, SPAN2, PAIRS, PAIRS_P, REST, ACC)
+                scores = _cell(
+                    scores,
+                    2,
+                    q1c,
+                    q2c,
+                    q3c,
+                    k1,
+                    k2,
+                    k3,
+                    BOUNDS,
+                    distance,
+                    d_min,
+                    d_max,
+                    scale,
+                    COS + TABLE2 * stride_tt,
+                    SIN + TABLE2 * stride_tt,
+                    table_base,
+                    cols,
+                    cols_ok,
+                    FIRST,
+                    STOP,
+                    2 * stride_fc + b * stride_fb,
+                    t,
+                    rows_ok,
+                    key_at,
+                    TABLE2,
+                    SPAN2,
+                    PAIRS,
+                    PAIRS_P,
+                    REST,
+                    ACC,
+                )
             allowed = rows_ok[:, None] & cols_ok[None, :]
             if PADDED:
                 real = tl.load(VALID + b * stride_pb + cols, mask=cols_ok, other=0)
@@ -132,8 +305,11 @@ if triton is not None:
             p = tl.exp(scores - m_safe[:, None])
             alpha = tl.exp(m_i - m_safe)
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(V + b * stride_vb + kv_head * stride_vh + cols[:, None] * stride_vj + value_dims[None, :],
-                        mask=cols_ok[:, None] & (value_dims < VALUE)[None, :], other=0.0)
+            v = tl.load(
+                V + b * stride_vb + kv_head * stride_vh + cols[:, None] * stride_vj + value_dims[None, :],
+                mask=cols_ok[:, None] & (value_dims < VALUE)[None, :],
+                other=0.0,
+            )
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee", out_dtype=ACC)
             m_i = m_new
 

@@ -16,13 +16,26 @@ def angles(call: Call, side: str, shift: Shift, positions: torch.Tensor):
     compute = compute_dtype(call.query.dtype)
     memo, inv_freq = call.memo, call.inv_freq
     if not callable(shift):
-        return memo.get("constant angles", (inv_freq,), (shift, compute, str(positions.device)),
-                        lambda: rotation(shift, inv_freq, compute, positions.device)) if shift else None
+        return (
+            memo.get(
+                "constant angles",
+                (inv_freq,),
+                (shift, compute, str(positions.device)),
+                lambda: rotation(shift, inv_freq, compute, positions.device),
+            )
+            if shift
+            else None
+        )
     if side == "key":
-        return memo.get("key angles", (shift, inv_freq), call.geometry,
-                        lambda: KEY_ROTATIONS.get(shift, positions, inv_freq, compute))
-    return memo.get("query angles", (shift, inv_freq), call.geometry,
-                    lambda: shift_angles(shift, positions, inv_freq, compute))
+        return memo.get(
+            "key angles",
+            (shift, inv_freq),
+            call.geometry,
+            lambda: KEY_ROTATIONS.get(shift, positions, inv_freq, compute),
+        )
+    return memo.get(
+        "query angles", (shift, inv_freq), call.geometry, lambda: shift_angles(shift, positions, inv_freq, compute)
+    )
 
 
 def moved_keys(call: Call, shift: Shift, pairs: torch.Tensor | None = None) -> torch.Tensor:
@@ -31,4 +44,6 @@ def moved_keys(call: Call, shift: Shift, pairs: torch.Tensor | None = None) -> t
     forward pass's angles (:func:`angles`)."""
     if call.kept_keys is not None and not call.needs_grad and callable(shift) and pairs is None:
         return call.kept_keys.get(shift, call.key, call.positions, call.inv_freq)
-    return shifted_keys(call.key, shift, call.positions, call.inv_freq, pairs, angles(call, "key", shift, call.positions))
+    return shifted_keys(
+        call.key, shift, call.positions, call.inv_freq, pairs, angles(call, "key", shift, call.positions)
+    )

@@ -19,51 +19,70 @@ def add(subcommands) -> None:
     probe.add_argument("--length", default="12k", help="tokens of text to read, k = 1024 (default 12k)")
     flags.methods(probe, help="methods to compare, repeatable (default: rope and dynamic_drop)")
     probe.add_argument("--points", type=positive, default=24, help="query positions sampled evenly (default 24)")
-    probe.add_argument("--top-k", type=positive, default=1,
-                       help="mean of the k largest probabilities (default 1: the max)")
+    probe.add_argument(
+        "--top-k", type=positive, default=1, help="mean of the k largest probabilities (default 1: the max)"
+    )
     flags.training_window(probe)
-    probe.add_argument("--out", default="runs/dispersion",
-                       help="folder for dispersion.json and dispersion.png (default runs/dispersion)")
+    probe.add_argument(
+        "--out",
+        default="runs/dispersion",
+        help="folder for dispersion.json and dispersion.png (default runs/dispersion)",
+    )
     probe.set_defaults(run=dispersion)
 
-    frequencies = subcommands.add_parser("freq",
-                                         help="position frequency f(i) under three packings, with shares and a plot")
-    frequencies.add_argument("--window", "--training-window", type=positive, default=2048,
-                             help="training window L (default 2048, as the paper)")
+    frequencies = subcommands.add_parser(
+        "freq", help="position frequency f(i) under three packings, with shares and a plot"
+    )
+    frequencies.add_argument(
+        "--window",
+        "--training-window",
+        type=positive,
+        default=2048,
+        help="training window L (default 2048, as the paper)",
+    )
     frequencies.add_argument("--lengths-file", help="a text file of document lengths in tokens, one per line")
     frequencies.add_argument("--texts", help="a folder of .txt files, tokenized with --model's tokenizer")
     flags.model(frequencies, help="tokenizer for --texts (default: the bundled SmolLM2's)")
-    frequencies.add_argument("--synthetic", help="lognormal[:mean=6.5,sigma=1.4,count=100000], exponential[:scale=..], "
-                             "fixed[:length=..]")
+    frequencies.add_argument(
+        "--synthetic", help="lognormal[:mean=6.5,sigma=1.4,count=100000], exponential[:scale=..], fixed[:length=..]"
+    )
     frequencies.add_argument("--seed", type=int, default=0, help="random seed of --synthetic lengths (default 0)")
-    frequencies.add_argument("--out", default="runs/frequency.png",
-                             help="PNG path of the plot (default runs/frequency.png)")
+    frequencies.add_argument(
+        "--out", default="runs/frequency.png", help="PNG path of the plot (default runs/frequency.png)"
+    )
     frequencies.set_defaults(run=freq)
 
     pictures = subcommands.add_parser("matrix", help="a method's relative-position matrix as a picture")
     pictures.add_argument("method", help="method[:param=value,...], e.g. string:shift=3,local_window=1")
-    pictures.add_argument("--length", type=positive, default=9,
-                          help="matrix size in tokens (default 9, the paper's Figure 5)")
+    pictures.add_argument(
+        "--length", type=positive, default=9, help="matrix size in tokens (default 9, the paper's Figure 5)"
+    )
     pictures.add_argument("--window", "--training-window", type=positive, help="training window L (default: --length)")
     pictures.add_argument("--out", help="PNG path (default matrix_METHOD_LENGTH.png)")
     pictures.set_defaults(run=matrix)
 
     costs = subcommands.add_parser("cost", help="attention FLOPs, KV-cache and weight memory per length, from a config")
     flags.model(costs, help="'default', a config.json, a local folder or a Hugging Face id")
-    costs.add_argument("--lengths", default="4k,32k,128k,1024k",
-                       help="lengths in tokens, k = 1024 (default 4k,32k,128k,1024k)")
-    costs.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16", "float8"],
-                       help="bytes per weight and cache value (default bfloat16)")
-    costs.add_argument("--sliding-window", type=positive, default=4096,
-                       help="the sliding window compared, in tokens (default 4096)")
+    costs.add_argument(
+        "--lengths", default="4k,32k,128k,1024k", help="lengths in tokens, k = 1024 (default 4k,32k,128k,1024k)"
+    )
+    costs.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=["float32", "bfloat16", "float16", "float8"],
+        help="bytes per weight and cache value (default bfloat16)",
+    )
+    costs.add_argument(
+        "--sliding-window", type=positive, default=4096, help="the sliding window compared, in tokens (default 4096)"
+    )
     costs.add_argument("--out", default="runs/cost.png", help="PNG path of the plot (default runs/cost.png)")
     costs.set_defaults(run=cost)
 
 
 def add_listing(subcommands) -> None:
-    listing = subcommands.add_parser("methods",
-                                     help="every method: paper, what it changes, parameters with defaults and "
-                                     "ranges")
+    listing = subcommands.add_parser(
+        "methods", help="every method: paper, what it changes, parameters with defaults and ranges"
+    )
     listing.set_defaults(run=methods)
 
 
@@ -87,8 +106,10 @@ def dispersion(args: argparse.Namespace) -> None:
         print(f"probing {spec.label} at {length} tokens ...", flush=True)
         results[spec.label] = dispersion.measure(model, tokenizer, text, length, args.points, args.top_k)
     remove(model)
-    print(f"wrote {dispersion.save(results, out / 'dispersion.json')} and "
-          f"{dispersion.plot(results, out / 'dispersion.png', window)}")
+    print(
+        f"wrote {dispersion.save(results, out / 'dispersion.json')} and "
+        f"{dispersion.plot(results, out / 'dispersion.png', window)}"
+    )
 
 
 def freq(args: argparse.Namespace) -> None:
@@ -153,8 +174,10 @@ def cost(args: argparse.Namespace) -> None:
     shape = cost.shape_of(cost.load_config(args.model))
     lengths = runner.parse_lengths(args.lengths)
     dtype_bytes = cost.DTYPE_BYTES[args.dtype]
-    print(f"{shape.name}: {shape.layers} layers, {shape.heads} heads ({shape.kv_heads} KV), head dim {shape.head_dim}, "
-          f"{shape.parameters:,} parameters; {args.dtype}\n")
+    print(
+        f"{shape.name}: {shape.layers} layers, {shape.heads} heads ({shape.kv_heads} KV), head dim {shape.head_dim}, "
+        f"{shape.parameters:,} parameters; {args.dtype}\n"
+    )
     out = writable_file(args.out)
     print(cost.markdown(cost.table(shape, lengths, dtype_bytes, args.sliding_window), args.sliding_window))
     print(f"\nwrote {cost.plot(shape, lengths, out, dtype_bytes, args.sliding_window)}")
@@ -168,5 +191,7 @@ def methods(args: argparse.Namespace) -> None:
     for row in available():
         params = "; ".join(f"`{k}`={v!r} ({row['ranges'].get(k, '')})" for k, v in row["parameters"].items()) or "—"
         print(f"| `{row['name']}` | {row['kind']} | {row['paper']} | {row['changes']} | {params} |")
-    print("\nAny method also takes protocol=paper on the command line: the STRING paper's baseline set-up "
-          "(as if the window were 2L/3, factor 3/2).")
+    print(
+        "\nAny method also takes protocol=paper on the command line: the STRING paper's baseline set-up "
+        "(as if the window were 2L/3, factor 3/2)."
+    )

@@ -10,26 +10,33 @@ from .arguments import positive, writable_folder
 
 
 def add(subcommands) -> None:
-    demonstrating = subcommands.add_parser("demo", help="STRING's effect where it can be measured in minutes: rope "
-                                           "and string by distance on the probing experiment's window-256 model (make "
-                                           "demo; resumable)")
-    demonstrating.add_argument("--cases", type=positive, default=100,
-                               help="cases per distance and method (default 100)")
-    demonstrating.add_argument("--out", default="runs/demo",
-                               help="folder for demo.txt, demo.png and demo.json (default runs/demo)")
+    demonstrating = subcommands.add_parser(
+        "demo",
+        help="STRING's effect where it can be measured in minutes: rope "
+        "and string by distance on the probing experiment's window-256 model (make "
+        "demo; resumable)",
+    )
+    demonstrating.add_argument(
+        "--cases", type=positive, default=100, help="cases per distance and method (default 100)"
+    )
+    demonstrating.add_argument(
+        "--out", default="runs/demo", help="folder for demo.txt, demo.png and demo.json (default runs/demo)"
+    )
     demonstrating.set_defaults(run=demo)
 
-    asking = subcommands.add_parser("ask",
-                                    help="ask a question about your own document; each method answers it, side by "
-                                    "side")
+    asking = subcommands.add_parser(
+        "ask", help="ask a question about your own document; each method answers it, side by side"
+    )
     asking.add_argument("file", metavar="FILE", help="a text (.txt), Markdown (.md) or PDF (.pdf) file")
     asking.add_argument("question", metavar="QUESTION", help="what to ask about it")
     _answer_options(asking)
     flags.training_window(asking)
     asking.set_defaults(run=ask)
 
-    page = subcommands.add_parser("serve-demo", help="a local web page: paste or upload a document, ask, and read each "
-                                  "method's answer side by side")
+    page = subcommands.add_parser(
+        "serve-demo",
+        help="a local web page: paste or upload a document, ask, and read each method's answer side by side",
+    )
     _answer_options(page)
     page.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     page.add_argument("--port", type=positive, default=7860, help="port (default 7860)")
@@ -48,9 +55,11 @@ def demo(args: argparse.Namespace) -> None:
 
     out = writable_folder(args.out)
     print(main(out, args.cases))
-    print(f"\ndemo.txt (this report), demo.png (the picture) and demo.json (every case) in {out}/\n"
-          "Your own document, each method side by side: longreach ask FILE \"QUESTION\"   or, in a browser: "
-          "longreach serve-demo")
+    print(
+        f"\ndemo.txt (this report), demo.png (the picture) and demo.json (every case) in {out}/\n"
+        'Your own document, each method side by side: longreach ask FILE "QUESTION"   or, in a browser: '
+        "longreach serve-demo"
+    )
 
 
 def ask(args: argparse.Namespace) -> None:

@@ -11,8 +11,9 @@ import argparse
 from ..eval.stats import RULER_THRESHOLD
 from .arguments import positive, threshold
 
-TRAINING_WINDOW_HELP = ("the training window L every default derives from (default: the config's "
-                        "max_position_embeddings)")
+TRAINING_WINDOW_HELP = (
+    "the training window L every default derives from (default: the config's max_position_embeddings)"
+)
 MODEL_HELP = "'default' (the bundled SmolLM2-135M-Instruct), a local folder or a Hugging Face id"
 THRESHOLD_HELP = "the score an effective length must reach at every length up to it (default RULER's 85.6)"
 METHODS_HELP = "method[:param=value,...], repeatable (default: rope and string)"

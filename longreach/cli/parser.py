@@ -15,8 +15,13 @@ class Version(argparse.Action):
     """``--version``: longreach's version, and its git commit when it runs from a clone."""
 
     def __init__(self, option_strings, dest, **kwargs):
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
-                         help="print longreach's version (and git commit, from a clone) and exit")
+        super().__init__(
+            option_strings,
+            dest,
+            nargs=0,
+            default=argparse.SUPPRESS,
+            help="print longreach's version (and git commit, from a clone) and exit",
+        )
 
     def __call__(self, parser, namespace, values, option_string=None):
         from ..provenance import describe
@@ -26,8 +31,9 @@ class Version(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="longreach",
-                                     description="Measure and extend the context RoPE models really use.")
+    parser = argparse.ArgumentParser(
+        prog="longreach", description="Measure and extend the context RoPE models really use."
+    )
     parser.add_argument("--version", action=Version)
     subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     evaluation.add(subcommands)

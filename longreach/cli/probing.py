@@ -12,19 +12,29 @@ from .arguments import positive, writable_folder
 
 def add(commands) -> None:
     """``probe train``, ``probe measure``, ``probe report`` and ``probe experiment``."""
-    probing = commands.add_parser("probe",
-                                  help="the STRING paper's probing experiment in miniature: train small RoPE models on "
-                                  "a synthetic corpus, measure effective length by distance, report (resumable)")
+    probing = commands.add_parser(
+        "probe",
+        help="the STRING paper's probing experiment in miniature: train small RoPE models on "
+        "a synthetic corpus, measure effective length by distance, report (resumable)",
+    )
     actions = probing.add_subparsers(dest="action", required=True)
-    training = actions.add_parser("train",
-                                  help="train a small Llama on documents of a chosen length distribution (CPU)")
+    training = actions.add_parser(
+        "train", help="train a small Llama on documents of a chosen length distribution (CPU)"
+    )
     training.add_argument("--window", type=positive, default=256, help="the training window L in tokens (default 256)")
-    training.add_argument("--distribution", choices=("natural", "uniform", "concat"), default="natural",
-                          help="document lengths: natural (log-normal, one per row), uniform, concat (packed) "
-                          "(default natural)")
-    training.add_argument("--median-tokens", type=positive, default=32,
-                          help="the log-normal's median document length in tokens, natural and concat (default 32, "
-                          "the same documents whatever the window)")
+    training.add_argument(
+        "--distribution",
+        choices=("natural", "uniform", "concat"),
+        default="natural",
+        help="document lengths: natural (log-normal, one per row), uniform, concat (packed) (default natural)",
+    )
+    training.add_argument(
+        "--median-tokens",
+        type=positive,
+        default=32,
+        help="the log-normal's median document length in tokens, natural and concat (default 32, "
+        "the same documents whatever the window)",
+    )
     training.add_argument("--steps", type=positive, default=2000, help="optimizer steps (default 2000)")
     training.add_argument("--rows", type=positive, default=16, help="windows per step (default 16)")
     training.add_argument("--save-every", type=positive, default=250, help="checkpoint every N steps (default 250)")
@@ -32,36 +42,48 @@ def add(commands) -> None:
     training.add_argument("--hidden", type=positive, default=128, help="hidden size (default 128)")
     training.add_argument("--heads", type=positive, default=4, help="attention heads (default 4)")
     training.add_argument("--kv-heads", type=positive, default=2, help="key/value heads (default 2)")
-    training.add_argument("--rope-theta", type=float, default=80.0,
-                          help="RoPE's base (default 80: see longreach.probe.train.Shape)")
+    training.add_argument(
+        "--rope-theta", type=float, default=80.0, help="RoPE's base (default 80: see longreach.probe.train.Shape)"
+    )
     training.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
-    training.add_argument("--seed", type=int, default=0,
-                          help="random seed of the initial weights and of the batches drawn (default 0)")
+    training.add_argument(
+        "--seed", type=int, default=0, help="random seed of the initial weights and of the batches drawn (default 0)"
+    )
     training.add_argument("--out", help="run folder; a rerun resumes it (default runs/probe/DISTRIBUTION_WINDOW)")
     training.set_defaults(run=_train)
-    measuring = actions.add_parser("measure",
-                                   help="retrieval accuracy by distance of every checkpoint of a run, per method")
+    measuring = actions.add_parser(
+        "measure", help="retrieval accuracy by distance of every checkpoint of a run, per method"
+    )
     measuring.add_argument("folder", metavar="RUN", help="a folder written by `longreach probe train`")
     flags.methods(measuring)
     measuring.add_argument("--cases", type=positive, default=100, help="cases per distance and method (default 100)")
-    measuring.add_argument("--distances", type=positive, default=16,
-                           help="distances tested, evenly spread (default 16)")
+    measuring.add_argument(
+        "--distances", type=positive, default=16, help="distances tested, evenly spread (default 16)"
+    )
     measuring.add_argument("--final-only", action="store_true", help="the last checkpoint only (default: every one)")
     measuring.set_defaults(run=_measure)
-    reporting = actions.add_parser("report", help="effective length vs tokens seen and vs position frequency; accuracy "
-                                   "by distance")
+    reporting = actions.add_parser(
+        "report", help="effective length vs tokens seen and vs position frequency; accuracy by distance"
+    )
     reporting.add_argument("folders", nargs="+", metavar="RUN", help="measured run folders")
     reporting.add_argument("--out", default="runs/probe/report", help="report folder (default runs/probe/report)")
-    flags.score_threshold(reporting, help="the accuracy an effective length must reach at every distance up to it "
-                          "(default RULER's 85.6)")
+    flags.score_threshold(
+        reporting, help="the accuracy an effective length must reach at every distance up to it (default RULER's 85.6)"
+    )
     reporting.set_defaults(run=_report)
-    whole = actions.add_parser("experiment", help="the whole experiment (make probing): four runs trained in parallel, "
-                               "measured, reported (resumable)")
+    whole = actions.add_parser(
+        "experiment",
+        help="the whole experiment (make probing): four runs trained in parallel, measured, reported (resumable)",
+    )
     whole.add_argument("--out", default="runs/probe", help="where the runs go (default runs/probe)")
     whole.add_argument("--report", default="docs/probing", help="where the report goes (default docs/probing)")
     whole.add_argument("--steps", type=positive, default=STEPS, help=f"optimizer steps per run (default {STEPS})")
-    whole.add_argument("--save-every", type=positive, default=SAVE_EVERY,
-                       help=f"checkpoint (and measure) every N steps (default {SAVE_EVERY})")
+    whole.add_argument(
+        "--save-every",
+        type=positive,
+        default=SAVE_EVERY,
+        help=f"checkpoint (and measure) every N steps (default {SAVE_EVERY})",
+    )
     whole.add_argument("--cases", type=positive, default=100, help="cases per distance and method (default 100)")
     whole.add_argument("--workers", type=positive, help="processes in parallel (default: one per core, at most 4)")
     whole.set_defaults(run=_experiment)

@@ -71,18 +71,29 @@ def measure_importance(model, tokenizer, out: Path, lengths: list[int], samples:
     device = next(model.parameters()).device
     try:
         for length, sample in tqdm(todo, desc="pair importance", unit="prefill"):
-            ids = tokenizer(".".join(sentences[sample * SAMPLE_STRIDE :]), return_tensors="pt", truncation=True, max_length=length).input_ids
+            ids = tokenizer(
+                ".".join(sentences[sample * SAMPLE_STRIDE :]), return_tensors="pt", truncation=True, max_length=length
+            ).input_ids
             if ids.shape[1] < length:
                 raise ValueError(f"the text has too few tokens for sample {sample} at {length}: {ids.shape[1]}")
             with pair_importance() as record:
                 model(ids.to(device), use_cache=False, logits_to_keep=1)
-            save_file({"importance": torch.stack([record[layer][0] for layer in sorted(record)])}, str(parts / f"{length}_{sample}.safetensors"))
+            save_file(
+                {"importance": torch.stack([record[layer][0] for layer in sorted(record)])},
+                str(parts / f"{length}_{sample}.safetensors"),
+            )
     finally:
         if applied == "rope":
             remove(model)
-    stacked = torch.stack([load_file(str(parts / f"{n}_{s}.safetensors"))["importance"] for n in lengths for s in range(samples)])
+    stacked = torch.stack(
+        [load_file(str(parts / f"{n}_{s}.safetensors"))["importance"] for n in lengths for s in range(samples)]
+    )
     path = (out / "dimensions.safetensors").resolve()  # the apply line names it from anywhere
-    save_file({"importance": stacked.mean(0)}, str(path), metadata={"lengths": ",".join(map(str, lengths)), "samples": str(samples)})
+    save_file(
+        {"importance": stacked.mean(0)},
+        str(path),
+        metadata={"lengths": ",".join(map(str, lengths)), "samples": str(samples)},
+    )
     return path
 
 
@@ -97,9 +108,20 @@ def _spec(scales: list[int], local_window: int, top_k: int | None, dimensions: P
     return MethodSpec("dpe", tuple(sorted(_params(scales, local_window, top_k, dimensions).items())))
 
 
-def calibrate(model_name: str, target: int, out: Path, samples: int, local_window: int = 1024, top_k: int | None = None,
-              importance_samples: int = 10, task: str = PROBE, groups: int = GROUPS, training_window: int | None = None,
-              batch_size: int = 1, loaded=None) -> dict:
+def calibrate(
+    model_name: str,
+    target: int,
+    out: Path,
+    samples: int,
+    local_window: int = 1024,
+    top_k: int | None = None,
+    importance_samples: int = 10,
+    task: str = PROBE,
+    groups: int = GROUPS,
+    training_window: int | None = None,
+    batch_size: int = 1,
+    loaded=None,
+) -> dict:
     """DPE's two measurements and a check of their combination (``longreach calibrate dpe``).
 
     Measures each rotary pair's importance, sweeps each frequency group's scale, then runs the
@@ -125,12 +147,15 @@ def calibrate(model_name: str, target: int, out: Path, samples: int, local_windo
         The calibration: the chosen scales, ``top_k``, the sweeps and the combination's paired
         difference from ``rope``.
     """
-    from .. import models
-    from ..integrations.transformers import training_window as window_of
     from longreach.attention.rotary import rotary_pairs
     from longreach.integrations.rotary_embedding import find_rotary
 
-    model, tokenizer = loaded or models.load(model_name, device=World.from_environment().device())  # a GPU when there is one
+    from .. import models
+    from ..integrations.transformers import training_window as window_of
+
+    model, tokenizer = loaded or models.load(
+        model_name, device=World.from_environment().device()
+    )  # a GPU when there is one
     window = training_window or window_of(model.config)
     runner.check_lengths([target], window)
     pairs = rotary_pairs(find_rotary(model))
@@ -145,11 +170,18 @@ def calibrate(model_name: str, target: int, out: Path, samples: int, local_windo
         dimensions = measure_importance(model, tokenizer, out, importance_lengths(window), importance_samples)
     chosen_top_k = top_k or None
     values, others = sweep_values(target), fixed_scale(target, window)
-    sweep = {g: [_spec([v if h == g else others for h in range(groups)], local_window, chosen_top_k, dimensions) for v in values]
-             for g in range(groups)}
+    sweep = {
+        g: [
+            _spec([v if h == g else others for h in range(groups)], local_window, chosen_top_k, dimensions)
+            for v in values
+        ]
+        for g in range(groups)
+    }
     specs = list({spec.label: spec for group in sweep.values() for spec in group}.values())
-    print(f"group scale sweep: {groups} groups x scales {values} (others at {others}), {len(specs)} settings x {samples} cases "
-          f"of {task} at {target} tokens")
+    print(
+        f"group scale sweep: {groups} groups x scales {values} (others at {others}), {len(specs)} settings x {samples} cases "
+        f"of {task} at {target} tokens"
+    )
     grid = runner.Grid(model_name, [task], specs, [target], [0.5], samples, training_window)
     runner.run(grid, out, loaded=(model, tokenizer), batch_size=batch_size)
     by_label = {row.label: row for row in tune.rows(out, specs, task, target)}
@@ -161,46 +193,88 @@ def calibrate(model_name: str, target: int, out: Path, samples: int, local_windo
     scales = [best[g] for g in range(groups)]
     chosen = _spec(scales, local_window, chosen_top_k, dimensions)
     check = [chosen, MethodSpec("rope")]
-    runner.run(runner.Grid(model_name, [task], check, [target], [0.5], samples, training_window), out, loaded=(model, tokenizer),
-               batch_size=batch_size)
+    runner.run(
+        runner.Grid(model_name, [task], check, [target], [0.5], samples, training_window),
+        out,
+        loaded=(model, tokenizer),
+        batch_size=batch_size,
+    )
     final = tune.rows(out, check, task, target)
     params = _params(scales, local_window, chosen_top_k, dimensions)
     result = {
-        "model": model_name, "target": target, "training_window": window, "task": task, "samples": samples,
-        "local_window": local_window, "top_k": chosen_top_k, "dimensions": None if dimensions is None else str(dimensions),
-        "sweep_values": values, "others_at": others,
-        "groups": {g: [{"scale": v, "score": by_label[s.label].score, "interval": list(by_label[s.label].interval),
-                        "n": by_label[s.label].n} for v, s in zip(values, sweep[g])] for g in range(groups)},
-        "group_scales": scales, "apply": tune.apply_line("dpe", params),
-        "check": [{"label": row.label, "score": row.score, "interval": list(row.interval), "n": row.n} for row in final],
+        "model": model_name,
+        "target": target,
+        "training_window": window,
+        "task": task,
+        "samples": samples,
+        "local_window": local_window,
+        "top_k": chosen_top_k,
+        "dimensions": None if dimensions is None else str(dimensions),
+        "sweep_values": values,
+        "others_at": others,
+        "groups": {
+            g: [
+                {
+                    "scale": v,
+                    "score": by_label[s.label].score,
+                    "interval": list(by_label[s.label].interval),
+                    "n": by_label[s.label].n,
+                }
+                for v, s in zip(values, sweep[g])
+            ]
+            for g in range(groups)
+        },
+        "group_scales": scales,
+        "apply": tune.apply_line("dpe", params),
+        "check": [
+            {"label": row.label, "score": row.score, "interval": list(row.interval), "n": row.n} for row in final
+        ],
         "minus_rope": dict(zip(("difference", "interval", "n"), final[0].minus(final[1]))),
     }
     (out / "calibration.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     (out / "calibration.md").write_text(_markdown(result, final), encoding="utf-8")
     from .. import plots
 
-    series = {f"group {g} (pairs {g * pairs // groups}-{(g + 1) * pairs // groups - 1})":
-              (values, [row["score"] for row in result["groups"][g]], [tuple(row["interval"]) for row in result["groups"][g]])
-              for g in range(groups)}
+    series = {
+        f"group {g} (pairs {g * pairs // groups}-{(g + 1) * pairs // groups - 1})": (
+            values,
+            [row["score"] for row in result["groups"][g]],
+            [tuple(row["interval"]) for row in result["groups"][g]],
+        )
+        for g in range(groups)
+    }
     marks = {name: best[g] for g, name in enumerate(series)}
-    plots.sweeps(series, f"DPE scale sweep: {task} at {target} tokens, others at {others}, n = {samples} per point",
-                 out / "calibration.png", "group scale s_g", marks)
+    plots.sweeps(
+        series,
+        f"DPE scale sweep: {task} at {target} tokens, others at {others}, n = {samples} per point",
+        out / "calibration.png",
+        "group scale s_g",
+        marks,
+    )
     return result
 
 
 def _markdown(result: dict, final: list) -> str:
     values = result["sweep_values"]
-    lines = [f"## DPE calibration: {result['model']} at {result['target']} tokens (L = {result['training_window']})", "",
-             f"Probe: `{result['task']}`, {result['samples']} cases per setting; every other group at scale {result['others_at']}; "
-             f"w = {result['local_window']}, top_k = {result['top_k']}.", "",
-             "| group | " + " | ".join(f"s = {v}" for v in values) + " | best |", "|---|" + "---|" * (len(values) + 1)]
+    lines = [
+        f"## DPE calibration: {result['model']} at {result['target']} tokens (L = {result['training_window']})",
+        "",
+        f"Probe: `{result['task']}`, {result['samples']} cases per setting; every other group at scale {result['others_at']}; "
+        f"w = {result['local_window']}, top_k = {result['top_k']}.",
+        "",
+        "| group | " + " | ".join(f"s = {v}" for v in values) + " | best |",
+        "|---|" + "---|" * (len(values) + 1),
+    ]
     for g, row in result["groups"].items():
         cells = [_cell(c["score"], c["interval"], c["n"]) for c in row]
         lines.append(f"| {g} | " + " | ".join(cells) + f" | {result['group_scales'][int(g)]} |")
     lines += ["", "The combination on the same cases:", "", "| method | score [95% interval] | n |", "|---|---|---|"]
     lines += [f"| `{row.label}` | {_cell(row.score, row.interval, row.n)} | {row.n} |" for row in final]
     combination, rope = final
-    lines += ["", f"Paired on the same cases, the calibrated dpe minus rope: {report.difference(*combination.minus(rope))}."]
+    lines += [
+        "",
+        f"Paired on the same cases, the calibrated dpe minus rope: {report.difference(*combination.minus(rope))}.",
+    ]
     lines += ["", f"Apply: `{result['apply']}`", ""]
     return "\n".join(lines)
 

@@ -18,4 +18,6 @@ class Case:
     metric: str = "string_match_all"
     needle_depths: list[float] = field(default_factory=list)  # where each reference was placed, 0 = start, 1 = end
     haystack_units: int = 0  # the haystack's size in the task's units (words, lines, documents, characters)
-    searched_units: int | None = None  # ruler:* only: the size RULER's search found for the task and length, which cases back off from
+    searched_units: int | None = (
+        None  # ruler:* only: the size RULER's search found for the task and length, which cases back off from
+    )

@@ -47,8 +47,9 @@ class Setting:
     prefill_tokens: int | None
 
 
-def run_cases(setting: Setting, pending: list[CaseKey], model, tokenizer, world: World, path: Path,
-              this_run: dict | None) -> None:
+def run_cases(
+    setting: Setting, pending: list[CaseKey], model, tokenizer, world: World, path: Path, this_run: dict | None
+) -> None:
     """Run ``pending`` cases, one JSON line each in ``path`` (only where ``world`` writes); ``this_run`` (process 0's)
     goes into the folder's ``runs.jsonl`` with the first case, so a run that fails before it leaves nothing behind."""
     state = {"applied": None}
@@ -61,8 +62,10 @@ def run_cases(setting: Setting, pending: list[CaseKey], model, tokenizer, world:
     machine = _machine(model)
     desc = f"cases (process {world.rank})" if world.shares_cases else "cases"
     position = world.rank if world.shares_cases else 0
-    with (path.open("a", encoding="utf-8") if world.writes else contextlib.nullcontext()) as sink, \
-            tqdm(total=len(pending), desc=desc, unit="case", position=position, disable=not world.writes) as bar:
+    with (
+        path.open("a", encoding="utf-8") if world.writes else contextlib.nullcontext() as sink,
+        tqdm(total=len(pending), desc=desc, unit="case", position=position, disable=not world.writes) as bar,
+    ):
         if sink:
             end_cut_off_line(path, sink)
         for (task_name, length), keys in itertools.groupby(pending, key=lambda key: (key.task, key.length)):
@@ -78,17 +81,34 @@ def run_cases(setting: Setting, pending: list[CaseKey], model, tokenizer, world:
                     if not batch:
                         continue
                     bar.set_postfix_str(f"{task_name} {length} {label}")
-                    results = _run_batch(task, model, tokenizer, [built[key.depth, key.seed] for key in batch],
-                                         lambda: apply(label), setting.prefill_tokens)
+                    results = _run_batch(
+                        task,
+                        model,
+                        tokenizer,
+                        [built[key.depth, key.seed] for key in batch],
+                        lambda: apply(label),
+                        setting.prefill_tokens,
+                    )
                     for key, (record, seconds) in zip(batch, results):
                         if record.get("error"):
                             bar.write(f"case {task_name} {length} {label} seed {key.seed} failed: {record['error']}")
                         decoded_with = record.pop("batch", len(batch))
-                        record = {"model": setting.model, "model_key": setting.model_key, "method": label,
-                                  "resolved": setting.resolved[label], "window": setting.window, "task": task_name,
-                                  "length": length, "depth": key.depth, "seed": key.seed, **record,
-                                  "seconds": round(seconds + build_seconds, 3), "batch": decoded_with,
-                                  "machine": machine, "dtype": setting.dtype}
+                        record = {
+                            "model": setting.model,
+                            "model_key": setting.model_key,
+                            "method": label,
+                            "resolved": setting.resolved[label],
+                            "window": setting.window,
+                            "task": task_name,
+                            "length": length,
+                            "depth": key.depth,
+                            "seed": key.seed,
+                            **record,
+                            "seconds": round(seconds + build_seconds, 3),
+                            "batch": decoded_with,
+                            "machine": machine,
+                            "dtype": setting.dtype,
+                        }
                         if sink:
                             if this_run is not None:
                                 provenance.record(path.parent, this_run)
@@ -138,9 +158,16 @@ def _run_batch(task, model, tokenizer, cases: list, apply, prefill_tokens: int |
             groups = [[case] for case in ready] if alone else [ready] if ready else []
             prompts = [[case.prompt for case in group] for group in groups]
             answers = [a for p in prompts for a in generate.greedy(model, tokenizer, p, task.max_new_tokens, budget)]
-            outcomes = [{"answer": answer, "empty": not ruler.postprocess(answer), "prefill_tokens": budget,
-                         **({"batch": 1} if alone else {}), **task.score(answer, case)}
-                        for answer, case in zip(answers, ready)]
+            outcomes = [
+                {
+                    "answer": answer,
+                    "empty": not ruler.postprocess(answer),
+                    "prefill_tokens": budget,
+                    **({"batch": 1} if alone else {}),
+                    **task.score(answer, case),
+                }
+                for answer, case in zip(answers, ready)
+            ]
     except Exception as error:
         outcomes = [_error(error)] * len(ready)
     seconds = (time.perf_counter() - start) / max(1, len(ready))
@@ -152,11 +179,16 @@ def _run_batch(task, model, tokenizer, cases: list, apply, prefill_tokens: int |
         else:
             fields = next(outcome)
             if not fields.get("error"):
-                fields = {"n_tokens": case.n_tokens, "max_new_tokens": case.max_new_tokens,
-                          "haystack_units": case.haystack_units,
-                          **({"searched_units": case.searched_units} if case.searched_units is not None else {}),
-                          "prompt_hash": hashlib.sha256(case.prompt.encode()).hexdigest()[:16],
-                          "references": case.references, "needle_depths": case.needle_depths, "metric": case.metric,
-                          **fields}
+                fields = {
+                    "n_tokens": case.n_tokens,
+                    "max_new_tokens": case.max_new_tokens,
+                    "haystack_units": case.haystack_units,
+                    **({"searched_units": case.searched_units} if case.searched_units is not None else {}),
+                    "prompt_hash": hashlib.sha256(case.prompt.encode()).hexdigest()[:16],
+                    "references": case.references,
+                    "needle_depths": case.needle_depths,
+                    "metric": case.metric,
+                    **fields,
+                }
             results.append((dict(fields), seconds))
     return results

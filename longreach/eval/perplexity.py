@@ -55,4 +55,10 @@ class Perplexity:
         edges = torch.linspace(0, loss.numel(), self.buckets + 1).long().tolist()
         per_bucket = [loss[a:b].mean().item() for a, b in zip(edges[:-1], edges[1:])]
         mean = loss.mean().item()
-        return {"score": math.exp(mean), "log_ppl": mean, "bucket_edges": edges, "bucket_loss": per_bucket, "answer": ""}
+        return {
+            "score": math.exp(mean),
+            "log_ppl": mean,
+            "bucket_edges": edges,
+            "bucket_loss": per_bucket,
+            "answer": "",
+        }

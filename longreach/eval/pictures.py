@@ -37,18 +37,42 @@ def slug(text: str, limit: int = 60) -> str:
     return name[: limit - 9].rstrip("_.-") + "_" + hashlib.sha1(text.encode()).hexdigest()[:8]
 
 
-def compare(out: Path, name: str, title: str, scores: dict, bands: dict, differences: dict, metric: str, threshold: float,
-            window: int | None, baseline: str) -> Path:
+def compare(
+    out: Path,
+    name: str,
+    title: str,
+    scores: dict,
+    bands: dict,
+    differences: dict,
+    metric: str,
+    threshold: float,
+    window: int | None,
+    baseline: str,
+) -> Path:
     """``compare_NAME.png``: score by length per method with its interval; under it, each method minus ``baseline``
     on the same cases (``differences[method] = (lengths, values, intervals)``), where there are pairs."""
-    return plots.compare(scores, bands, f"{title}: score vs length", out / f"compare_{slug(name)}.png", score_label(metric),
-                         {m: d for m, d in differences.items() if d[0]}, baseline, threshold,
-                         {"training window": window} if window else None)
+    return plots.compare(
+        scores,
+        bands,
+        f"{title}: score vs length",
+        out / f"compare_{slug(name)}.png",
+        score_label(metric),
+        {m: d for m, d in differences.items() if d[0]},
+        baseline,
+        threshold,
+        {"training window": window} if window else None,
+    )
 
 
 def perplexity(out: Path, task: str, scores: dict, window: int | None) -> Path:
-    return plots.lines(scores, f"{task}: perplexity vs length", out / f"compare_{slug(task)}.png",
-                       ylabel="perplexity (per token, log scale)", marks={"training window": window} if window else None, log_y=True)
+    return plots.lines(
+        scores,
+        f"{task}: perplexity vs length",
+        out / f"compare_{slug(task)}.png",
+        ylabel="perplexity (per token, log scale)",
+        marks={"training window": window} if window else None,
+        log_y=True,
+    )
 
 
 def remove_stale(out: Path, markdown: str) -> None:
@@ -71,9 +95,15 @@ def loss_by_position(out: Path, task: str, rows: list[dict], methods: list[str],
             edges = mine[0]["bucket_edges"]
             centres = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:])]
             series[method] = (centres, [mean(values) for values in zip(*(r["bucket_loss"] for r in mine))])
-    return plots.lines(series, f"{task}: loss by position at {plots.length_text(longest)} tokens", out / f"loss_by_position_{slug(task)}.png",
-                       ylabel="mean next-token loss (nats per token)", xlabel="position (tokens; K = 1024)", tokens="positions",
-                       marks={"training window": window} if window and window < longest else None)
+    return plots.lines(
+        series,
+        f"{task}: loss by position at {plots.length_text(longest)} tokens",
+        out / f"loss_by_position_{slug(task)}.png",
+        ylabel="mean next-token loss (nats per token)",
+        xlabel="position (tokens; K = 1024)",
+        tokens="positions",
+        marks={"training window": window} if window and window < longest else None,
+    )
 
 
 def heatmap(out: Path, task: str, method: str, rows: list[dict], lengths: list[int]) -> Path | None:
@@ -82,11 +112,20 @@ def heatmap(out: Path, task: str, method: str, rows: list[dict], lengths: list[i
     if all(r["depth"] is not None for r in rows):
         depths = sorted({r["depth"] for r in rows})
         labels, value = [f"{d:.0%}" for d in depths], score_label(rows[0]["metric"])
-        place = lambda r: [(depths.index(r["depth"]), r["score"])]
+
+        def place(r):
+            return [(depths.index(r["depth"]), r["score"])]
     elif all(r.get("found") and len(r["found"]) == len(r.get("needle_depths") or []) for r in rows):
         one = all(len(r["found"]) == 1 for r in rows)
-        labels, value = QUARTERS, "pass rate (% of the cases with their needle at that depth)" if one else "needles found (% of the needles placed at that depth)"
-        place = lambda r: [(min(3, int(d * 4)), 100.0 * f) for d, f in zip(r["needle_depths"], r["found"])]
+        labels, value = (
+            QUARTERS,
+            "pass rate (% of the cases with their needle at that depth)"
+            if one
+            else "needles found (% of the needles placed at that depth)",
+        )
+
+        def place(r):
+            return [(min(3, int(d * 4)), 100.0 * f) for d, f in zip(r["needle_depths"], r["found"])]
     else:
         return None
     sums, counts = np.zeros((len(labels), len(lengths))), np.zeros((len(labels), len(lengths)))
@@ -96,5 +135,11 @@ def heatmap(out: Path, task: str, method: str, rows: list[dict], lengths: list[i
             counts[row, lengths.index(r["length"])] += 1
     with np.errstate(invalid="ignore"):
         grid = sums / counts
-    return plots.heatmap(grid, labels, [plots.length_text(n) for n in lengths], f"{task} — {method}",
-                         out / f"heatmap_{slug(task)}_{slug(method)}.png", value=value)
+    return plots.heatmap(
+        grid,
+        labels,
+        [plots.length_text(n) for n in lengths],
+        f"{task} — {method}",
+        out / f"heatmap_{slug(task)}_{slug(method)}.png",
+        value=value,
+    )

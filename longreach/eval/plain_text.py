@@ -27,7 +27,16 @@ def tables(summary: dict) -> str:
         metric = entries[0].get("metric", "")
         unit = "perplexity, lower is better" if metric == "perplexity" else score_label(metric)
         title = f"{task}: {unit}" + (f" — {model}" if several else "")
-        blocks.append(_block(title, entries, paired[model, task], effective, (model, task), decimals=2 if metric == "perplexity" else 1))
+        blocks.append(
+            _block(
+                title,
+                entries,
+                paired[model, task],
+                effective,
+                (model, task),
+                decimals=2 if metric == "perplexity" else 1,
+            )
+        )
     if summary.get("failed"):
         blocks.append(f"{summary['failed']} cases failed (summary.md lists them; a rerun retries them).")
     return "\n\n".join(blocks)
@@ -51,13 +60,17 @@ def _block(title: str, entries: list[dict], paired: list[dict], effective: dict,
     rows = [["method", *map(length_text, lengths), *(["effective length"] if with_effective else [])]]
     for method in methods:
         texts = [_score(by_cell[method, n], decimals) if (method, n) in by_cell else "—" for n in lengths]
-        rows.append([method_name(method), *texts, *([_effective(effective.get(where + (method,)))] if with_effective else [])])
+        rows.append(
+            [method_name(method), *texts, *([_effective(effective.get(where + (method,)))] if with_effective else [])]
+        )
     text = f"{title}\n{_aligned(rows)}"
     if paired:
         differences = {(p["method"], p["length"]): p for p in paired}
         rows = [[f"minus {paired[0]['minus']}, same cases", *map(length_text, lengths)]]
-        rows += [[method_name(method), *(_difference(differences.get((method, n))) for n in lengths)]
-                 for method in dict.fromkeys(p["method"] for p in paired)]
+        rows += [
+            [method_name(method), *(_difference(differences.get((method, n))) for n in lengths)]
+            for method in dict.fromkeys(p["method"] for p in paired)
+        ]
         text += f"\n\n{_aligned(rows)}"
     return text
 
@@ -79,7 +92,10 @@ def _difference(entry: dict | None) -> str:
 def _effective(entry: dict | None) -> str:
     if not entry or entry["point"] is None:
         return "—"
-    name = lambda n: length_text(n) if n else "none"
+
+    def name(n):
+        return length_text(n) if n else "none"
+
     return f"{name(entry['point'])} (sure: {name(entry['sure'])})"
 
 

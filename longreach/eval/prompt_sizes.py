@@ -24,10 +24,17 @@ def sizes(records: list[dict]) -> list[dict]:
         tokens = [r["n_tokens"] for r in by_case.values()]
         units = [r["haystack_units"] for r in by_case.values() if "haystack_units" in r]
         searched = sorted({r["searched_units"] for r in by_case.values() if "searched_units" in r})
-        rows.append({"model": model, "task": task, "length": length, "cases": len(tokens),
-                     "tokens": {"mean": mean(tokens), "min": min(tokens), "max": max(tokens)},
-                     "haystack_units": {"min": min(units), "max": max(units)} if units else None,
-                     "searched_units": searched or None})
+        rows.append(
+            {
+                "model": model,
+                "task": task,
+                "length": length,
+                "cases": len(tokens),
+                "tokens": {"mean": mean(tokens), "min": min(tokens), "max": max(tokens)},
+                "haystack_units": {"min": min(units), "max": max(units)} if units else None,
+                "searched_units": searched or None,
+            }
+        )
     return rows
 
 
@@ -38,11 +45,15 @@ def section(rows: list[dict], fmt_length) -> str:
     lengths = sorted({r["length"] for r in rows})
     models = sorted({r["model"] for r in rows})
     cells = {(r["model"], r["task"], r["length"]): r for r in rows}
-    lines = ["## Prompt sizes\n", "Prompt tokens per case (mean [min, max], generation not counted) and, for `ruler:*`, the "
-             "haystack size RULER's search found for the task and length, in the task's units (essay words, lines, "
-             "documents, words), which every case starts from and backs off. That search is one random draw: another "
-             "stream's lands elsewhere, and every case with it (docs/measuring.md).\n",
-             "| task | " + " | ".join(fmt_length(n) for n in lengths) + " |", "|---" * (len(lengths) + 1) + "|"]
+    lines = [
+        "## Prompt sizes\n",
+        "Prompt tokens per case (mean [min, max], generation not counted) and, for `ruler:*`, the "
+        "haystack size RULER's search found for the task and length, in the task's units (essay words, lines, "
+        "documents, words), which every case starts from and backs off. That search is one random draw: another "
+        "stream's lands elsewhere, and every case with it (docs/measuring.md).\n",
+        "| task | " + " | ".join(fmt_length(n) for n in lengths) + " |",
+        "|---" * (len(lengths) + 1) + "|",
+    ]
     for model in models:
         for task in sorted({r["task"] for r in rows if r["model"] == model}):
             texts = []

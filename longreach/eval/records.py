@@ -19,7 +19,12 @@ from typing import NamedTuple
 
 RESULTS = "results.jsonl"
 MAX_LENGTH = 1 << 24  # 16M tokens: beyond any model; runner.check_lengths bounds lengths by the model's L
-DTYPES = ("auto", "float32", "bfloat16", "float16")  # what --dtype takes; auto: the checkpoint's own (a record keeps what it resolved to)
+DTYPES = (
+    "auto",
+    "float32",
+    "bfloat16",
+    "float16",
+)  # what --dtype takes; auto: the checkpoint's own (a record keeps what it resolved to)
 REQUIRED = ("model", "method", "task", "length", "depth", "seed", "score")
 CUT_OFF = "  <- cut off by a crash; the case was run again"  # ends such a line (append only: nothing is rewritten)
 
@@ -29,8 +34,12 @@ def _text(value) -> bool:
 
 
 def _integer(low: int, high: int | None = None):
-    return lambda value: (isinstance(value, numbers.Integral) and not isinstance(value, bool)
-                          and value >= low and (high is None or value <= high))
+    return lambda value: (
+        isinstance(value, numbers.Integral)
+        and not isinstance(value, bool)
+        and value >= low
+        and (high is None or value <= high)
+    )
 
 
 def _real(value) -> bool:
@@ -68,7 +77,10 @@ FIELDS = {  # field -> (what it must be, the test); every field but REQUIRED may
     "prompt_hash": ("a text", _text),
     "references": ("a list", lambda v: isinstance(v, list)),
     "needle_depths": ("null or a list of numbers", lambda v: v is None or _reals(v)),
-    "found": ("a list of true/false or numbers", lambda v: isinstance(v, list) and all(isinstance(x, bool) or _real(x) for x in v)),
+    "found": (
+        "a list of true/false or numbers",
+        lambda v: isinstance(v, list) and all(isinstance(x, bool) or _real(x) for x in v),
+    ),
     "fraction": ("a number 0 .. 1", lambda v: _real(v) and 0 <= v <= 1),
     "log_ppl": ("a finite number", _real),
     "bucket_loss": ("a list of finite numbers", _reals),
@@ -149,8 +161,14 @@ def case_key(record: dict) -> CaseKey:
     """What makes a case: the model (its identity, see :func:`longreach.models.identity`; the name given,
     for records written before it was kept), the method as resolved (every parameter and L), task,
     length, depth, seed."""
-    return CaseKey(record.get("model_key") or record["model"], record["resolved"], record["task"], record["length"],
-                   record["depth"], record["seed"])
+    return CaseKey(
+        record.get("model_key") or record["model"],
+        record["resolved"],
+        record["task"],
+        record["length"],
+        record["depth"],
+        record["seed"],
+    )
 
 
 def end_cut_off_line(path: Path, sink) -> None:

@@ -105,12 +105,24 @@ def build(out: Path, threshold: float = RULER_THRESHOLD) -> str:
         by_task[r["model"], r["task"]].append(r)
     runs = provenance.read(out)
     resolved = {run["model"]: run.get("model_name") for run in runs}
-    summary = {"threshold": threshold, "confidence": stats.CONFIDENCE, "cells": [], "paired": [], "effective_length": [],
-               "ruler": [], "ruler_paired": [], "sizes": prompt_sizes.sizes(records), "failed": len(failed), "runs": runs}
+    summary = {
+        "threshold": threshold,
+        "confidence": stats.CONFIDENCE,
+        "cells": [],
+        "paired": [],
+        "effective_length": [],
+        "ruler": [],
+        "ruler_paired": [],
+        "sizes": prompt_sizes.sizes(records),
+        "failed": len(failed),
+        "runs": runs,
+    }
     names = ", ".join(f"{m} = {resolved[m]}" if resolved.get(m) and resolved[m] != m else m for m in models)
-    sections = [f"# longreach results\n\nModel: {names}; {len(records)} cases; every score is the mean "
-                f"with its 95% interval [low, high] and n (Wilson for pass/fail, bootstrap for means); effective length "
-                f"threshold {threshold:g}.\n"]
+    sections = [
+        f"# longreach results\n\nModel: {names}; {len(records)} cases; every score is the mean "
+        f"with its 95% interval [low, high] and n (Wilson for pass/fail, bootstrap for means); effective length "
+        f"threshold {threshold:g}.\n"
+    ]
     for model in models:
         for family in RULER_FAMILIES:
             rows = [r for (m, task), rs in by_task.items() if m == model and task.split(":")[0] == family for r in rs]
@@ -141,14 +153,19 @@ def _cells(rows: list[dict]) -> dict[tuple[str, int], Cell]:
 
 def _effective(by_length: dict[int, Cell], threshold: float) -> dict:
     """Effective length by the point estimates and by the intervals' lower bounds (the sure one)."""
-    return {"point": effective_length({n: c.score for n, c in by_length.items()}, threshold),
-            "sure": effective_length({n: c.interval[0] for n, c in by_length.items()}, threshold)}
+    return {
+        "point": effective_length({n: c.score for n, c in by_length.items()}, threshold),
+        "sure": effective_length({n: c.interval[0] for n, c in by_length.items()}, threshold),
+    }
 
 
 def _fmt_effective(effective: dict) -> str:
     if effective["point"] is None:  # no complete length to read it on
         return "—"
-    name = lambda n: length_text(n) if n else "none"
+
+    def name(n):
+        return length_text(n) if n else "none"
+
     return f"{name(effective['point'])} (sure: {name(effective['sure'])})"
 
 
@@ -160,10 +177,16 @@ def _task_section(out: Path, task: str, rows: list[dict], threshold: float, summ
     name = rows[0]["task"]
     header = "| method | " + " | ".join(length_text(n) for n in lengths) + " |"
     lines = [f"## {task}\n"]
-    if (source := tasks.revision(name)):
-        lines.append(f"Reproduces {source}; {rows[0].get('max_new_tokens', '?')} tokens to generate, inside the length.\n")
+    if source := tasks.revision(name):
+        lines.append(
+            f"Reproduces {source}; {rows[0].get('max_new_tokens', '?')} tokens to generate, inside the length.\n"
+        )
     if perplexity:
-        lines += ["Perplexity / mean log-perplexity (nats per token); lower is better.\n", header, "|---" * (len(lengths) + 1) + "|"]
+        lines += [
+            "Perplexity / mean log-perplexity (nats per token); lower is better.\n",
+            header,
+            "|---" * (len(lengths) + 1) + "|",
+        ]
     else:
         lines += [header + " effective length |", "|---" * (len(lengths) + 2) + "|"]
     series = {}
@@ -171,13 +194,27 @@ def _task_section(out: Path, task: str, rows: list[dict], threshold: float, summ
         mine = {n: cells[method, n] for n in lengths if (method, n) in cells}
         for n, cell in mine.items():
             low, high = cell.interval
-            summary["cells"].append({"model": rows[0]["model"], "task": name, "method": method, "length": n, "n": cell.n,
-                                     "metric": cell.rows[0]["metric"], "score": cell.score, "low": _number(low), "high": _number(high), "empty": cell.empty,
-                                     "seconds_per_case": seconds_by_batch(cell.rows),
-                                     "machines": sorted({r.get("machine", "not recorded") for r in cell.rows})})
+            summary["cells"].append(
+                {
+                    "model": rows[0]["model"],
+                    "task": name,
+                    "method": method,
+                    "length": n,
+                    "n": cell.n,
+                    "metric": cell.rows[0]["metric"],
+                    "score": cell.score,
+                    "low": _number(low),
+                    "high": _number(high),
+                    "empty": cell.empty,
+                    "seconds_per_case": seconds_by_batch(cell.rows),
+                    "machines": sorted({r.get("machine", "not recorded") for r in cell.rows}),
+                }
+            )
         if perplexity:
             logs = {n: mean(r["log_ppl"] for r in c.rows) for n, c in mine.items()}
-            row = " | ".join(f"{mine[n].score:.2f} / {logs[n]:.4f} (n={mine[n].n})" if n in mine else "—" for n in lengths)
+            row = " | ".join(
+                f"{mine[n].score:.2f} / {logs[n]:.4f} (n={mine[n].n})" if n in mine else "—" for n in lengths
+            )
             lines.append(f"| {method} | {row} |")
         else:
             effective = _effective(mine, threshold)
@@ -187,25 +224,52 @@ def _task_section(out: Path, task: str, rows: list[dict], threshold: float, summ
         series[method] = (list(mine), [c.score for c in mine.values()], [c.interval for c in mine.values()])
     baselines, paired = _baselines(rows), defaultdict(dict)
     if not perplexity and baselines:
-        lines += ["", f"Minus {BASELINE} on the same cases (mean paired difference, bootstrap interval over the pairs, pairs):", "",
-                  header, "|---" * (len(lengths) + 1) + "|"]
+        lines += [
+            "",
+            f"Minus {BASELINE} on the same cases (mean paired difference, bootstrap interval over the pairs, pairs):",
+            "",
+            header,
+            "|---" * (len(lengths) + 1) + "|",
+        ]
         for method, baseline in baselines.items():
             texts = []
             for n in lengths:
                 value, (low, high), pairs = stats.paired_difference(
-                    *(cells[m, n].by_case if (m, n) in cells else {} for m in (method, baseline)))
-                summary["paired"].append({"model": rows[0]["model"], "task": name, "method": method, "minus": baseline, "length": n,
-                                          "difference": _number(value), "low": _number(low), "high": _number(high), "n": pairs})
+                    *(cells[m, n].by_case if (m, n) in cells else {} for m in (method, baseline))
+                )
+                summary["paired"].append(
+                    {
+                        "model": rows[0]["model"],
+                        "task": name,
+                        "method": method,
+                        "minus": baseline,
+                        "length": n,
+                        "difference": _number(value),
+                        "low": _number(low),
+                        "high": _number(high),
+                        "n": pairs,
+                    }
+                )
                 texts.append(difference(value, (low, high), pairs) if pairs else "—")
                 if pairs:
                     paired[method][n] = (value, (low, high))
             lines.append(f"| {method} | " + " | ".join(texts) + " |")
     if any("fraction" in r for r in rows):
-        lines += ["", "Fraction of the needles found (mean, bootstrap interval):", "", header, "|---" * (len(lengths) + 1) + "|"]
+        lines += [
+            "",
+            "Fraction of the needles found (mean, bootstrap interval):",
+            "",
+            header,
+            "|---" * (len(lengths) + 1) + "|",
+        ]
         for method in methods:
             texts = []
             for n in lengths:
-                fractions = [100 * r["fraction"] for r in cells[method, n].rows if "fraction" in r] if (method, n) in cells else []
+                fractions = (
+                    [100 * r["fraction"] for r in cells[method, n].rows if "fraction" in r]
+                    if (method, n) in cells
+                    else []
+                )
                 texts.append(f"{mean(fractions):.1f} {bounds(stats.bootstrap([fractions]))}" if fractions else "—")
             lines.append(f"| {method} | " + " | ".join(texts) + " |")
     empty = sum(c.empty for c in cells.values())
@@ -215,8 +279,18 @@ def _task_section(out: Path, task: str, rows: list[dict], threshold: float, summ
     if perplexity:
         picture = pictures.perplexity(out, task, {m: s[:2] for m, s in series.items()}, window)
     else:
-        picture = pictures.compare(out, task, task, {m: s[:2] for m, s in series.items()}, {m: s[2] for m, s in series.items()},
-                                   _differences(paired), rows[0]["metric"], threshold, window, BASELINE)
+        picture = pictures.compare(
+            out,
+            task,
+            task,
+            {m: s[:2] for m, s in series.items()},
+            {m: s[2] for m, s in series.items()},
+            _differences(paired),
+            rows[0]["metric"],
+            threshold,
+            window,
+            BASELINE,
+        )
     lines += ["", f"![{task}]({picture.name})"]
     if perplexity:
         lines.append(f"![{task} by position]({pictures.loss_by_position(out, task, rows, methods, window).name})")
@@ -236,14 +310,22 @@ def _ruler_section(out: Path, model: str, family: str, rows: list[dict], thresho
     by_case = defaultdict(lambda: defaultdict(dict))  # (method, length) -> task -> (depth, seed) -> score
     for r in rows:
         by_case[r["method"], r["length"]][r["task"]][r["depth"], r["seed"]] = r["score"]
-    source = (f"Reproduces {ruler.REVISION}." if family == "ruler" else f"{ruler.REVISION}'s tasks, each case's haystack as "
-              "large as fits (not RULER's sizing, whose cases are shorter: not comparable with published RULER tables).")
-    lines = [f"## {RULER_FAMILIES[family]}{' — ' + model if model else ''}\n",
-             f"{source} The RULER score of a length is the mean of its task means (13 tasks; "
-             "'11 tasks' marks a run without QA data, not comparable with 13-task tables; any other set of tasks is marked "
-             "incomplete and left out of the averages; [?]: one case per task leaves no interval).\n",
-             "| method | " + " | ".join(length_text(n) for n in lengths) + " | Avg. | wAvg (inc) | wAvg (dec) | effective length |",
-             "|---" * (len(lengths) + 5) + "|"]
+    source = (
+        f"Reproduces {ruler.REVISION}."
+        if family == "ruler"
+        else f"{ruler.REVISION}'s tasks, each case's haystack as "
+        "large as fits (not RULER's sizing, whose cases are shorter: not comparable with published RULER tables)."
+    )
+    lines = [
+        f"## {RULER_FAMILIES[family]}{' — ' + model if model else ''}\n",
+        f"{source} The RULER score of a length is the mean of its task means (13 tasks; "
+        "'11 tasks' marks a run without QA data, not comparable with 13-task tables; any other set of tasks is marked "
+        "incomplete and left out of the averages; [?]: one case per task leaves no interval).\n",
+        "| method | "
+        + " | ".join(length_text(n) for n in lengths)
+        + " | Avg. | wAvg (inc) | wAvg (dec) | effective length |",
+        "|---" * (len(lengths) + 5) + "|",
+    ]
     series, by_interval = {}, {}
     for method in methods:
         complete, texts = {}, []
@@ -257,60 +339,112 @@ def _ruler_section(out: Path, model: str, family: str, rows: list[dict], thresho
             names = {task.split(":", 1)[1] for task in groups}
             kind = "13" if names == set(ruler.TASKS) else "11" if names == set(RULER_WITHOUT_QA) else "incomplete"
             cases = sum(len(g) for g in groups.values())
-            summary["ruler"].append({"model": rows[0]["model"], "family": family, "method": method, "length": n, "score": score, "low": _number(low),
-                                     "high": _number(high), "tasks": sorted(groups), "cases": cases, "complete": kind != "incomplete"})
+            summary["ruler"].append(
+                {
+                    "model": rows[0]["model"],
+                    "family": family,
+                    "method": method,
+                    "length": n,
+                    "score": score,
+                    "low": _number(low),
+                    "high": _number(high),
+                    "tasks": sorted(groups),
+                    "cases": cases,
+                    "complete": kind != "incomplete",
+                }
+            )
             label = {"13": "", "11": "11 tasks, "}.get(kind, f"{len(groups)} tasks, incomplete, ")
             texts.append(f"{score:.1f} {bounds((low, high))} ({label}n={cases})")
             if kind != "incomplete":
                 complete[n], by_interval[method, n] = (score, low), (low, high)
         averages = stats.weighted_averages({n: s for n, (s, _) in complete.items()}) if complete else None
-        effective = {"point": effective_length({n: s for n, (s, _) in complete.items()}, threshold) if complete else None,
-                     "sure": effective_length({n: low for n, (_, low) in complete.items()}, threshold) if complete else None}
-        summary["effective_length"].append({"model": rows[0]["model"], "task": family, "method": method, **effective,
-                                            **(averages or {})})
+        effective = {
+            "point": effective_length({n: s for n, (s, _) in complete.items()}, threshold) if complete else None,
+            "sure": effective_length({n: low for n, (_, low) in complete.items()}, threshold) if complete else None,
+        }
+        summary["effective_length"].append(
+            {"model": rows[0]["model"], "task": family, "method": method, **effective, **(averages or {})}
+        )
         series[method] = complete
         tail = " | ".join(f"{averages[k]:.1f}" for k in ("avg", "wavg_inc", "wavg_dec")) if averages else "— | — | —"
         lines.append(f"| {method} | " + " | ".join(texts) + f" | {tail} | {_fmt_effective(effective)} |")
     paired = defaultdict(dict)
-    if (baselines := _baselines(rows)):
-        lines += ["", f"Minus {BASELINE} on the same cases (the mean over tasks of each task's mean paired difference; "
-                  "bootstrap interval resampling each task's pairs; pairs):", "",
-                  "| method | " + " | ".join(length_text(n) for n in lengths) + " |", "|---" * (len(lengths) + 1) + "|"]
+    if baselines := _baselines(rows):
+        lines += [
+            "",
+            f"Minus {BASELINE} on the same cases (the mean over tasks of each task's mean paired difference; "
+            "bootstrap interval resampling each task's pairs; pairs):",
+            "",
+            "| method | " + " | ".join(length_text(n) for n in lengths) + " |",
+            "|---" * (len(lengths) + 1) + "|",
+        ]
         for method, baseline in baselines.items():
             texts = []
             for n in lengths:
                 value, (low, high), pairs = stats.paired_average(by_case[method, n], by_case[baseline, n])
-                summary["ruler_paired"].append({"model": rows[0]["model"], "family": family, "method": method, "minus": baseline, "length": n,
-                                                "difference": _number(value), "low": _number(low), "high": _number(high), "n": pairs})
+                summary["ruler_paired"].append(
+                    {
+                        "model": rows[0]["model"],
+                        "family": family,
+                        "method": method,
+                        "minus": baseline,
+                        "length": n,
+                        "difference": _number(value),
+                        "low": _number(low),
+                        "high": _number(high),
+                        "n": pairs,
+                    }
+                )
                 tasks = len(by_case[method, n])  # fewer than 13: a partial average, marked as in the scores' table
-                texts.append((difference(value, (low, high), pairs) + ("" if tasks == len(ruler.TASKS) else f" ({tasks} tasks)"))
-                             if pairs else "—")
+                texts.append(
+                    (difference(value, (low, high), pairs) + ("" if tasks == len(ruler.TASKS) else f" ({tasks} tasks)"))
+                    if pairs
+                    else "—"
+                )
                 if pairs and n in series[method]:  # pictured where the score is: a complete set of tasks
                     paired[method][n] = (value, (low, high))
             lines.append(f"| {method} | " + " | ".join(texts) + " |")
     if any(series.values()):
-        picture = pictures.compare(out, f"{family}{'_' + model if model else ''}", f"{RULER_FAMILIES[family]}{' — ' + model if model else ''}",
-                                   {m: (list(c), [s for s, _ in c.values()]) for m, c in series.items() if c},
-                                   {m: [by_interval[m, n] for n in c] for m, c in series.items() if c}, _differences(paired),
-                                   "ruler", threshold, rows[0]["window"], BASELINE)
+        picture = pictures.compare(
+            out,
+            f"{family}{'_' + model if model else ''}",
+            f"{RULER_FAMILIES[family]}{' — ' + model if model else ''}",
+            {m: (list(c), [s for s, _ in c.values()]) for m, c in series.items() if c},
+            {m: [by_interval[m, n] for n in c] for m, c in series.items() if c},
+            _differences(paired),
+            "ruler",
+            threshold,
+            rows[0]["window"],
+            BASELINE,
+        )
         lines.append(f"\n![RULER]({picture.name})")
     empty = defaultdict(int)
     for r in rows:
         empty[r["task"]] += bool(r.get("empty"))
-    lines.append("\nEmpty answers per task (RULER's 'Nulls'): " + ", ".join(f"{t.split(':')[1]} {empty[t]}" for t in sorted(empty)) + ".")
+    lines.append(
+        "\nEmpty answers per task (RULER's 'Nulls'): "
+        + ", ".join(f"{t.split(':')[1]} {empty[t]}" for t in sorted(empty))
+        + "."
+    )
     return "\n".join(lines) + "\n"
 
 
 def _differences(paired: dict[str, dict[int, tuple]]) -> dict[str, tuple[list, list, list]]:
     """``paired[method][length] = (difference, interval)`` as the picture's ``(lengths, differences, intervals)`` per method."""
-    return {method: (list(by_length), [v for v, _ in by_length.values()], [i for _, i in by_length.values()])
-            for method, by_length in paired.items() if by_length}
+    return {
+        method: (list(by_length), [v for v, _ in by_length.values()], [i for _, i in by_length.values()])
+        for method, by_length in paired.items()
+        if by_length
+    }
 
 
 def _baselines(rows: list[dict]) -> dict[str, str]:
     """Each row's baseline: the ``rope`` row run with the same ``L`` (a folder may hold rope at two windows,
     each labelled with its resolution); rows whose ``L`` has no rope row are left out."""
-    is_rope = lambda r: r["resolved"] == BASELINE or r["resolved"].startswith(f"{BASELINE} [")
+
+    def is_rope(r):
+        return r["resolved"] == BASELINE or r["resolved"].startswith(f"{BASELINE} [")
+
     rope = {r.get("window"): r["method"] for r in rows if is_rope(r)}
     pairs = {r["method"]: rope.get(r.get("window")) for r in rows if not is_rope(r)}
     return {method: baseline for method, baseline in pairs.items() if baseline is not None}
@@ -322,7 +456,10 @@ def _row_labels(records: list[dict]) -> list[dict]:
     meanings = defaultdict(set)
     for r in records:
         meanings[r["method"]].add(r["resolved"])
-    return [{**r, "method": r["method"] if len(meanings[r["method"]]) == 1 else f"{r['method']} = {r['resolved']}"} for r in records]
+    return [
+        {**r, "method": r["method"] if len(meanings[r["method"]]) == 1 else f"{r['method']} = {r['resolved']}"}
+        for r in records
+    ]
 
 
 def _model_names(records: list[dict]) -> list[dict]:
@@ -333,8 +470,10 @@ def _model_names(records: list[dict]) -> list[dict]:
         key = r.get("model_key") or r["model"]
         first.setdefault(key, r["model"])
         identities[first[key]].add(key)
+
     def name(r: dict) -> str:
         key = r.get("model_key") or r["model"]
         shown = first[key]
         return shown if len(identities[shown]) == 1 else f"{shown} @{key.rpartition('@')[2][:8]}"
+
     return [{**r, "model": name(r)} for r in records]

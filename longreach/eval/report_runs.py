@@ -26,19 +26,31 @@ def time_section(records: list[dict]) -> str:
     several = len({r["model"] for r in records}) > 1
     seconds = defaultdict(list)
     for r in records:
-        row = (*((r["model"],) if several else ()), f"{r.get('machine', 'not recorded')}, {r.get('dtype', 'float32')}",
-               r["task"], r["method"], r.get("batch") or 0)
+        row = (
+            *((r["model"],) if several else ()),
+            f"{r.get('machine', 'not recorded')}, {r.get('dtype', 'float32')}",
+            r["task"],
+            r["method"],
+            r.get("batch") or 0,
+        )
         seconds[row, r["length"]].append(r.get("seconds", 0.0))
     header = f"| {'model | ' if several else ''}machine | task | method | batch | cases | "
-    lines = ["## Time per case\n", "Seconds per case (the median over the cases, so one slow batch among several moves "
-             "it little), on the machine and precision that ran it, per number of cases decoded together (a cell's "
-             "last batch can be smaller).\n",
-             header + " | ".join(length_text(n) for n in lengths) + " |", "|---" * (len(lengths) + 5 + several) + "|"]
+    lines = [
+        "## Time per case\n",
+        "Seconds per case (the median over the cases, so one slow batch among several moves "
+        "it little), on the machine and precision that ran it, per number of cases decoded together (a cell's "
+        "last batch can be smaller).\n",
+        header + " | ".join(length_text(n) for n in lengths) + " |",
+        "|---" * (len(lengths) + 5 + several) + "|",
+    ]
     for row in sorted({row for row, _ in seconds}):
         *names, batch = row
         cases = sum(len(seconds[row, n]) for n in lengths)
-        lines.append(f"| {' | '.join(names)} | {batch or '?'} | {cases} | " + " | ".join(
-            f"{median(seconds[row, n]):.1f}" if seconds[row, n] else "—" for n in lengths) + " |")
+        lines.append(
+            f"| {' | '.join(names)} | {batch or '?'} | {cases} | "
+            + " | ".join(f"{median(seconds[row, n]):.1f}" if seconds[row, n] else "—" for n in lengths)
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -47,11 +59,16 @@ def errors_section(failed: list[dict]) -> str:
     groups = defaultdict(list)
     for r in failed:
         groups[r["task"], r["length"], r["method"]].append(r["error"])
-    lines = [f"## Failed cases\n\n{len(failed)} cases raised an error and are not in the tables above "
-             "(rerun the same command to retry them).\n", "| task | length | method | cases | first error |",
-             "|---|---|---|---|---|"]
-    lines += [f"| {task} | {length_text(length)} | {method} | {len(errors)} | {errors[0][:200]} |"
-              for (task, length, method), errors in sorted(groups.items())]
+    lines = [
+        f"## Failed cases\n\n{len(failed)} cases raised an error and are not in the tables above "
+        "(rerun the same command to retry them).\n",
+        "| task | length | method | cases | first error |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {task} | {length_text(length)} | {method} | {len(errors)} | {errors[0][:200]} |"
+        for (task, length, method), errors in sorted(groups.items())
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -61,9 +78,12 @@ def runs_section(runs: list[dict]) -> str:
     lines = ["## Runs\n"]
     if not runs:
         return "\n".join(lines + ["Not recorded: this folder's cases ran before longreach kept runs.jsonl.\n"])
-    lines += ["Each run that had cases to run (runs.jsonl), with the longreach that ran it and the model its --model "
-              "resolved to.\n",
-              "| started | longreach | model | new cases | command |", "|---|---|---|---|---|"]
+    lines += [
+        "Each run that had cases to run (runs.jsonl), with the longreach that ran it and the model its --model "
+        "resolved to.\n",
+        "| started | longreach | model | new cases | command |",
+        "|---|---|---|---|---|",
+    ]
     for run in runs:
         version = provenance.label(str(run.get("longreach", "?")), run.get("git"))
         command = str(run.get("command", "?")).replace("|", "\\|")

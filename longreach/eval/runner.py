@@ -35,7 +35,9 @@ def parse_lengths(text: str) -> list[int]:
         except ValueError:
             number = 0.5
         if not math.isfinite(number) or number < 16 or number > MAX_LENGTH or number != int(number):
-            raise ValueError(f"length {item!r} is out of range: a whole number of tokens from 16 to {MAX_LENGTH} (e.g. 2k, 4096)")
+            raise ValueError(
+                f"length {item!r} is out of range: a whole number of tokens from 16 to {MAX_LENGTH} (e.g. 2k, 4096)"
+            )
         lengths.append(int(number))
     if not lengths:
         raise ValueError("--lengths is empty: give e.g. 2k,4k,8k")
@@ -47,10 +49,12 @@ LENGTH_BOUND = 32  # lengths above 32 x L are refused: no method here is meant t
 
 def check_lengths(lengths: list[int], window: int) -> None:
     """Refuse lengths above ``LENGTH_BOUND x L``; say so when lengths exceed L (methods that extrapolate are meant for that)."""
-    if (too_long := [n for n in lengths if n > LENGTH_BOUND * window]):
-        raise ValueError(f"--lengths {too_long[0]} is out of range: at most {LENGTH_BOUND} x L = {LENGTH_BOUND * window} tokens "
-                         f"for this model (L = {window})")
-    if (beyond := [n for n in lengths if n > window]):
+    if too_long := [n for n in lengths if n > LENGTH_BOUND * window]:
+        raise ValueError(
+            f"--lengths {too_long[0]} is out of range: at most {LENGTH_BOUND} x L = {LENGTH_BOUND * window} tokens "
+            f"for this model (L = {window})"
+        )
+    if beyond := [n for n in lengths if n > window]:
         print(f"note: lengths {', '.join(map(str, beyond))} exceed the model's training window L = {window}")
 
 
@@ -110,8 +114,16 @@ class Grid:
                 yield CaseKey(self.model, method.label, task, length, depth, seed)
 
 
-def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, batch_size: int = 1, tp: bool = False,
-        prefill_tokens: int | None = None, command: str | None = None) -> Path:
+def run(
+    grid: Grid,
+    out: Path,
+    limit: int | None = None,
+    loaded=None,
+    batch_size: int = 1,
+    tp: bool = False,
+    prefill_tokens: int | None = None,
+    command: str | None = None,
+) -> Path:
     """Run the grid's missing cases (what ``longreach eval`` does), appending each to ``out/results.jsonl``.
 
     Cases already in the file are skipped, so a rerun resumes. Cases of one (task, length) are built
@@ -150,8 +162,10 @@ def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, batch_size
     weights = grid.dtype if grid.dtype == "auto" else getattr(torch, grid.dtype)
     model, tokenizer = loaded or models.load(grid.model, dtype=weights, device=world.device(), tp=tp)
     if tokenizer is None and (text := [t for t in grid.tasks if not tasks.get(t).token_ids]):
-        raise ValueError(f"model {grid.model} has no tokenizer (a probe checkpoint): {', '.join(text)} needs one; its "
-                         f"tasks are {' and '.join(tasks.token_id_tasks())}")
+        raise ValueError(
+            f"model {grid.model} has no tokenizer (a probe checkpoint): {', '.join(text)} needs one; its "
+            f"tasks are {' and '.join(tasks.token_id_tasks())}"
+        )
     dtype = str(model.dtype).removeprefix("torch.")
     window = grid.training_window or training_window(model.config)
     check_lengths(grid.lengths, window)
@@ -161,8 +175,16 @@ def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, batch_size
         resolved[spec.label] = describe(model)
     earlier = [r for file in [path, *shares(out, RESULTS)] for r in read_results(file)]
     check_dtype(earlier, dtype, out)
-    setting = Setting(grid.model, models.identity(grid.model), window, dtype, {m.label: m for m in grid.methods},
-                      resolved, batch_size, prefill_tokens)
+    setting = Setting(
+        grid.model,
+        models.identity(grid.model),
+        window,
+        dtype,
+        {m.label: m for m in grid.methods},
+        resolved,
+        batch_size,
+        prefill_tokens,
+    )
     done = _finished(earlier, grid.model, setting.model_key)
     world.barrier()  # everyone has read what is done before anyone writes: tensor-parallel processes run the same cases
     mine, already, pending = 0, 0, []
@@ -176,7 +198,9 @@ def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, batch_size
         where = f"process {world.rank} of {world.size}: " if world.shares_cases else ""
         print(f"{where}{mine} cases in the grid, {already} already in {out}, running {len(pending)}")
     if pending:  # process 0 records who ran it, with what, on which model, as its first case is written
-        this_run = provenance.run(grid.model, model.config, len(pending), world.size, command) if world.rank == 0 else None
+        this_run = (
+            provenance.run(grid.model, model.config, len(pending), world.size, command) if world.rank == 0 else None
+        )
         run_cases(setting, pending, model, tokenizer, world, world.results_file(out, RESULTS), this_run)
     remove(model)
     world.barrier()
@@ -188,8 +212,11 @@ def run(grid: Grid, out: Path, limit: int | None = None, loaded=None, batch_size
 def _finished(records: list[dict], name: str, model_key: str) -> set[CaseKey]:
     """The keys of the cases done (failed ones are tried again); records from before the model's identity was kept
     count under the name given."""
-    return {case_key(r)._replace(model=model_key) if not r.get("model_key") and r["model"] == name else case_key(r)
-            for r in records if not r.get("error")}
+    return {
+        case_key(r)._replace(model=model_key) if not r.get("model_key") and r["model"] == name else case_key(r)
+        for r in records
+        if not r.get("error")
+    }
 
 
 def merge(out: Path) -> None:
@@ -212,5 +239,7 @@ def check_dtype(records: list[dict], dtype: str, out: Path) -> None:
     """A results folder holds one precision: resuming it in another would mix two measurements."""
     held = {r.get("dtype", "float32") for r in records}  # records from before the field was kept ran in float32
     if held - {dtype}:
-        raise ValueError(f"--dtype resolves to {dtype}, but {out} holds results in {', '.join(sorted(held))}: "
-                         f"resume it with that --dtype, or give another --out")
+        raise ValueError(
+            f"--dtype resolves to {dtype}, but {out} holds results in {', '.join(sorted(held))}: "
+            f"resume it with that --dtype, or give another --out"
+        )

@@ -25,8 +25,13 @@ def wilson(passed: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, 
     return (100 * low, 100 * high)
 
 
-def bootstrap(groups: Sequence[Sequence[float]], statistic=None, confidence: float = CONFIDENCE,
-              resamples: int = RESAMPLES, seed: int = 0) -> tuple[float, float]:
+def bootstrap(
+    groups: Sequence[Sequence[float]],
+    statistic=None,
+    confidence: float = CONFIDENCE,
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+) -> tuple[float, float]:
     """Percentile bootstrap interval of ``statistic`` (default: the mean of the group means), resampling
     each group's values with replacement on its own (stratified: a group is a task of RULER's average).
     NaN when a group has fewer than 2 values."""
@@ -70,7 +75,10 @@ def weighted_averages(by_length: dict[int, float]) -> dict[str, float]:
     """RULER's Avg. and its weighted averages over lengths: weights 1..k rising with length (inc) or falling (dec)."""
     lengths = sorted(by_length)
     rising = range(1, len(lengths) + 1)
-    weighted = lambda weights: sum(w * by_length[n] for w, n in zip(weights, lengths)) / sum(weights)
+
+    def weighted(weights):
+        return sum(w * by_length[n] for w, n in zip(weights, lengths)) / sum(weights)
+
     return {"avg": mean(by_length.values()), "wavg_inc": weighted(rising), "wavg_dec": weighted(list(rising)[::-1])}
 
 

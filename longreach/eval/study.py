@@ -36,8 +36,10 @@ def best(folder: Path, exclude: list[str], count: int) -> list[str]:
     methods = [m for m in dict.fromkeys(r["method"] for r in records) if m not in exclude]
     complete = [m for m in methods if all((m, *cell) in cells for cell in grid)]
     if len(complete) < count:
-        raise ValueError(f"{folder} has {len(complete)} methods with every cell ({', '.join(complete) or 'none'}) "
-                         f"besides {', '.join(exclude)}: run step 1 of docs/study/run.sh to the end first")
+        raise ValueError(
+            f"{folder} has {len(complete)} methods with every cell ({', '.join(complete) or 'none'}) "
+            f"besides {', '.join(exclude)}: run step 1 of docs/study/run.sh to the end first"
+        )
     score = {m: mean(mean(cells[(m, *cell)]) for cell in grid) for m in complete}
     return sorted(complete, key=lambda m: -score[m])[:count]
 
@@ -54,7 +56,9 @@ def publish(folders: list[Path], to: Path) -> Path:
         if part.exists():
             shutil.rmtree(part)
         part.mkdir(parents=True)
-        kept = [name for name in (provenance.RUNS,) if (folder / name).exists()]  # absent in a folder run before it was kept
+        kept = [
+            name for name in (provenance.RUNS,) if (folder / name).exists()
+        ]  # absent in a folder run before it was kept
         for name in [RESULTS, *kept, "summary.md", "summary.json", summary_csv.NAME, *_pictures(folder / "summary.md")]:
             shutil.copy2(folder / name, part / name)
         parts.append((folder, part, json.loads((folder / "summary.json").read_text(encoding="utf-8"))))
@@ -71,10 +75,12 @@ def _pictures(summary: Path) -> list[str]:
 
 
 def _index(parts: list[tuple[Path, Path, dict]], to: Path) -> str:
-    lines = ["# The study: results as they stand\n",
-             "Written by `docs/study/run.sh` (`make study`) from the results folders named below; each part's "
-             "summary.md has every table, interval and plot, and its results.jsonl every case. Cells: cases per "
-             "(task, method, length).\n"]
+    lines = [
+        "# The study: results as they stand\n",
+        "Written by `docs/study/run.sh` (`make study`) from the results folders named below; each part's "
+        "summary.md has every table, interval and plot, and its results.jsonl every case. Cells: cases per "
+        "(task, method, length).\n",
+    ]
     for folder, part, summary in parts:
         lines += [f"## {part.name} ({folder})\n", f"[summary.md]({part.relative_to(to)}/summary.md)\n"]
         counts = defaultdict(dict)
@@ -83,19 +89,33 @@ def _index(parts: list[tuple[Path, Path, dict]], to: Path) -> str:
         for entry in summary["ruler"]:
             counts[entry.get("family", "ruler"), entry["method"]][entry["length"]] = entry["cases"]
         lengths = sorted({n for row in counts.values() for n in row})
-        lines += ["| task | method | " + " | ".join(length_text(n) for n in lengths) + " |",
-                  "|---" * (len(lengths) + 2) + "|"]
-        lines += [f"| {task} | {method} | " + " | ".join(str(row.get(n, "—")) for n in lengths) + " |"
-                  for (task, method), row in sorted(counts.items()) if ":" not in task]  # a RULER task: in its family's row
+        lines += [
+            "| task | method | " + " | ".join(length_text(n) for n in lengths) + " |",
+            "|---" * (len(lengths) + 2) + "|",
+        ]
+        lines += [
+            f"| {task} | {method} | " + " | ".join(str(row.get(n, "—")) for n in lengths) + " |"
+            for (task, method), row in sorted(counts.items())
+            if ":" not in task
+        ]  # a RULER task: in its family's row
         paired = defaultdict(dict)
         for p in summary["paired"] + [{**p, "task": p.get("family", "ruler")} for p in summary["ruler_paired"]]:
             if p["n"] and ":" not in p["task"]:
-                paired[p["task"], p["method"]][p["length"]] = report.difference(p["difference"], (_nan(p["low"]), _nan(p["high"])), p["n"])
+                paired[p["task"], p["method"]][p["length"]] = report.difference(
+                    p["difference"], (_nan(p["low"]), _nan(p["high"])), p["n"]
+                )
         if paired:
-            lines += ["", f"Minus {report.BASELINE} on the same cases (mean paired difference, 95% bootstrap interval, pairs):", "",
-                      "| task | method | " + " | ".join(length_text(n) for n in lengths) + " |", "|---" * (len(lengths) + 2) + "|"]
-            lines += [f"| {task} | {method} | " + " | ".join(row.get(n, "—") for n in lengths) + " |"
-                      for (task, method), row in sorted(paired.items())]
+            lines += [
+                "",
+                f"Minus {report.BASELINE} on the same cases (mean paired difference, 95% bootstrap interval, pairs):",
+                "",
+                "| task | method | " + " | ".join(length_text(n) for n in lengths) + " |",
+                "|---" * (len(lengths) + 2) + "|",
+            ]
+            lines += [
+                f"| {task} | {method} | " + " | ".join(row.get(n, "—") for n in lengths) + " |"
+                for (task, method), row in sorted(paired.items())
+            ]
         lines.append("")
     return "\n".join(lines)
 

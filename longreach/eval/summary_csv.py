@@ -25,9 +25,20 @@ def write(path: Path, summary: dict) -> Path:
         writer.writerow(COLUMNS)
         for cell in rows:
             answered = cell.get("metric") != "perplexity"
-            writer.writerow([cell["model"], cell["task"], cell["length"], cell["method"], cell.get("metric", ""),
-                             _round(cell["score"]), _round(cell["low"]), _round(cell["high"]), cell["n"],
-                             f"{cell['empty']}/{cell['n']}" if answered else ""])
+            writer.writerow(
+                [
+                    cell["model"],
+                    cell["task"],
+                    cell["length"],
+                    cell["method"],
+                    cell.get("metric", ""),
+                    _round(cell["score"]),
+                    _round(cell["low"]),
+                    _round(cell["high"]),
+                    cell["n"],
+                    f"{cell['empty']}/{cell['n']}" if answered else "",
+                ]
+            )
     return path
 
 

@@ -54,8 +54,10 @@ class StringNeedles:
     uses_depth: bool = False
     max_new_tokens: int = 128
     metric: str = "at_least_2_of_4"
-    description: str = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
-                        "I will quiz you about the important information there.\n")
+    description: str = (
+        "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
+        "I will quiz you about the important information there.\n"
+    )
     question: str = "\n\nWhat are the magic numbers mentioned in the provided text?"
     answer_prefix: str = "The numbers are"
 
@@ -71,17 +73,40 @@ class StringNeedles:
 
         def build(n: int) -> str:
             places = [0] + [int(d * n) for d in depths]
-            context = "".join(".".join(chunks[a:b]) + ". " + needle for a, b, needle in zip(places, places[1:], needles))
+            context = "".join(
+                ".".join(chunks[a:b]) + ". " + needle for a, b, needle in zip(places, places[1:], needles)
+            )
             context += ". ".join(chunks[places[-1] : n]) + ". \n"
             context = context[1:] if context.startswith(".") else context
             if self.chat:
-                return haystack.with_bos(tokenizer, haystack.templated(tokenizer, self.description + context + self.question, self.answer_prefix))
+                return haystack.with_bos(
+                    tokenizer,
+                    haystack.templated(tokenizer, self.description + context + self.question, self.answer_prefix),
+                )
             return haystack.with_bos(tokenizer, self.description + context + self.question + "\n" + self.answer_prefix)
 
-        built = haystack.fit_largest(tokenizer, length - self.max_new_tokens, build, start=length // 30, most=len(chunks),
-                                     what=f"{self.name} at {length} tokens", unit="essay sentences")
-        return Case(self.name, length, None, seed, built[1], values, self.max_new_tokens, built[2], self.metric,
-                    needle_depths=depths, haystack_units=built[0])
+        built = haystack.fit_largest(
+            tokenizer,
+            length - self.max_new_tokens,
+            build,
+            start=length // 30,
+            most=len(chunks),
+            what=f"{self.name} at {length} tokens",
+            unit="essay sentences",
+        )
+        return Case(
+            self.name,
+            length,
+            None,
+            seed,
+            built[1],
+            values,
+            self.max_new_tokens,
+            built[2],
+            self.metric,
+            needle_depths=depths,
+            haystack_units=built[0],
+        )
 
     def score(self, answer: str, case: Case) -> dict:
         found = scoring.needles_found(" ".join(answer.split()), case.references)
@@ -106,8 +131,10 @@ class Passkey:
     uses_depth: bool = False
     max_new_tokens: int = 10
     metric: str = "first_integer"
-    description: str = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
-                        "I will quiz you about the important information there.")
+    description: str = (
+        "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
+        "I will quiz you about the important information there."
+    )
 
     def build(self, tokenizer, length: int, depth: float | None, seed: int) -> Case:
         noise = " ".join([haystack.NOISE] * (length + 100))  # more characters than `length` tokens can hold
@@ -118,16 +145,42 @@ class Passkey:
             prefix = rng.randint(0, n)
             key = rng.randint(1, 50000)
             details[n] = key, prefix / n
-            lines = [self.description, noise[:prefix], f"The pass key is {key}. Remember it. {key} is the pass key.", noise[: n - prefix]]
+            lines = [
+                self.description,
+                noise[:prefix],
+                f"The pass key is {key}. Remember it. {key} is the pass key.",
+                noise[: n - prefix],
+            ]
             if self.chat:
-                return haystack.with_bos(tokenizer, haystack.templated(tokenizer, "\n".join(lines + ["What is the pass key?"]), "The pass key is"))
+                return haystack.with_bos(
+                    tokenizer,
+                    haystack.templated(tokenizer, "\n".join(lines + ["What is the pass key?"]), "The pass key is"),
+                )
             return haystack.with_bos(tokenizer, "\n".join(lines + ["What is the pass key? The pass key is"]))
 
-        n, prompt, tokens = haystack.fit_largest(tokenizer, length - self.max_new_tokens, build, start=3 * length, most=len(noise),
-                                                 what=f"{self.name} at {length} tokens", unit="noise characters")
+        n, prompt, tokens = haystack.fit_largest(
+            tokenizer,
+            length - self.max_new_tokens,
+            build,
+            start=3 * length,
+            most=len(noise),
+            what=f"{self.name} at {length} tokens",
+            unit="noise characters",
+        )
         key, where = details[n]
-        return Case(self.name, length, None, seed, prompt, [str(key)], self.max_new_tokens, tokens, self.metric,
-                    needle_depths=[where], haystack_units=n)
+        return Case(
+            self.name,
+            length,
+            None,
+            seed,
+            prompt,
+            [str(key)],
+            self.max_new_tokens,
+            tokens,
+            self.metric,
+            needle_depths=[where],
+            haystack_units=n,
+        )
 
     def score(self, answer: str, case: Case) -> dict:
         number = re.search(r"\d+", answer)
@@ -180,8 +233,10 @@ def get(name: str) -> AnyTask:
     if name not in TASKS:
         shown = [n for n in TASKS if not n.startswith("ruler-tight:")]
         groups = "".join(f", {names} ({what})" for names, what in GROUPS.items())
-        raise ValueError(f"unknown task {name!r}; available: {', '.join(shown)}, ruler (all RULER tasks), "
-                         f"ruler-tight:<name> and ruler-tight (packed tight), ppl{groups}")
+        raise ValueError(
+            f"unknown task {name!r}; available: {', '.join(shown)}, ruler (all RULER tasks), "
+            f"ruler-tight:<name> and ruler-tight (packed tight), ppl{groups}"
+        )
     return TASKS[name]
 
 

@@ -41,8 +41,10 @@ def settings(method: str, grid: dict[str, list], fixed: dict | None = None) -> l
     fixed = dict(fixed or {})
     if overlap := sorted(set(fixed) & set(grid)):
         raise ValueError(f"{', '.join(overlap)} is both fixed and in the grid; give it once")
-    return [MethodSpec(method, tuple(sorted({**fixed, **dict(zip(grid, values))}.items())))
-            for values in itertools.product(*grid.values())]
+    return [
+        MethodSpec(method, tuple(sorted({**fixed, **dict(zip(grid, values))}.items())))
+        for values in itertools.product(*grid.values())
+    ]
 
 
 @dataclass
@@ -76,10 +78,19 @@ class Row:
 
 def rows(out: Path, specs: list[MethodSpec], task: str, length: int) -> list[Row]:
     """The scores of every spec at ``task`` and ``length`` in ``out``'s results (errors left out)."""
-    records = [r for r in runner.read_results(out / runner.RESULTS)
-               if r["task"] == task and r["length"] == length and not r.get("error")]
-    return [Row(spec.label, dict(spec.params), {(r["depth"], r["seed"]): r["score"] for r in records if r["method"] == spec.label})
-            for spec in specs]
+    records = [
+        r
+        for r in runner.read_results(out / runner.RESULTS)
+        if r["task"] == task and r["length"] == length and not r.get("error")
+    ]
+    return [
+        Row(
+            spec.label,
+            dict(spec.params),
+            {(r["depth"], r["seed"]): r["score"] for r in records if r["method"] == spec.label},
+        )
+        for spec in specs
+    ]
 
 
 def best(candidates: list[Row]) -> Row:
@@ -100,7 +111,12 @@ def markdown(title: str, table: list[Row], winner: Row, method: str, baseline: R
     """The table of settings with n and intervals (and each one's paired difference from ``baseline``),
     the best, and which settings it cannot be told from."""
     against = f" | minus {baseline.label}, same cases" if baseline else ""
-    lines = [f"## {title}", "", f"| setting | score | 95% interval | n{against} |", "|---|---|---|---|" + "---|" * bool(baseline)]
+    lines = [
+        f"## {title}",
+        "",
+        f"| setting | score | 95% interval | n{against} |",
+        "|---|---|---|---|" + "---|" * bool(baseline),
+    ]
     for row in table:
         mark = " **best**" if row is winner else ""
         cells = [f"`{row.label}`{mark}", f"{row.score:.1f}", report.bounds(row.interval), str(row.n)]
@@ -124,12 +140,26 @@ def markdown(title: str, table: list[Row], winner: Row, method: str, baseline: R
 
 def plot(table: list[Row], title: str, path: Path) -> Path:
     """Score per setting with its 95% interval."""
-    return plots.intervals([row.label for row in table], [row.score for row in table], [row.interval for row in table], title, path)
+    return plots.intervals(
+        [row.label for row in table], [row.score for row in table], [row.interval for row in table], title, path
+    )
 
 
-def run(model: str, method: str, grid: dict[str, list], task: str, length: int, samples: int, out: Path,
-        fixed: dict | None = None, baseline: str | None = "rope", training_window: int | None = None,
-        batch_size: int = 1, limit: int | None = None, loaded=None) -> tuple[list[Row], Row, str]:
+def run(
+    model: str,
+    method: str,
+    grid: dict[str, list],
+    task: str,
+    length: int,
+    samples: int,
+    out: Path,
+    fixed: dict | None = None,
+    baseline: str | None = "rope",
+    training_window: int | None = None,
+    batch_size: int = 1,
+    limit: int | None = None,
+    loaded=None,
+) -> tuple[list[Row], Row, str]:
     """Score every combination of a method's parameters on one task at one length (``longreach tune``).
 
     Resumes ``out``; writes ``tune_METHOD.md``, ``.json`` and ``.png``. Several methods may share one
@@ -163,13 +193,36 @@ def run(model: str, method: str, grid: dict[str, list], task: str, length: int, 
     title = f"{method} on {task} at {length} tokens ({samples} cases per setting)"
     text = markdown(title, table, winner, method, table[-1] if baseline else None)
     (out / f"tune_{method}.md").write_text(text, encoding="utf-8")
-    (out / f"tune_{method}.json").write_text(json.dumps({
-        "method": method, "task": task, "length": length, "grid": grid, "fixed": fixed or {},
-        "rows": [{"label": r.label, "params": r.params, "score": r.score, "interval": list(r.interval), "n": r.n,
-                  **({"minus_baseline": dict(zip(("difference", "interval", "n"), r.minus(table[-1])))}
-                     if baseline and r is not table[-1] else {})}
-                 for r in table],
-        "best": {"label": winner.label, "params": winner.params, "apply": apply_line(method, winner.params)},
-    }, indent=1, default=list) + "\n", encoding="utf-8")
+    (out / f"tune_{method}.json").write_text(
+        json.dumps(
+            {
+                "method": method,
+                "task": task,
+                "length": length,
+                "grid": grid,
+                "fixed": fixed or {},
+                "rows": [
+                    {
+                        "label": r.label,
+                        "params": r.params,
+                        "score": r.score,
+                        "interval": list(r.interval),
+                        "n": r.n,
+                        **(
+                            {"minus_baseline": dict(zip(("difference", "interval", "n"), r.minus(table[-1])))}
+                            if baseline and r is not table[-1]
+                            else {}
+                        ),
+                    }
+                    for r in table
+                ],
+                "best": {"label": winner.label, "params": winner.params, "apply": apply_line(method, winner.params)},
+            },
+            indent=1,
+            default=list,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     plot(table, title, out / f"tune_{method}.png")
     return table, winner, text

@@ -25,28 +25,41 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     global _warned_attentions
     state = module.__dict__.get("_longreach")
     if state is None:
-        raise ValueError(f"{module.__class__.__name__} has attn_implementation='longreach' but no method: use longreach.apply(model, ...)")
+        raise ValueError(
+            f"{module.__class__.__name__} has attn_implementation='longreach' but no method: use longreach.apply(model, ...)"
+        )
     if dropout:
-        raise ValueError(f"longreach attention does not support attention dropout (got dropout={dropout}); set the config's attention_dropout=0")
+        raise ValueError(
+            f"longreach attention does not support attention dropout (got dropout={dropout}); set the config's attention_dropout=0"
+        )
     if kwargs.get("softcap") is not None:
         raise ValueError("longreach attention does not support attention logit softcapping (Gemma 2)")
     if kwargs.get("output_attentions") and not _warned_attentions:
-        warnings.warn("longreach attention does not return attention weights (output_attentions=True gives None); "
-                      "use longreach.integrations.recording.probing or the dense reference backend", stacklevel=2)
+        warnings.warn(
+            "longreach attention does not return attention weights (output_attentions=True gives None); "
+            "use longreach.integrations.recording.probing or the dense reference backend",
+            stacklevel=2,
+        )
         _warned_attentions = True
     batch, q_len = query.shape[0], query.shape[2]
     if query.device.type == "meta":
         return query.new_empty(batch, q_len, query.shape[1], value.shape[-1]), None
     if torch.compiler.is_compiling() and q_len <= SMALL_QUERY and state.backend != "reference":
-        return _compiled_step(state, module, query, key, value, attention_mask, scaling, kwargs.get("sliding_window")), None
+        return _compiled_step(
+            state, module, query, key, value, attention_mask, scaling, kwargs.get("sliding_window")
+        ), None
     layer = getattr(module, "layer_idx", None)
     kept_keys = state.kept_keys_of(layer)
     if kept_keys is not None:
         kept_keys.begin(key, q_len)  # the key tensor the cache handed over, before it is cut to the real keys
     position_ids = kwargs.get("position_ids")
     shapes = (batch, q_len, key.shape[2], str(query.device))
-    memo, keys = state.passes.find(attention_mask, position_ids, shapes,
-                                   lambda: keys_of(attention_mask, key.shape[2], position_ids, batch, query.device))
+    memo, keys = state.passes.find(
+        attention_mask,
+        position_ids,
+        shapes,
+        lambda: keys_of(attention_mask, key.shape[2], position_ids, batch, query.device),
+    )
     key, value = key[:, :, : keys.count], value[:, :, : keys.count]
     inv_freq = inverse_frequencies(state.rotary, getattr(module, "layer_type", None))
     logit_scale, rates = _logit_scale_and_rates(state, layer, keys.positions, keys.positions[:, -q_len:], memo)
@@ -55,8 +68,19 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
         out = _reference(state, module, query, key, value, inv_freq, scaling, keys, sliding_window, logit_scale, rates)
     else:
         out = kernel.attention(
-            query, key, value, state.layer_parts(layer), inv_freq, scaling=scaling, key_padding=keys.padding,
-            sliding_window=sliding_window, logit_scale=logit_scale, positions=keys.positions, drop=rates, backend=state.backend, memo=memo,
+            query,
+            key,
+            value,
+            state.layer_parts(layer),
+            inv_freq,
+            scaling=scaling,
+            key_padding=keys.padding,
+            sliding_window=sliding_window,
+            logit_scale=logit_scale,
+            positions=keys.positions,
+            drop=rates,
+            backend=state.backend,
+            memo=memo,
             kept_keys=kept_keys,
         )
     if (importance := recording.importance.get()) is not None and q_len == keys.count:
@@ -79,12 +103,23 @@ def _compiled_step(state, module, query, key, value, attention_mask, scaling, sl
     query_positions = static.query_positions(positions, query.shape[2])
     logit_scale, rates = _logit_scale_and_rates(state, layer, positions, query_positions)
     inv_freq = inverse_frequencies(state.rotary, getattr(module, "layer_type", None))
-    return static.attention(query, key, value, state.layer_parts(layer), inv_freq, positions,
-                            scaling=scaling, sliding_window=sliding_window, logit_scale=logit_scale, drop=rates)
+    return static.attention(
+        query,
+        key,
+        value,
+        state.layer_parts(layer),
+        inv_freq,
+        positions,
+        scaling=scaling,
+        sliding_window=sliding_window,
+        logit_scale=logit_scale,
+        drop=rates,
+    )
 
 
-def _logit_scale_and_rates(state, layer: int | None, positions: torch.Tensor, query_positions: torch.Tensor,
-                           memo=None) -> tuple[float | torch.Tensor, torch.Tensor | None]:
+def _logit_scale_and_rates(
+    state, layer: int | None, positions: torch.Tensor, query_positions: torch.Tensor, memo=None
+) -> tuple[float | torch.Tensor, torch.Tensor | None]:
     """The method's logit factor for the sequences so far (``positions [B, Lkv]``, the keys': the longest one
     plus one; a prompt declared to :func:`.recording.generation` counts whole, however it is read) and, in a
     layer that drops, the drop rate of each query ``[B, Lq]`` at ``query_positions`` (else None), the same for
@@ -107,8 +142,17 @@ def _record(probe, method, module, query, key, inv_freq, scaling, keys, sliding_
     tops = [
         probabilities.topk(min(top_k, probabilities.shape[-1]), dim=-1).values.mean(-1).mean(1)  # [B, T]
         for probabilities, _ in rows.attention_probabilities(
-            query[:, :, sampled], key, method.layer_parts(module.layer_idx), inv_freq, sampled, scaling, keys.padding, sliding_window,
-            logit_scale, keys.positions, None if rates is None else rates[:, sampled],
+            query[:, :, sampled],
+            key,
+            method.layer_parts(module.layer_idx),
+            inv_freq,
+            sampled,
+            scaling,
+            keys.padding,
+            sliding_window,
+            logit_scale,
+            keys.positions,
+            None if rates is None else rates[:, sampled],
         )
     ]
     record[module.layer_idx] = torch.cat(tops, dim=-1).float().cpu()
@@ -119,7 +163,9 @@ def _reference(state, module, query, key, value, inv_freq, scaling, keys, slidin
     q_len = query.shape[2]
     layer_type = getattr(module, "layer_type", None)
     rotary = state.rotary
-    attention_scaling = getattr(rotary, f"{layer_type}_attention_scaling", None) or getattr(rotary, "attention_scaling", 1.0)
+    attention_scaling = getattr(rotary, f"{layer_type}_attention_scaling", None) or getattr(
+        rotary, "attention_scaling", 1.0
+    )
     q_raw = reference.unrotate(query, keys.rotated_at[:, -q_len:], inv_freq, attention_scaling)
     k_raw = reference.unrotate(key, keys.rotated_at, inv_freq, attention_scaling)
     q_pos, k_pos = keys.positions[:, -q_len:, None], keys.positions[:, None, :]
@@ -128,5 +174,7 @@ def _reference(state, module, query, key, value, inv_freq, scaling, keys, slidin
         inside = q_pos - k_pos < sliding_window
         P = torch.where(inside if P.dim() == 3 else inside[:, None, :, :, None], P, torch.nan)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scaling is None else scaling
-    out = reference.dense_attention(q_raw, k_raw, value, P, inv_freq, scale, attention_scaling, keys.padding, logit_scale, rates)
+    out = reference.dense_attention(
+        q_raw, k_raw, value, P, inv_freq, scale, attention_scaling, keys.padding, logit_scale, rates
+    )
     return out.to(query.dtype)

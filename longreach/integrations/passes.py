@@ -37,7 +37,7 @@ class Passes:
             if known_shapes == shapes and _same(mask_ref, mask) and _same(position_ref, position_ids):
                 return memo, keys
         memo, keys = Memo(), build_keys()
-        self.recent = [*self.recent[-(self.KEPT - 1):], (_ref(mask), _ref(position_ids), shapes, memo, keys)]
+        self.recent = [*self.recent[-(self.KEPT - 1) :], (_ref(mask), _ref(position_ids), shapes, memo, keys)]
         return memo, keys
 
 

@@ -14,7 +14,6 @@ from typing import Callable
 import torch
 from transformers.masking_utils import causal_mask_function
 
-
 PADDING, EMPTY = -1, -2  # the mask's marks: a padding key (attended by no query), a static cache's empty slot (no key)
 
 
@@ -24,14 +23,19 @@ def _plain_causal(mask_function: Callable | None) -> bool:
         return True
     if getattr(mask_function, "__name__", "") != "and_mask" or not mask_function.__closure__:
         return False
-    parts = [f for cell in mask_function.__closure__ for f in (cell.cell_contents if isinstance(cell.cell_contents, tuple) else ())]
+    parts = [
+        f
+        for cell in mask_function.__closure__
+        for f in (cell.cell_contents if isinstance(cell.cell_contents, tuple) else ())
+    ]
     return bool(parts) and all(
         f is causal_mask_function or getattr(f, "__qualname__", "").startswith("sliding_window_overlay") for f in parts
     )
 
 
-def key_positions_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, attention_mask=None, mask_function=None,
-                       **_) -> torch.Tensor | None:
+def key_positions_mask(
+    batch_size, q_length, kv_length, q_offset=0, kv_offset=0, attention_mask=None, mask_function=None, **_
+) -> torch.Tensor | None:
     """``AttentionMaskInterface`` function: the keys' absolute positions ``[B, 1, 1, Lkv]``, -1 at padding.
 
     Keys at or beyond ``q_offset + q_length`` are empty slots of a static cache: -2. With padding the

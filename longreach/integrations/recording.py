@@ -34,7 +34,9 @@ def probing(rows: torch.Tensor, top_k: int):
 
 
 _prompt_lengths: contextvars.ContextVar = contextvars.ContextVar("longreach_prompt_lengths", default=None)
-_compiled_prompt_lengths: list = [None]  # the same lengths as a plain global, which TorchDynamo can read (a context variable it cannot)
+_compiled_prompt_lengths: list = [
+    None
+]  # the same lengths as a plain global, which TorchDynamo can read (a context variable it cannot)
 
 
 @contextlib.contextmanager
@@ -84,8 +86,13 @@ def _prompt_lengths_of(model: nn.Module, args: tuple, kwargs: dict) -> torch.Ten
     config = kwargs.get("generation_config") or model.generation_config
     pad = kwargs.get("pad_token_id", config.pad_token_id)
     eos = kwargs.get("eos_token_id", config.eos_token_id)
-    if pad is not None and inputs.dim() == 2 and not inputs.is_floating_point() and bool((inputs == pad).any()) \
-            and pad not in (eos if isinstance(eos, (list, tuple)) else [eos]):
+    if (
+        pad is not None
+        and inputs.dim() == 2
+        and not inputs.is_floating_point()
+        and bool((inputs == pad).any())
+        and pad not in (eos if isinstance(eos, (list, tuple)) else [eos])
+    ):
         return (inputs != pad).sum(-1).cpu()
     return torch.full((inputs.shape[0],), inputs.shape[1])
 

@@ -54,15 +54,19 @@ def rescaled(model: nn.Module, frequency: Scaling, state) -> tuple[nn.Module, di
             if hasattr(rotary, name):
                 getattr(rotary, name).copy_(inv_freq)
     else:
-        raise ValueError(f"{model.__class__.__name__} has its own {describe_own(own)} scaling, whose frequencies "
-                         f"change during the forward pass: longreach composes no frequency method over it; "
-                         f"apply a position method alone")
+        raise ValueError(
+            f"{model.__class__.__name__} has its own {describe_own(own)} scaling, whose frequencies "
+            f"change during the forward pass: longreach composes no frequency method over it; "
+            f"apply a position method alone"
+        )
     if rotary.inv_freq.device.type == "meta":  # an empty model (lm-eval checks the method before loading): no values
         pass
-    elif not (torch.isfinite(rotary.inv_freq).all() and (rotary.inv_freq > 0).all()
-              and math.isfinite(rotary.attention_scaling)):
-        raise ValueError(f"factor={frequency.factor!r} is out of range: "
-                         f"the scaled RoPE frequencies over- or underflow")
+    elif not (
+        torch.isfinite(rotary.inv_freq).all()
+        and (rotary.inv_freq > 0).all()
+        and math.isfinite(rotary.attention_scaling)
+    ):
+        raise ValueError(f"factor={frequency.factor!r} is out of range: the scaled RoPE frequencies over- or underflow")
     return rotary, copy.deepcopy(config.rope_parameters)
 
 

@@ -13,8 +13,8 @@ FIELDS = {  # field: (required, what is allowed)
     "method": (True, "a method name (see longreach.available())"),
     "training_window": (True, "an integer >= 2 (tokens)"),
     "params": (False, "a dict of the method's parameters"),
-    "scaling": (False, "null or a dict such as {\"rope_type\": \"yarn\", \"factor\": 2.0}"),
-    "drop": (False, "null or a dict such as {\"method\": \"dynamic_drop\"}"),
+    "scaling": (False, 'null or a dict such as {"rope_type": "yarn", "factor": 2.0}'),
+    "drop": (False, 'null or a dict such as {"method": "dynamic_drop"}'),
     "replaced_rope_parameters": (False, "null or the model's own rope_parameters (a dict)"),
 }
 
@@ -22,8 +22,10 @@ FIELDS = {  # field: (required, what is allowed)
 def checked(record, where: str) -> dict:
     """``record`` (the ``longreach`` entry of ``where``, a config.json) if well formed; else one ``ValueError`` line."""
     if not isinstance(record, dict):
-        raise ValueError(f"{where}: the 'longreach' record is {type(record).__name__} {_short(record)}; "
-                         f"allowed: a dict with {', '.join(FIELDS)}")
+        raise ValueError(
+            f"{where}: the 'longreach' record is {type(record).__name__} {_short(record)}; "
+            f"allowed: a dict with {', '.join(FIELDS)}"
+        )
     for field, (required, allowed) in FIELDS.items():
         value = record.get(field)
         if field not in record:

@@ -25,7 +25,6 @@ import functools
 import numbers
 from dataclasses import dataclass
 
-import torch
 from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
@@ -90,8 +89,14 @@ class Applied:
         the method reads from a file (DPE's selected pairs) is stored in the record itself."""
         scaling = None if self.scaling is None else {"rope_type": self.scaling.name, **self.scaling.params}
         drop = None if self.drop is None else {"method": self.drop.name, **_jsonable(dataclasses.asdict(self.drop))}
-        return {"method": self.method.name, "params": _jsonable(self.method.saved_params()), "training_window": self.window,
-                "scaling": scaling, "drop": drop, "replaced_rope_parameters": self.replaced_rope_parameters}
+        return {
+            "method": self.method.name,
+            "params": _jsonable(self.method.saved_params()),
+            "training_window": self.window,
+            "scaling": scaling,
+            "drop": drop,
+            "replaced_rope_parameters": self.replaced_rope_parameters,
+        }
 
 
 def _jsonable(values: dict) -> dict:
@@ -119,8 +124,17 @@ def training_window(config) -> int:
 _model_window = training_window  # apply's keyword argument of the same name hides the function there
 
 
-def apply(model: nn.Module, method: str = "string", *, training_window: int | None = None, scaling: dict | None = None,
-          drop: dict | None = None, backend: str = "auto", keep_moved_keys: bool = False, **params) -> nn.Module:
+def apply(
+    model: nn.Module,
+    method: str = "string",
+    *,
+    training_window: int | None = None,
+    scaling: dict | None = None,
+    drop: dict | None = None,
+    backend: str = "auto",
+    keep_moved_keys: bool = False,
+    **params,
+) -> nn.Module:
     """Switch ``model``'s attention to ``method``, in place; every forward and ``generate`` then uses it.
 
     Everything is validated before the model changes: a refused call leaves the method applied before
@@ -183,8 +197,16 @@ def apply(model: nn.Module, method: str = "string", *, training_window: int | No
     # a frequency method may still refuse here, before any change
     rescaled = rotary_embedding.rescaled(model, frequency, _state(model)) if frequency else None
     remove(model)
-    applied = Applied(position_method, model.config._attn_implementation, window, find_rotary(model), backend, frequency, dropping,
-                      keep_moved_keys=keep_moved_keys)
+    applied = Applied(
+        position_method,
+        model.config._attn_implementation,
+        window,
+        find_rotary(model),
+        backend,
+        frequency,
+        dropping,
+        keep_moved_keys=keep_moved_keys,
+    )
     if rescaled:
         rotary_embedding.install(model, applied, *rescaled)
     _attach(model, applied)
@@ -238,7 +260,9 @@ def _resolve(model, window, method, scaling, drop, params):
         scaling = {k: _plain_number(v) for k, v in scaling.items()}
         rope_type = scaling.pop("rope_type", None) or scaling.pop("method", None)
         if rope_type is None:
-            raise ValueError(f"scaling={scaling!r} names no rope_type; give e.g. {{'rope_type': 'yarn', 'factor': 2.0}}")
+            raise ValueError(
+                f"scaling={scaling!r} names no rope_type; give e.g. {{'rope_type': 'yarn', 'factor': 2.0}}"
+            )
         methods.find(rope_type, "frequency")
         frequency = methods.create(rope_type, window, **scaling)
     if drop is not None:
@@ -257,8 +281,14 @@ def _resolve(model, window, method, scaling, drop, params):
 def reapply(model: nn.Module, record: dict) -> nn.Module:
     """Apply what :meth:`Applied.record` describes (the ``longreach`` entry of a saved config), with the
     ``auto`` backend (a ``backend`` kept by older versions was a device choice: it is not restored)."""
-    return apply(model, record["method"], training_window=record["training_window"], scaling=record.get("scaling"),
-                 drop=record.get("drop"), **record.get("params", {}))
+    return apply(
+        model,
+        record["method"],
+        training_window=record["training_window"],
+        scaling=record.get("scaling"),
+        drop=record.get("drop"),
+        **record.get("params", {}),
+    )
 
 
 def remove(model: nn.Module) -> nn.Module:

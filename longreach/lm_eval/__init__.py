@@ -47,8 +47,10 @@ def _claim(name: str | None, role: str, arguments: dict) -> dict:
     if name not in PARAMETERS:
         raise ValueError(f"{role}={name!r} is not a longreach method; choose from: {', '.join(PARAMETERS)}")
     # lm-eval hands strings on: read them as the command line does (lists with ';', none)
-    return {key: parse_value(value) if isinstance(value := arguments.pop(key), str) else value
-            for key in sorted(PARAMETERS[name] & set(arguments))}
+    return {
+        key: parse_value(value) if isinstance(value := arguments.pop(key), str) else value
+        for key in sorted(PARAMETERS[name] & set(arguments))
+    }
 
 
 @register_model("longreach")
@@ -79,19 +81,32 @@ class LongreachLM(HFLM):
         ```
     """
 
-    def __init__(self, pretrained, method: str = "string", training_window: int | None = None, scaling: str | None = None,
-                 drop: str | None = None, attention_backend: str = "auto", **kwargs) -> None:
+    def __init__(
+        self,
+        pretrained,
+        method: str = "string",
+        training_window: int | None = None,
+        scaling: str | None = None,
+        drop: str | None = None,
+        attention_backend: str = "auto",
+        **kwargs,
+    ) -> None:
         params = _claim(method, "method", kwargs)
         frequency = _claim(scaling, "scaling", kwargs)
         dropping = _claim(drop, "drop", kwargs)
         self.longreach = dict(
-            method=method, training_window=training_window, backend=attention_backend,
+            method=method,
+            training_window=training_window,
+            backend=attention_backend,
             scaling=None if scaling is None else {"rope_type": scaling, **frequency},
-            drop=None if drop is None else {"method": drop, **dropping}, **params,
+            drop=None if drop is None else {"method": drop, **dropping},
+            **params,
         )
         if "dynamic" in (method, scaling) and str(kwargs.get("batch_size", 1)) != "1":
-            raise ValueError(f"batch_size={kwargs['batch_size']!r} with dynamic NTK: its frequencies follow the longest "
-                             "sequence of each forward, so a request's score would depend on its batch; use batch_size=1")
+            raise ValueError(
+                f"batch_size={kwargs['batch_size']!r} with dynamic NTK: its frequencies follow the longest "
+                "sequence of each forward, so a request's score would depend on its batch; use batch_size=1"
+            )
         if isinstance(pretrained, str) and kwargs.get("gguf_file") is None:
             kwargs.setdefault("use_safetensors", True)
         super().__init__(pretrained, **kwargs)

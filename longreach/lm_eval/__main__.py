@@ -15,12 +15,13 @@ SUBCOMMANDS = ("run", "ls", "validate")
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        from . import LongreachLM  # noqa: F401  (registers the model)
         from lm_eval.__main__ import cli_evaluate
+
+        from . import LongreachLM  # noqa: F401  (registers the model)
     except ImportError as error:
         sys.exit(f"longreach: error: {error}")
     command = argv[:1] if argv[:1] and argv[0] in SUBCOMMANDS else []
-    rest = argv[len(command):]
+    rest = argv[len(command) :]
     if command in ([], ["run"]) and rest and not any(a == "--model" or a.startswith("--model=") for a in rest):
         rest = ["--model", "longreach", *rest]
     sys.argv = ["lm-eval", *command, *rest]

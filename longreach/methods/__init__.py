@@ -35,7 +35,8 @@ def paper_baseline(name: str, training_window: int) -> dict:
             params["original_max_position_embeddings"] = short
         return params
     baselines = {
-        "rope": {}, "string": {},
+        "rope": {},
+        "string": {},
         "rerope": {"window": short // 2},
         "self_extend": {"group_size": 2, "neighbor_window": short // 4},
         "dca": {"chunk_size": 3 * short // 4, "local_window": short // 8},
@@ -46,5 +47,15 @@ def paper_baseline(name: str, training_window: int) -> dict:
     return baselines[name]
 
 
-__all__ = ["METHODS", "REGISTRY", "Part", "PositionMethod", "available", "create", "find", "kind_of", "names",
-           "paper_baseline"]
+__all__ = [
+    "METHODS",
+    "REGISTRY",
+    "Part",
+    "PositionMethod",
+    "available",
+    "create",
+    "find",
+    "kind_of",
+    "names",
+    "paper_baseline",
+]

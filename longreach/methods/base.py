@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import ClassVar
 
 import torch
@@ -54,7 +54,9 @@ class PositionMethod:
         """Whether :meth:`layer_parts` gives layers different parts (DPE with selected pairs)."""
         return False
 
-    def layer_positions(self, query_positions: torch.Tensor, key_positions: torch.Tensor, layer: int | None) -> torch.Tensor:
+    def layer_positions(
+        self, query_positions: torch.Tensor, key_positions: torch.Tensor, layer: int | None
+    ) -> torch.Tensor:
         """Dense ``P`` of layer ``layer``: ``[..., Lq, Lkv]``, or ``[B, H, Lq, Lkv, pairs]`` when it differs
         per head and rotary pair (DPE)."""
         return self.relative_positions(query_positions, key_positions)
@@ -87,12 +89,17 @@ def causal_distance(query_positions: torch.Tensor, key_positions: torch.Tensor) 
     return torch.where(distance >= 0, distance, torch.nan)
 
 
-def require_number(name: str, value, rule: str, low: float | None = None, high: float | None = None,
-                   low_open: bool = False) -> None:
+def require_number(
+    name: str, value, rule: str, low: float | None = None, high: float | None = None, low_open: bool = False
+) -> None:
     """Raise ``ValueError`` unless ``value`` is a finite real number in range (``low_open``: ``value > low``)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a number ({rule}), got {value!r}")
-    if not math.isfinite(value) or (low is not None and (value <= low if low_open else value < low)) or (high is not None and value > high):
+    if (
+        not math.isfinite(value)
+        or (low is not None and (value <= low if low_open else value < low))
+        or (high is not None and value > high)
+    ):
         raise ValueError(f"{name}={value!r} is out of range: {rule}")
 
 

@@ -42,8 +42,11 @@ class DualChunk(PositionMethod):
     name = "dca"
     paper = "An et al. 2024, Training-Free Long-Context Scaling of LLMs (DCA, arXiv:2402.17463)"
     changes = "positions: keys at j mod c; queries by chunk relation (same, previous, earlier)"
-    ranges = {"chunk_size": "integer > local_window (default 3L/4)", "local_window": "integer, 0 < local_window < chunk_size (default L/8)",
-              "mscale": "True/False: official (0.05 ln(n/L) + 1) on cos/sin beyond L"}
+    ranges = {
+        "chunk_size": "integer > local_window (default 3L/4)",
+        "local_window": "integer, 0 < local_window < chunk_size (default L/8)",
+        "mscale": "True/False: official (0.05 ln(n/L) + 1) on cos/sin beyond L",
+    }
 
     training_window: int
     chunk_size: int | None = None
@@ -57,7 +60,13 @@ class DualChunk(PositionMethod):
         if self.local_window is None:
             object.__setattr__(self, "local_window", L // 8)
         require_int("chunk_size", self.chunk_size, 2, None, "chunk_size > local_window > 0")
-        require_int("local_window", self.local_window, 1, self.chunk_size - 1, f"0 < local_window < chunk_size = {self.chunk_size}")
+        require_int(
+            "local_window",
+            self.local_window,
+            1,
+            self.chunk_size - 1,
+            f"0 < local_window < chunk_size = {self.chunk_size}",
+        )
         require_bool("mscale", self.mscale)
 
     def logit_scale_at(self, sequence_lengths: torch.Tensor) -> float | torch.Tensor:
@@ -74,15 +83,34 @@ class DualChunk(PositionMethod):
     def parts(self) -> tuple[Part, ...]:
         c, s = self.chunk, self.chunk_size
         inter = min(2 * c - 1, s)
-        start = lambda p: torch.div(p, c, rounding_mode="floor") * c  # first position of p's chunk
-        at_key = lambda p: p % c - p
-        never = lambda p: torch.full_like(p, torch.iinfo(p.dtype).min)
+
+        def start(p):
+            return torch.div(p, c, rounding_mode="floor") * c  # first position of p's chunk
+
+        def at_key(p):
+            return p % c - p
+
+        def never(p):
+            return torch.full_like(p, torch.iinfo(p.dtype).min)
+
         return (
             Part(0, c, query_shift=at_key, key_shift=at_key, key_span=lambda p: (start(p), p + 1), key_shift_block=c),
-            Part(1, 2 * c, query_shift=lambda p: torch.clamp(p % c + c, max=s) - p, key_shift=at_key,
-                 key_span=lambda p: (start(p) - c, start(p)), key_shift_block=c),
-            Part(c + 1, None, query_shift=lambda p: inter - p, key_shift=at_key,
-                 key_span=lambda p: (never(p), start(p) - c), key_shift_block=c),
+            Part(
+                1,
+                2 * c,
+                query_shift=lambda p: torch.clamp(p % c + c, max=s) - p,
+                key_shift=at_key,
+                key_span=lambda p: (start(p) - c, start(p)),
+                key_shift_block=c,
+            ),
+            Part(
+                c + 1,
+                None,
+                query_shift=lambda p: inter - p,
+                key_shift=at_key,
+                key_span=lambda p: (never(p), start(p) - c),
+                key_shift_block=c,
+            ),
         )
 
     def relative_positions(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:

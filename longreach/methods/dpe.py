@@ -42,8 +42,12 @@ def saved_selection(mask: torch.Tensor, source) -> dict:
     """A boolean selection as JSON for a saved model's config: its shape, its bits (packed, base64), their
     SHA-256, and the name of the file it was chosen from (``None`` for a tensor), which ``describe`` shows."""
     bits = np.packbits(mask.numpy().reshape(-1))
-    return {"file": _source_name(source), "shape": list(mask.shape), "selected": base64.b64encode(bits.tobytes()).decode(),
-            "sha256": _digest(mask)}
+    return {
+        "file": _source_name(source),
+        "shape": list(mask.shape),
+        "selected": base64.b64encode(bits.tobytes()).decode(),
+        "sha256": _digest(mask),
+    }
 
 
 def _from_saved(saved: dict) -> torch.Tensor:
@@ -53,11 +57,15 @@ def _from_saved(saved: dict) -> torch.Tensor:
         bits = np.unpackbits(np.frombuffer(base64.b64decode(saved["selected"], validate=True), dtype=np.uint8))
         mask = torch.from_numpy(bits[: math.prod(shape)].astype(bool).reshape(shape))
     except (KeyError, TypeError, ValueError, binascii.Error) as error:
-        raise ValueError(f"dimensions: the saved selection is malformed ({error.__class__.__name__}: {error}); "
-                         "apply dpe again with the file from `longreach calibrate dpe`") from None
+        raise ValueError(
+            f"dimensions: the saved selection is malformed ({error.__class__.__name__}: {error}); "
+            "apply dpe again with the file from `longreach calibrate dpe`"
+        ) from None
     if _digest(mask) != saved.get("sha256"):
-        raise ValueError("dimensions: the saved selection does not match its sha256 (config.json was edited); "
-                         "apply dpe again with the file from `longreach calibrate dpe`")
+        raise ValueError(
+            "dimensions: the saved selection does not match its sha256 (config.json was edited); "
+            "apply dpe again with the file from `longreach calibrate dpe`"
+        )
     return mask
 
 
@@ -82,14 +90,18 @@ def load_dimensions(source) -> torch.Tensor:
         from safetensors.torch import load_file
 
         if not Path(source).is_file():
-            raise ValueError(f"dimensions={str(source)!r} is not a file: give a file written by `longreach calibrate dpe`")
+            raise ValueError(
+                f"dimensions={str(source)!r} is not a file: give a file written by `longreach calibrate dpe`"
+            )
         try:
             tensors = load_file(str(source))
         except (SafetensorError, OSError) as error:
             raise ValueError(f"dimensions={str(source)!r} is not a safetensors file ({error})") from None
         name = next((n for n in ("mask", "importance") if n in tensors), None)
         if name is None:
-            raise ValueError(f"dimensions={str(source)!r} holds {', '.join(tensors) or 'nothing'}; expected 'importance' or 'mask'")
+            raise ValueError(
+                f"dimensions={str(source)!r} holds {', '.join(tensors) or 'nothing'}; expected 'importance' or 'mask'"
+            )
         source = tensors[name]
     tensor = torch.as_tensor(source).detach().cpu()
     if tensor.dim() != 3 or tensor.numel() == 0:
@@ -117,9 +129,12 @@ class DPE(PositionMethod):
     name = "dpe"
     paper = "Lu et al. 2025, Dimension-Wise Positional Embeddings Manipulation, DPE (arXiv:2504.18857)"
     changes = "positions per frequency group and head: P_g = r for r < w, else i//s_g - j//s_g + w - w//s_g in the top_k pairs"
-    ranges = {"group_scales": "integers >= 1, one per frequency group (e.g. 8; required: `longreach calibrate dpe`)",
-              "local_window": "integer > 0", "top_k": "integer 1 .. rotary pairs, or None (every pair)",
-              "dimensions": "a file from `longreach calibrate dpe`, or a [layers, heads, pairs] tensor"}
+    ranges = {
+        "group_scales": "integers >= 1, one per frequency group (e.g. 8; required: `longreach calibrate dpe`)",
+        "local_window": "integer > 0",
+        "top_k": "integer 1 .. rotary pairs, or None (every pair)",
+        "dimensions": "a file from `longreach calibrate dpe`, or a [layers, heads, pairs] tensor",
+    }
 
     training_window: int
     group_scales: tuple[int, ...] | None = None
@@ -130,8 +145,10 @@ class DPE(PositionMethod):
     def __post_init__(self) -> None:
         if self.group_scales is None:
             published = "; ".join(f"{k}: {','.join(map(str, v))}" for k, v in PUBLISHED.items())
-            raise ValueError("dpe needs group_scales (one integer per frequency group): `longreach calibrate dpe` finds them "
-                             f"for a model; published (w=1024, top_k=48): {published}")
+            raise ValueError(
+                "dpe needs group_scales (one integer per frequency group): `longreach calibrate dpe` finds them "
+                f"for a model; published (w=1024, top_k=48): {published}"
+            )
         scales = self.group_scales if isinstance(self.group_scales, (tuple, list)) else (self.group_scales,)
         if not scales:
             raise ValueError("group_scales=() is out of range: integers >= 1, one per frequency group (at least one)")
@@ -140,13 +157,19 @@ class DPE(PositionMethod):
         object.__setattr__(self, "group_scales", tuple(int(s) for s in scales))
         require_int("local_window", self.local_window, 1, None, "local_window > 0")
         if self.top_k is not None:
-            require_int("top_k", self.top_k, 1, None, "an integer >= 1 (rotary pairs changed per head), or None for every pair")
+            require_int(
+                "top_k", self.top_k, 1, None, "an integer >= 1 (rotary pairs changed per head), or None for every pair"
+            )
         mask = None
         if self.dimensions is not None:
-            mask = _selected(load_dimensions(self.dimensions), self.top_k).cpu()  # on the CPU: reading it per layer syncs no device
+            mask = _selected(
+                load_dimensions(self.dimensions), self.top_k
+            ).cpu()  # on the CPU: reading it per layer syncs no device
         elif self.top_k is not None:
-            raise ValueError(f"top_k={self.top_k} changes the most important pairs, which needs dimensions= (a file written by "
-                             "`longreach calibrate dpe`); give top_k=None to change every pair")
+            raise ValueError(
+                f"top_k={self.top_k} changes the most important pairs, which needs dimensions= (a file written by "
+                "`longreach calibrate dpe`); give top_k=None to change every pair"
+            )
         object.__setattr__(self, "_mask", mask)
         object.__setattr__(self, "_layer_parts", {})
         scale = torch.tensor(self.group_scales, dtype=torch.float64)
@@ -162,13 +185,17 @@ class DPE(PositionMethod):
     def check_model(self, layers: int, query_heads: int, pairs: int) -> None:
         groups = len(self.group_scales)
         if pairs % groups:
-            raise ValueError(f"group_scales has {groups} groups, which do not split this model's {pairs} rotary pairs evenly")
+            raise ValueError(
+                f"group_scales has {groups} groups, which do not split this model's {pairs} rotary pairs evenly"
+            )
         if self._mask is None:
             return
         expected = (layers, query_heads, pairs)
         if tuple(self._mask.shape) != expected:
-            raise ValueError(f"dimensions has shape {tuple(self._mask.shape)}; this model needs [layers, query heads, pairs] = "
-                             f"{list(expected)} (calibrate it on this model)")
+            raise ValueError(
+                f"dimensions has shape {tuple(self._mask.shape)}; this model needs [layers, query heads, pairs] = "
+                f"{list(expected)} (calibrate it on this model)"
+            )
 
     def parts(self) -> tuple[Part, ...]:
         return self.layer_parts(None)
@@ -197,7 +224,9 @@ class DPE(PositionMethod):
         grouped = torch.floor(i / scale) - torch.floor(j / scale) + w - torch.floor(w / scale)
         return torch.where(d < w, d, d * 0 + grouped)  # d * 0 keeps NaN (not attended)
 
-    def layer_positions(self, query_positions: torch.Tensor, key_positions: torch.Tensor, layer: int | None) -> torch.Tensor:
+    def layer_positions(
+        self, query_positions: torch.Tensor, key_positions: torch.Tensor, layer: int | None
+    ) -> torch.Tensor:
         """``[B, H, Lq, Lkv, pairs]``: each head's selected pairs at their group's position, the others at ``r``."""
         grouped = self.relative_positions(query_positions, key_positions)  # [B, Lq, Lkv, G]
         if self._mask is None:
@@ -215,7 +244,11 @@ class DPE(PositionMethod):
         return params
 
     def describe(self) -> str:
-        values = [f"group_scales={','.join(map(str, self.group_scales))}", f"local_window={self.local_window}", f"top_k={self.top_k}"]
+        values = [
+            f"group_scales={','.join(map(str, self.group_scales))}",
+            f"local_window={self.local_window}",
+            f"top_k={self.top_k}",
+        ]
         if self._mask is not None:
             values.append(f"dimensions={_source_name(self.dimensions) or 'tensor'}@{_digest(self._mask)[:8]}")
         return f"{self.name}({', '.join(values)})"
@@ -227,13 +260,17 @@ def _selected(dimensions: torch.Tensor, top_k: int | None) -> torch.Tensor:
     if dimensions.dtype == torch.bool:
         counts = dimensions.sum(-1)
         if top_k is not None and not bool((counts == top_k).all()):
-            raise ValueError(f"dimensions is a mask with {int(counts.min())}..{int(counts.max())} pairs per head, not top_k={top_k}: "
-                             "give top_k=None to use the mask as it is")
+            raise ValueError(
+                f"dimensions is a mask with {int(counts.min())}..{int(counts.max())} pairs per head, not top_k={top_k}: "
+                "give top_k=None to use the mask as it is"
+            )
         return dimensions
     if top_k is None:
         return torch.ones(dimensions.shape, dtype=torch.bool)
     if top_k > pairs:
-        raise ValueError(f"top_k={top_k} is out of range: 1 .. {pairs} (the rotary pairs in dimensions; "
-                         f"the paper changes 48 of 64, i.e. {3 * pairs // 4} here)")
+        raise ValueError(
+            f"top_k={top_k} is out of range: 1 .. {pairs} (the rotary pairs in dimensions; "
+            f"the paper changes 48 of 64, i.e. {3 * pairs // 4} here)"
+        )
     chosen = dimensions.topk(top_k, dim=-1).indices
     return torch.zeros(dimensions.shape, dtype=torch.bool).scatter_(-1, chosen, True)

@@ -50,8 +50,9 @@ class Drop:
     kind: ClassVar[str] = "drop"
     name: ClassVar[str] = "drop"
     paper: ClassVar[str] = "Dynamic Drop Attention paper, Drop Attention (DA), Eq. 1"
-    changes: ClassVar[str] = ("attention: per query, scores below the row's rate-quantile of its attendable scores "
-                              "-> -inf")
+    changes: ClassVar[str] = (
+        "attention: per query, scores below the row's rate-quantile of its attendable scores -> -inf"
+    )
     ranges: ClassVar[dict[str, str]] = {"rate": "0 <= rate < 1", "layers": LAYERS}
 
     rate: float = 0.3
@@ -86,12 +87,17 @@ class DynamicDrop:
     kind: ClassVar[str] = "drop"
     name: ClassVar[str] = "dynamic_drop"
     paper: ClassVar[str] = "Dynamic Drop Attention paper, DDA, Eq. 3 (best: 0.15, +0.05, max 0.3)"
-    changes: ClassVar[str] = ("attention: as drop, with rate 0 inside the window and "
-                              "min(initial_rate + k step, max_rate) in chunk k beyond it")
+    changes: ClassVar[str] = (
+        "attention: as drop, with rate 0 inside the window and "
+        "min(initial_rate + k step, max_rate) in chunk k beyond it"
+    )
     ranges: ClassVar[dict[str, str]] = {
-        "initial_rate": "0 <= initial_rate <= max_rate", "step": "step >= 0",
-        "max_rate": "initial_rate <= max_rate < 1", "chunk": "integer >= 1",
-        "generated_rate": "0 <= generated_rate < 1", "layers": LAYERS,
+        "initial_rate": "0 <= initial_rate <= max_rate",
+        "step": "step >= 0",
+        "max_rate": "initial_rate <= max_rate < 1",
+        "chunk": "integer >= 1",
+        "generated_rate": "0 <= generated_rate < 1",
+        "layers": LAYERS,
     }
 
     initial_rate: float = 0.15
@@ -106,8 +112,9 @@ class DynamicDrop:
             _check_rate(name, getattr(self, name))
         require_number("step", self.step, "step >= 0", low=0)
         if self.max_rate < self.initial_rate:
-            raise ValueError(f"max_rate={self.max_rate} is out of range: "
-                             f"initial_rate = {self.initial_rate} <= max_rate < 1")
+            raise ValueError(
+                f"max_rate={self.max_rate} is out of range: initial_rate = {self.initial_rate} <= max_rate < 1"
+            )
         require_int("chunk", self.chunk, 1, None, "an integer >= 1")
         object.__setattr__(self, "layers", _check_layers(self.layers))
 
@@ -118,8 +125,10 @@ class DynamicDrop:
         return rates if generated is None else torch.where(generated, float(self.generated_rate), rates)
 
     def describe(self) -> str:
-        return (f"dynamic_drop(initial_rate={self.initial_rate}, step={self.step}, max_rate={self.max_rate}, "
-                f"chunk={self.chunk}, generated_rate={self.generated_rate}, layers={list(self.layers)})")
+        return (
+            f"dynamic_drop(initial_rate={self.initial_rate}, step={self.step}, max_rate={self.max_rate}, "
+            f"chunk={self.chunk}, generated_rate={self.generated_rate}, layers={list(self.layers)})"
+        )
 
 
 METHODS: tuple[type, ...] = (Drop, DynamicDrop)

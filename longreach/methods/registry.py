@@ -72,8 +72,9 @@ def create(name: str, training_window: int, **params):
     allowed = list(parameters(cls))
     unexpected = sorted(set(params) - set(allowed))
     if unexpected:
-        raise ValueError(f"{cls.name} has no parameter {', '.join(unexpected)}; "
-                         f"its parameters: {', '.join(allowed) or 'none'}")
+        raise ValueError(
+            f"{cls.name} has no parameter {', '.join(unexpected)}; its parameters: {', '.join(allowed) or 'none'}"
+        )
     if any(f.name == "training_window" for f in fields(cls)):
         return cls(training_window=training_window, **params)
     return cls(**params)
@@ -86,5 +87,14 @@ def available() -> list[dict]:
         One dict per method: ``name``, ``kind`` (position, frequency, drop), ``paper``, ``changes`` (what
         it changes), ``parameters`` (name to default) and ``ranges`` (name to what is allowed).
     """
-    return [{"name": name, "kind": cls.kind, "paper": cls.paper, "changes": cls.changes, "parameters": parameters(cls),
-             "ranges": dict(cls.ranges)} for name, cls in REGISTRY.items()]
+    return [
+        {
+            "name": name,
+            "kind": cls.kind,
+            "paper": cls.paper,
+            "changes": cls.changes,
+            "parameters": parameters(cls),
+            "ranges": dict(cls.ranges),
+        }
+        for name, cls in REGISTRY.items()
+    ]

@@ -66,8 +66,11 @@ class Scaling:
     def rope_parameters(self, current: dict, rotary_dims: int) -> dict:
         """The model's ``rope_parameters`` with this method written in, for transformers to initialise."""
         base = {k: v for k, v in current.items() if k in ("rope_theta", "partial_rotary_factor")}
-        params = {k: v if k == "original_max_position_embeddings" else float(v)
-                  for k, v in self.params.items() if v is not None}
+        params = {
+            k: v if k == "original_max_position_embeddings" else float(v)
+            for k, v in self.params.items()
+            if v is not None
+        }
         return {**base, "rope_type": self.transformers_type, **params}
 
     def over(self, inv_freq: torch.Tensor, attention_scaling: float, own: dict) -> tuple[torch.Tensor, float]:
@@ -181,11 +184,13 @@ class Yarn(Scaling):
     def __post_init__(self) -> None:
         super().__post_init__()
         require_number("beta_slow", self.beta_slow, self.ranges["beta_slow"], low=0, low_open=True)
-        require_number("beta_fast", self.beta_fast, f"a number > beta_slow = {self.beta_slow}", low=self.beta_slow,
-                       low_open=True)
+        require_number(
+            "beta_fast", self.beta_fast, f"a number > beta_slow = {self.beta_slow}", low=self.beta_slow, low_open=True
+        )
         if self.attention_factor is not None:
-            require_number("attention_factor", self.attention_factor, self.ranges["attention_factor"], low=0,
-                           low_open=True)
+            require_number(
+                "attention_factor", self.attention_factor, self.ranges["attention_factor"], low=0, low_open=True
+            )
         _original_window(self)
 
     def rescale(self, theta: torch.Tensor, own: dict) -> tuple[torch.Tensor, float]:
@@ -232,8 +237,13 @@ class Llama3(Scaling):
     def __post_init__(self) -> None:
         super().__post_init__()
         require_number("low_freq_factor", self.low_freq_factor, self.ranges["low_freq_factor"], low=0, low_open=True)
-        require_number("high_freq_factor", self.high_freq_factor, self.ranges["high_freq_factor"],
-                       low=self.low_freq_factor, low_open=True)
+        require_number(
+            "high_freq_factor",
+            self.high_freq_factor,
+            self.ranges["high_freq_factor"],
+            low=self.low_freq_factor,
+            low_open=True,
+        )
         _original_window(self)
 
 

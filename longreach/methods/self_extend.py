@@ -49,12 +49,18 @@ class SelfExtend(PositionMethod):
         G, W = self.group_size, self.neighbor_window
         return (
             Part(0, W),
-            Part(W, None, query_shift=lambda p: torch.div(p, G, rounding_mode="floor") + W - W // G - p,
-                 key_shift=lambda p: torch.div(p, G, rounding_mode="floor") - p),
+            Part(
+                W,
+                None,
+                query_shift=lambda p: torch.div(p, G, rounding_mode="floor") + W - W // G - p,
+                key_shift=lambda p: torch.div(p, G, rounding_mode="floor") - p,
+            ),
         )
 
     def relative_positions(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
         G, W = self.group_size, self.neighbor_window
         d = causal_distance(query_positions, key_positions)
-        grouped = (torch.div(query_positions, G, rounding_mode="floor") - torch.div(key_positions, G, rounding_mode="floor"))
+        grouped = torch.div(query_positions, G, rounding_mode="floor") - torch.div(
+            key_positions, G, rounding_mode="floor"
+        )
         return torch.where(d < W, d, d * 0 + grouped + W - W // G)  # d * 0 keeps NaN (not attended)

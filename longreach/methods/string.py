@@ -46,7 +46,11 @@ class String(PositionMethod):
     name = "string"
     paper = "An et al. 2025, Why Does the Effective Context Length of LLMs Fall Short? (arXiv:2410.18745)"
     changes = "positions: P = d for d < S, else d - S + W (drops the undertrained tail)"
-    ranges = {"shift": "integer, local_window < shift < L (default round(L/3))", "local_window": "integer, 0 < local_window < shift (default min(128, L // 16))", "mscale": "True/False: official 1 + 0.1 ln 2 on cos/sin"}
+    ranges = {
+        "shift": "integer, local_window < shift < L (default round(L/3))",
+        "local_window": "integer, 0 < local_window < shift (default min(128, L // 16))",
+        "mscale": "True/False: official 1 + 0.1 ln 2 on cos/sin",
+    }
 
     training_window: int
     shift: int | None = None
@@ -63,7 +67,11 @@ class String(PositionMethod):
         require_int("shift", self.shift, 1, L - 1, f"local_window < shift < L = {L}")
         require_int("local_window", self.local_window, 1, None, f"0 < local_window < shift = {self.shift}")
         if not self.local_window < self.shift:
-            where = f" (the default at L = {L}, min(128, L // 16): give a smaller local_window, or a larger shift)" if defaulted else ""
+            where = (
+                f" (the default at L = {L}, min(128, L // 16): give a smaller local_window, or a larger shift)"
+                if defaulted
+                else ""
+            )
             raise ValueError(
                 f"local_window={self.local_window} is out of range: 0 < local_window < shift = {self.shift} < L = {L}{where}"
             )

@@ -67,7 +67,9 @@ class Corpus:
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 4 * MIN_DOCUMENT:
             raise ValueError(f"window={self.window!r} is out of range: an integer >= {4 * MIN_DOCUMENT}")
         if not (0 < self.median <= 1) or not (0 < self.sigma <= 4):
-            raise ValueError(f"median={self.median} and sigma={self.sigma} are out of range: 0 < median <= 1, 0 < sigma <= 4")
+            raise ValueError(
+                f"median={self.median} and sigma={self.sigma} are out of range: 0 < median <= 1, 0 < sigma <= 4"
+            )
 
     def lengths(self, count: int, rng: np.random.Generator) -> np.ndarray:
         """``count`` document lengths in ``[MIN_DOCUMENT, window]``."""
@@ -129,12 +131,20 @@ class Corpus:
 
     def _empty(self, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         shape = (rows, self.window)
-        return np.full(shape, PAD, dtype=np.int64), np.full(shape, IGNORE, dtype=np.int64), np.zeros(shape, dtype=np.int64)
+        return (
+            np.full(shape, PAD, dtype=np.int64),
+            np.full(shape, IGNORE, dtype=np.int64),
+            np.zeros(shape, dtype=np.int64),
+        )
 
 
 def _tensors(ids, labels, positions, lengths) -> dict[str, torch.Tensor]:
-    return {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels),
-            "position_ids": torch.from_numpy(positions), "lengths": torch.tensor(lengths)}
+    return {
+        "input_ids": torch.from_numpy(ids),
+        "labels": torch.from_numpy(labels),
+        "position_ids": torch.from_numpy(positions),
+        "lengths": torch.tensor(lengths),
+    }
 
 
 def document(length: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -183,7 +193,9 @@ def key_and_value(record: int) -> tuple[int, int]:
 
 def _keys_and_values(count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """``count`` distinct keys and a value for each."""
-    return rng.choice(KEYS, size=count, replace=False) + FIRST_KEY, rng.integers(FIRST_VALUE, FIRST_VALUE + VALUES, size=count)
+    return rng.choice(KEYS, size=count, replace=False) + FIRST_KEY, rng.integers(
+        FIRST_VALUE, FIRST_VALUE + VALUES, size=count
+    )
 
 
 def retrieval_case(window: int, distance: int, needles: int, rng: np.random.Generator) -> tuple[np.ndarray, int, int]:

@@ -44,7 +44,8 @@ class Run:
     def string_methods(self) -> list[str]:
         """STRING at ``S = L/3`` (the default), ``L/4`` and ``L/2``, each with :data:`LOCAL_WINDOW`."""
         return [f"string:local_window={LOCAL_WINDOW}"] + [
-            f"string:shift={self.window // k},local_window={LOCAL_WINDOW}" for k in (4, 2)]
+            f"string:shift={self.window // k},local_window={LOCAL_WINDOW}" for k in (4, 2)
+        ]
 
 
 RUNS = (Run(256, "natural"), Run(512, "natural"), Run(256, "uniform"), Run(256, "concat"))
@@ -67,8 +68,17 @@ def run_one(run: Run, out: Path, steps: int, save_every: int, cases: int, tokens
     return run.name
 
 
-def main(out: Path, report: Path, steps: int, save_every: int, cases: int, workers: int | None = None,
-         runs: tuple[Run, ...] = RUNS, tokens_per_step: int = TOKENS_PER_STEP, shape=None) -> dict:
+def main(
+    out: Path,
+    report: Path,
+    steps: int,
+    save_every: int,
+    cases: int,
+    workers: int | None = None,
+    runs: tuple[Run, ...] = RUNS,
+    tokens_per_step: int = TOKENS_PER_STEP,
+    shape=None,
+) -> dict:
     """Every run (in parallel, ``workers`` processes: default one per core), then the report in ``report`` (RULER's
     threshold) and in ``report/threshold_75`` (:data:`LOWER_THRESHOLD`); returns what ``summary.json`` holds.
     ``shape``: the model (default :class:`.train.Shape`)."""
@@ -80,7 +90,9 @@ def main(out: Path, report: Path, steps: int, save_every: int, cases: int, worke
     out.mkdir(parents=True, exist_ok=True)
     workers = workers or min(len(runs), os.cpu_count() or 1)
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(run_one, run, out, steps, save_every, cases, tokens_per_step, shape or Shape()) for run in runs]
+        futures = [
+            pool.submit(run_one, run, out, steps, save_every, cases, tokens_per_step, shape or Shape()) for run in runs
+        ]
         for future in tqdm(futures, desc=f"probing ({workers} processes)"):
             future.result()  # a run that failed raises here
     folders = [out / run.name for run in runs]

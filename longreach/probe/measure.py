@@ -37,8 +37,10 @@ def accuracy(model, window: int, distance: int, cases: int, seed: int = 0, batch
     """Whether ``model`` retrieves the record at ``distance`` in each of ``cases`` cases."""
     results = []
     for first in range(0, cases, batch):
-        built = [retrieval_case(window, distance, NEEDLES, np.random.default_rng([seed, distance, index]))
-                 for index in range(first, min(cases, first + batch))]
+        built = [
+            retrieval_case(window, distance, NEEDLES, np.random.default_rng([seed, distance, index]))
+            for index in range(first, min(cases, first + batch))
+        ]
         ids = torch.from_numpy(np.stack([tokens for tokens, _, _ in built]))
         logits = model(input_ids=ids).logits
         for row, (_, position, answer) in enumerate(built):
@@ -52,8 +54,13 @@ def by_distance(model, window: int, grid: list[int], cases: int, seed: int = 0) 
     for distance in grid:
         passed = accuracy(model, window, distance, cases, seed)
         low, high = stats.wilson(sum(passed), len(passed))
-        table[distance] = {"n": len(passed), "accuracy": 100.0 * sum(passed) / len(passed), "low": low, "high": high,
-                           "cases": passed}
+        table[distance] = {
+            "n": len(passed),
+            "accuracy": 100.0 * sum(passed) / len(passed),
+            "low": low,
+            "high": high,
+            "cases": passed,
+        }
     return table
 
 
@@ -62,7 +69,9 @@ def effective_length(table: dict[int, dict], threshold: float) -> int:
     return stats.effective_length({d: row["accuracy"] for d, row in table.items()}, threshold)
 
 
-def paired_difference(method: dict[int, dict], baseline: dict[int, dict], band: list[int]) -> tuple[float, tuple[float, float], int]:
+def paired_difference(
+    method: dict[int, dict], baseline: dict[int, dict], band: list[int]
+) -> tuple[float, tuple[float, float], int]:
     """The method minus the baseline over the cases of the distances in ``band`` (percentage points), with a
     bootstrap interval over those cases and their number."""
     mine = {(d, i): 100.0 * ok for d in band for i, ok in enumerate(method[d]["cases"])}
@@ -73,8 +82,15 @@ def paired_difference(method: dict[int, dict], baseline: dict[int, dict], band: 
 RESULTS = "measure.json"
 
 
-def measure_run(run, methods: list[str], cases: int = 100, count: int = 16, seed: int = 0, progress: bool = True,
-                final_only: bool = False) -> dict:
+def measure_run(
+    run,
+    methods: list[str],
+    cases: int = 100,
+    count: int = 16,
+    seed: int = 0,
+    progress: bool = True,
+    final_only: bool = False,
+) -> dict:
     """Measure every checkpoint of a training run (``final_only``: its last) with every method
     (``name[:param=value,...]``, as ``longreach eval``'s ``--method``), into ``RUN/measure.json``; a rerun
     measures only what is missing.
@@ -97,7 +113,9 @@ def measure_run(run, methods: list[str], cases: int = 100, count: int = 16, seed
     found = checkpoints(run)[-1:] if final_only else checkpoints(run)
     if not found:
         raise ValueError(f"{run} holds no checkpoint (step_N/ with state.json): train one with `longreach probe train`")
-    todo = {c: [m for m in methods if m not in results.get(str(state_of(c)["step"]), {}).get("methods", {})] for c in found}
+    todo = {
+        c: [m for m in methods if m not in results.get(str(state_of(c)["step"]), {}).get("methods", {})] for c in found
+    }
     bar = tqdm(total=sum(map(len, todo.values())), desc=f"measure {run.name}", disable=not progress)
     for checkpoint, missing in ((c, m) for c, m in todo.items() if m):
         model, state = load(checkpoint)  # once per checkpoint: each method is applied, measured and removed

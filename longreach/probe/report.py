@@ -50,9 +50,16 @@ def _run_summary(run: Path, threshold: float) -> dict:
         sure = stats.effective_length({d: row["low"] for d, row in table.items()}, threshold)
         possible = stats.effective_length({d: row["high"] for d, row in table.items()}, threshold)
         f = position_frequency(states[step])
-        growth.append({"step": int(step), "tokens_seen": results[step]["tokens_seen"], "effective_length": length,
-                       "sure_effective_length": sure, "possible_effective_length": possible,
-                       "frequency_at_effective_length": float(f[length]) if length else None})
+        growth.append(
+            {
+                "step": int(step),
+                "tokens_seen": results[step]["tokens_seen"],
+                "effective_length": length,
+                "sure_effective_length": sure,
+                "possible_effective_length": possible,
+                "frequency_at_effective_length": float(f[length]) if length else None,
+            }
+        )
     final = results[steps[-1]]["methods"]
     window = states[steps[-1]]["corpus"]["window"]
     by_method = {method: _table(rows) for method, rows in final.items()}
@@ -65,9 +72,17 @@ def _run_summary(run: Path, threshold: float) -> dict:
         for band, grid in thirds.items():
             value, (low, high), n = measure.paired_difference(table, by_method[BASELINE], grid)
             differences[method][band] = {"difference": value, "low": low, "high": high, "n": n}
-    return {"window": window, "corpus": states[steps[-1]]["corpus"], "final_step": int(steps[-1]), "growth": growth,
-            "final": {m: {str(d): {k: v for k, v in row.items() if k != "cases"} for d, row in t.items()} for m, t in by_method.items()},
-            "minus_rope": differences}
+    return {
+        "window": window,
+        "corpus": states[steps[-1]]["corpus"],
+        "final_step": int(steps[-1]),
+        "growth": growth,
+        "final": {
+            m: {str(d): {k: v for k, v in row.items() if k != "cases"} for d, row in t.items()}
+            for m, t in by_method.items()
+        },
+        "minus_rope": differences,
+    }
 
 
 def _table(rows: dict) -> dict[int, dict]:
@@ -78,31 +93,57 @@ def _thirds(grid: list[int], window: int) -> dict[str, list[int]]:
     """The distances in each third of the window (the last third: the undertrained tail)."""
     edges = [0, window / 3, 2 * window / 3, window]
     names = ["first third", "middle third", "last third"]
-    return {name: [d for d in grid if lo <= d < hi] for name, lo, hi in zip(names, edges, edges[1:]) if any(lo <= d < hi for d in grid)}
+    return {
+        name: [d for d in grid if lo <= d < hi]
+        for name, lo, hi in zip(names, edges, edges[1:])
+        if any(lo <= d < hi for d in grid)
+    }
 
 
 def markdown(summary: dict) -> str:
-    lines = ["# Probing: effective length follows position frequency", "",
-             f"Effective length: the largest distance up to which every tested distance's accuracy reaches "
-             f"{summary['threshold']} (RULER's rule); *sure* and *possible*: the same on the 95% Wilson lower and upper "
-             "bounds, an interval for it.", ""]
+    lines = [
+        "# Probing: effective length follows position frequency",
+        "",
+        f"Effective length: the largest distance up to which every tested distance's accuracy reaches "
+        f"{summary['threshold']} (RULER's rule); *sure* and *possible*: the same on the 95% Wilson lower and upper "
+        "bounds, an interval for it.",
+        "",
+    ]
     for name, run in summary["runs"].items():
         corpus = run["corpus"]
-        lines += [f"## {name}: {corpus['distribution']} documents, window {run['window']}", "",
-                  "| step | tokens seen | effective length [sure, possible] | f(effective length) |", "|---|---|---|---|"]
+        lines += [
+            f"## {name}: {corpus['distribution']} documents, window {run['window']}",
+            "",
+            "| step | tokens seen | effective length [sure, possible] | f(effective length) |",
+            "|---|---|---|---|",
+        ]
         for row in run["growth"]:
             f = row["frequency_at_effective_length"]
-            lines.append(f"| {row['step']} | {row['tokens_seen']:,} | {row['effective_length']} [{row['sure_effective_length']}, "
-                         f"{row['possible_effective_length']}] | "
-                         f"{'-' if f is None else f'{f:,.0f}'} |")
-        lines += ["", f"Accuracy by distance at step {run['final_step']} (% [95% interval], n):", "",
-                  "| method | " + " | ".join(next(iter(run["final"].values())).keys()) + " |",
-                  "|---|" + "---|" * len(next(iter(run["final"].values())))]
+            lines.append(
+                f"| {row['step']} | {row['tokens_seen']:,} | {row['effective_length']} [{row['sure_effective_length']}, "
+                f"{row['possible_effective_length']}] | "
+                f"{'-' if f is None else f'{f:,.0f}'} |"
+            )
+        lines += [
+            "",
+            f"Accuracy by distance at step {run['final_step']} (% [95% interval], n):",
+            "",
+            "| method | " + " | ".join(next(iter(run["final"].values())).keys()) + " |",
+            "|---|" + "---|" * len(next(iter(run["final"].values()))),
+        ]
         for method, table in run["final"].items():
-            lines.append(f"| `{method}` | " + " | ".join(f"{r['accuracy']:.0f} [{r['low']:.0f}, {r['high']:.0f}] n={r['n']}"
-                                                          for r in table.values()) + " |")
+            lines.append(
+                f"| `{method}` | "
+                + " | ".join(
+                    f"{r['accuracy']:.0f} [{r['low']:.0f}, {r['high']:.0f}] n={r['n']}" for r in table.values()
+                )
+                + " |"
+            )
         for method, bands in run["minus_rope"].items():
-            cells = ", ".join(f"{band}: {d['difference']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}] n={d['n']}" for band, d in bands.items())
+            cells = ", ".join(
+                f"{band}: {d['difference']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}] n={d['n']}"
+                for band, d in bands.items()
+            )
             lines.append(f"\n`{method}` minus `rope`, the same cases: {cells}")
         lines.append("")
     return "\n".join(lines)
@@ -119,14 +160,26 @@ def _plots(summary: dict, out: Path) -> None:
         rows = run["growth"]
         x = [r["tokens_seen"] for r in rows]
         y, sure = [r["effective_length"] for r in rows], [r["sure_effective_length"] for r in rows]
-        line, = tokens.plot(x, y, marker="o", label=name)
+        (line,) = tokens.plot(x, y, marker="o", label=name)
         tokens.fill_between(x, sure, [r["possible_effective_length"] for r in rows], color=line.get_color(), alpha=0.15)
-        measured = [(r["frequency_at_effective_length"], r["effective_length"]) for r in rows if r["frequency_at_effective_length"]]
+        measured = [
+            (r["frequency_at_effective_length"], r["effective_length"])
+            for r in rows
+            if r["frequency_at_effective_length"]
+        ]
         if measured:
             frequency.plot(*zip(*measured), marker="o", color=line.get_color(), label=name)
-    tokens.set(xlabel="tokens seen", ylabel="effective length (tokens)", title="effective length vs tokens seen (shaded: sure to possible)")
-    frequency.set(xscale="log", xlabel="f(effective length): occurrences of that distance", ylabel="effective length (tokens)",
-                  title="effective length vs position frequency")
+    tokens.set(
+        xlabel="tokens seen",
+        ylabel="effective length (tokens)",
+        title="effective length vs tokens seen (shaded: sure to possible)",
+    )
+    frequency.set(
+        xscale="log",
+        xlabel="f(effective length): occurrences of that distance",
+        ylabel="effective length (tokens)",
+        title="effective length vs position frequency",
+    )
     for axis in (tokens, frequency):
         axis.grid(alpha=0.3)
         if axis.get_legend_handles_labels()[0]:  # no run reached the threshold: nothing drawn against frequency
@@ -141,8 +194,12 @@ def _plots(summary: dict, out: Path) -> None:
             axis.plot(d, [r["accuracy"] for r in table.values()], marker="o", label=method)
             axis.fill_between(d, [r["low"] for r in table.values()], [r["high"] for r in table.values()], alpha=0.15)
         axis.axhline(summary["threshold"], color="grey", linestyle="--", linewidth=0.8)
-        axis.set(xlabel="distance (tokens)", ylabel="retrieval accuracy (%)", ylim=(-3, 103),
-                 title=f"{name}: accuracy by distance, step {run['final_step']}")
+        axis.set(
+            xlabel="distance (tokens)",
+            ylabel="retrieval accuracy (%)",
+            ylim=(-3, 103),
+            title=f"{name}: accuracy by distance, step {run['final_step']}",
+        )
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
         figure.tight_layout()

@@ -44,8 +44,19 @@ class ProbeRetrieval:
         distance = grid[seed % len(grid)]
         tokens, _, answer = retrieval_case(length, distance, measure.NEEDLES, np.random.default_rng([seed, distance]))
         prompt = " ".join(map(str, tokens.tolist()))
-        return Case(self.name, length, depth, seed, prompt, [str(answer)], 0, len(tokens), metric=self.metric,
-                    needle_depths=[1 - distance / length], haystack_units=length)
+        return Case(
+            self.name,
+            length,
+            depth,
+            seed,
+            prompt,
+            [str(answer)],
+            0,
+            len(tokens),
+            metric=self.metric,
+            needle_depths=[1 - distance / length],
+            haystack_units=length,
+        )
 
     @torch.no_grad()
     def evaluate(self, model, tokenizer, case: Case) -> dict:

@@ -44,16 +44,28 @@ class Shape:
 
     def __post_init__(self) -> None:
         if self.hidden % self.heads or self.heads % self.kv_heads or (self.hidden // self.heads) % 2:
-            raise ValueError(f"hidden={self.hidden}, heads={self.heads}, kv_heads={self.kv_heads} do not fit: heads must divide "
-                             "hidden into an even head size, and kv_heads must divide heads")
+            raise ValueError(
+                f"hidden={self.hidden}, heads={self.heads}, kv_heads={self.kv_heads} do not fit: heads must divide "
+                "hidden into an even head size, and kv_heads must divide heads"
+            )
 
     def config(self, window: int):
         from transformers import LlamaConfig
 
-        return LlamaConfig(vocab_size=VOCAB, hidden_size=self.hidden, intermediate_size=4 * self.hidden,
-                           num_hidden_layers=self.layers, num_attention_heads=self.heads, num_key_value_heads=self.kv_heads,
-                           max_position_embeddings=window, rope_theta=self.rope_theta, tie_word_embeddings=True,
-                           bos_token_id=1, eos_token_id=None, pad_token_id=0)
+        return LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=self.hidden,
+            intermediate_size=4 * self.hidden,
+            num_hidden_layers=self.layers,
+            num_attention_heads=self.heads,
+            num_key_value_heads=self.kv_heads,
+            max_position_embeddings=window,
+            rope_theta=self.rope_theta,
+            tie_word_embeddings=True,
+            bos_token_id=1,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
 
 
 @dataclass(frozen=True)
@@ -81,7 +93,9 @@ class Schedule:
         return self.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def train(corpus: Corpus, out: Path, shape: Shape = Shape(), schedule: Schedule = Schedule(), progress: bool = True) -> Path:
+def train(
+    corpus: Corpus, out: Path, shape: Shape = Shape(), schedule: Schedule = Schedule(), progress: bool = True
+) -> Path:
     """Train (or go on training) a model on ``corpus`` into ``out``; returns the last checkpoint's folder."""
     from transformers import LlamaForCausalLM
 
@@ -94,7 +108,9 @@ def train(corpus: Corpus, out: Path, shape: Shape = Shape(), schedule: Schedule 
     if last is not None:
         step, seen, lengths = _resume(last, model, optimizer, corpus, shape, schedule)
     model.train()
-    bar = tqdm(total=schedule.steps, initial=step, desc=f"train {corpus.distribution} L={corpus.window}", disable=not progress)
+    bar = tqdm(
+        total=schedule.steps, initial=step, desc=f"train {corpus.distribution} L={corpus.window}", disable=not progress
+    )
     loss_sum, loss_count = 0.0, 0
     while step < schedule.steps:
         batch = corpus.batch(schedule.rows, np.random.default_rng([schedule.seed, step]))
@@ -153,8 +169,15 @@ def _save(out, step, model, optimizer, corpus, shape, schedule, seen, lengths, l
     model.save_pretrained(partial, safe_serialization=True)
     save_file(_optimizer_tensors(model, optimizer), partial / OPTIMIZER)
     histogram = np.bincount(np.asarray(lengths, dtype=np.int64), minlength=corpus.window + 1)
-    state = {"step": step, "tokens_seen": seen, "loss": loss, "corpus": asdict(corpus), "shape": asdict(shape),
-             "schedule": asdict(schedule), "document_lengths": histogram.tolist()}
+    state = {
+        "step": step,
+        "tokens_seen": seen,
+        "loss": loss,
+        "corpus": asdict(corpus),
+        "shape": asdict(shape),
+        "schedule": asdict(schedule),
+        "document_lengths": histogram.tolist(),
+    }
     (partial / STATE).write_text(json.dumps(state), encoding="utf-8")
     partial.rename(final)
     return final
@@ -181,8 +204,11 @@ def _resume(checkpoint, model, optimizer, corpus, shape, schedule):
     moments = load_file(checkpoint / OPTIMIZER)
     for name, parameter in model.named_parameters():
         if f"{name}.exp_avg" in moments:
-            optimizer.state[parameter] = {"step": moments[f"{name}.step"][0].clone(), "exp_avg": moments[f"{name}.exp_avg"],
-                                          "exp_avg_sq": moments[f"{name}.exp_avg_sq"]}
+            optimizer.state[parameter] = {
+                "step": moments[f"{name}.step"][0].clone(),
+                "exp_avg": moments[f"{name}.exp_avg"],
+                "exp_avg_sq": moments[f"{name}.exp_avg_sq"],
+            }
     lengths = np.repeat(np.arange(len(saved["document_lengths"])), saved["document_lengths"]).tolist()
     return saved["step"], saved["tokens_seen"], lengths
 
@@ -192,11 +218,17 @@ def _check_same_run(run: Path, saved: dict, corpus: Corpus, shape: Shape, schedu
     saves may change. (The learning rate at every step depends on ``steps`` and ``warmup``: a run of 8 steps
     resumed to 12 is not a 12-step run.)"""
     given = {"corpus": asdict(corpus), "shape": asdict(shape), "schedule": asdict(schedule)}
-    changed = [f"{name}={value!r} (the run's: {saved[part].get(name)!r})" for part, values in given.items()
-               for name, value in values.items() if name != "save_every" and saved[part].get(name) != value]
+    changed = [
+        f"{name}={value!r} (the run's: {saved[part].get(name)!r})"
+        for part, values in given.items()
+        for name, value in values.items()
+        if name != "save_every" and saved[part].get(name) != value
+    ]
     if changed:
-        raise ValueError(f"{run} holds a run with other settings: {', '.join(changed)}; resume it with its own settings "
-                         "(a resumed run must equal a straight one), or give another --out")
+        raise ValueError(
+            f"{run} holds a run with other settings: {', '.join(changed)}; resume it with its own settings "
+            "(a resumed run must equal a straight one), or give another --out"
+        )
 
 
 def position_frequency(state: dict) -> np.ndarray:

@@ -17,8 +17,15 @@ from .base import Backend
 
 REGISTRY: dict[str, Backend] = {
     backend.name: backend
-    for backend in (cpu_fused.BACKEND, cpu_flash.BACKEND, triton.BACKEND, flex.BACKEND, cuda_efficient.BACKEND,
-                    cuda_flash.BACKEND, math.BACKEND)
+    for backend in (
+        cpu_fused.BACKEND,
+        cpu_flash.BACKEND,
+        triton.BACKEND,
+        flex.BACKEND,
+        cuda_efficient.BACKEND,
+        cuda_flash.BACKEND,
+        math.BACKEND,
+    )
 }
 """Every backend by name, in ``auto``'s order of preference (``math``, which takes anything, last)."""
 

@@ -66,5 +66,7 @@ def nothing_attended(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
     """The result of a call whose cells reach no key: ``out`` 0, ``lse`` ``-inf``, in the accumulation dtype."""
     batch, heads, q_len = call.query.shape[:3]
     accumulate = compute_dtype(call.query.dtype)
-    return (torch.zeros(batch, heads, q_len, call.value.shape[-1], dtype=accumulate, device=call.query.device),
-            torch.full((batch, heads, q_len), NEG_INF, dtype=accumulate, device=call.query.device))
+    return (
+        torch.zeros(batch, heads, q_len, call.value.shape[-1], dtype=accumulate, device=call.query.device),
+        torch.full((batch, heads, q_len), NEG_INF, dtype=accumulate, device=call.query.device),
+    )

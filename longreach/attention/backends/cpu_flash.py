@@ -19,8 +19,9 @@ def block(q, k, v, mask, causal, scaling):
     release can, :func:`~longreach.compat.cpu_flash_takes_grouped_heads`; else keys and values repeated per head)."""
     if not compat.cpu_flash_takes_grouped_heads():
         k, v = expand_heads(k, q.shape[1]), expand_heads(v, q.shape[1])
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, is_causal=causal, attn_mask=mask,
-                                                                          scale=scaling)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, is_causal=causal, attn_mask=mask, scale=scaling
+    )
     return out.float(), lse
 
 
@@ -31,7 +32,15 @@ def backward(grad_out, q, k, v, out, lse, mask, causal, scaling):
     if not compat.cpu_flash_takes_grouped_heads():
         k, v = expand_heads(k, q.shape[1]), expand_heads(v, q.shape[1])
     grad_q, grad_k, grad_v = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        grad_out.to(dtype), q, k, v, out.to(dtype), lse.to(compute_dtype(dtype)), 0.0, causal, attn_mask=mask,
+        grad_out.to(dtype),
+        q,
+        k,
+        v,
+        out.to(dtype),
+        lse.to(compute_dtype(dtype)),
+        0.0,
+        causal,
+        attn_mask=mask,
         scale=scaling,
     )
     return tuple(g.to(out.dtype) for g in (grad_q, per_kv_head(grad_k, kv_heads), per_kv_head(grad_v, kv_heads)))

@@ -70,8 +70,11 @@ def give_up(error: BaseException) -> None:
     """Stop choosing the kernel for ``auto`` in this process, with one warning that says why."""
     if not _build_failure:
         _build_failure.append(str(error).splitlines()[0] if str(error) else type(error).__name__)
-        warnings.warn(f"longreach: the CPU attention kernel could not be built ({_build_failure[0]}); backend='auto' uses the "
-                      "tiled kernel from now on (slower, the same results)", stacklevel=3)
+        warnings.warn(
+            f"longreach: the CPU attention kernel could not be built ({_build_failure[0]}); backend='auto' uses the "
+            "tiled kernel from now on (slower, the same results)",
+            stacklevel=3,
+        )
 
 
 class CpuFused(Backend):
@@ -83,18 +86,25 @@ class CpuFused(Backend):
     def unavailable(self, query) -> str | None:
         if available(query.device):
             return None
-        return f"backend='cpu_fused' needs a CPU tensor and a C++ compiler (CXX or c++ on PATH); got {query.device.type}"
+        return (
+            f"backend='cpu_fused' needs a CPU tensor and a C++ compiler (CXX or c++ on PATH); got {query.device.type}"
+        )
 
     def refuses(self, query, fusable, needs_grad) -> str | None:
         if not fusable:
-            return ("backend='cpu_fused' computes no gradients and no per-head rotary pairs (DPE): "
-                    "use backend='auto' here")
+            return (
+                "backend='cpu_fused' computes no gradients and no per-head rotary pairs (DPE): use backend='auto' here"
+            )
         return None
 
     def wants(self, query, fusable) -> bool:
         # under torch.compile the tiled kernel, which Dynamo traces (the C++ call would break the graph)
-        return (query.device.type == "cpu" and fusable and not torch.compiler.is_compiling()
-                and available(query.device, for_auto=True))
+        return (
+            query.device.type == "cpu"
+            and fusable
+            and not torch.compiler.is_compiling()
+            and available(query.device, for_auto=True)
+        )
 
     def compile_failed(self, error) -> bool:
         return compile_failed(error)
@@ -113,7 +123,9 @@ class CpuFused(Backend):
         key shift, constant per chunk, is folded into one query per chunk in decoding. A layer rotates its query
         views in one call; keys moved by a per-token shift are kept across decoding steps where asked."""
         query = call.query
-        queries = [query] if layout.angles is None else [query, *apply_rotation(query[None], *layout.angles)]  # V x [B, Hq, Lq, D]
+        queries = (
+            [query] if layout.angles is None else [query, *apply_rotation(query[None], *layout.angles)]
+        )  # V x [B, Hq, Lq, D]
         keys = [call.key, *(moved_keys(call, shift) for shift in layout.key_shifts)]  # [B, Hkv, Lkv, D] each
         return parts_attention(queries, keys, call.value, layout, call.scaling, call.offset)
 
@@ -154,26 +166,56 @@ class Layout:
         table = torch.tensor(rows, dtype=torch.int64).reshape(-1, 5)
         compute = compute_dtype(call.query.dtype)
         angles = view_angles(views, call.q_positions, call.inv_freq, compute) if views else None
-        return cls(table, angles, key_shifts, [first for first, _ in spans], [stop for _, stop in spans],
-                   first_key.to(torch.int64).contiguous())
+        return cls(
+            table,
+            angles,
+            key_shifts,
+            [first for first, _ in spans],
+            [stop for _, stop in spans],
+            first_key.to(torch.int64).contiguous(),
+        )
 
 
 def _key_indices(span, offsets: torch.Tensor, kv_len: int, batch: int, q_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A span of key positions ``(first, stop)`` as key indices in ``[0, Lkv]``, ``[B, Lq]`` each (``offsets [B]``: each
     sequence's position of key 0), clamped before the subtraction: DCA's "every position" is int64's least."""
     first_position = offsets[:, None]
-    return tuple((bound.clamp(first_position - kv_len, first_position + 2 * kv_len) - first_position).clamp(0, kv_len)
-                 .to(torch.int64).expand(batch, q_len).contiguous() for bound in span)
+    return tuple(
+        (bound.clamp(first_position - kv_len, first_position + 2 * kv_len) - first_position)
+        .clamp(0, kv_len)
+        .to(torch.int64)
+        .expand(batch, q_len)
+        .contiguous()
+        for bound in span
+    )
 
 
-def parts_attention(queries: list[torch.Tensor], keys: list[torch.Tensor], value: torch.Tensor, layout: Layout, scaling: float,
-                    offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+def parts_attention(
+    queries: list[torch.Tensor],
+    keys: list[torch.Tensor],
+    value: torch.Tensor,
+    layout: Layout,
+    scaling: float,
+    offset: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel on query views ``[B, Hq, Lq, D]`` and key views ``[B, Hkv, Lkv, D]`` as ``layout`` lays them out;
     query row ``t`` is key index ``t + offset``. Returns ``(out [B, Hq, Lq, Dv], lse [B, Hq, Lq])`` in float32; a row
     with no key is 0 with ``lse = -inf``."""
-    as_input = lambda x: x if x.dtype == torch.float32 and x.is_contiguous() else x.to(torch.float32).contiguous()
-    return _module().parts_attention([as_input(q) for q in queries], [as_input(k) for k in keys], as_input(value), layout.table,
-                                     layout.span_first, layout.span_stop, layout.first_key, int(offset), float(scaling))
+
+    def as_input(x):
+        return x if x.dtype == torch.float32 and x.is_contiguous() else x.to(torch.float32).contiguous()
+
+    return _module().parts_attention(
+        [as_input(q) for q in queries],
+        [as_input(k) for k in keys],
+        as_input(value),
+        layout.table,
+        layout.span_first,
+        layout.span_stop,
+        layout.first_key,
+        int(offset),
+        float(scaling),
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -191,11 +233,29 @@ def _module():
         os.environ["PATH"] = os.pathsep.join([path, os.path.dirname(sys.executable)])
         with build_lock.holding(folder):
             if not (folder / f"{folder.name}.so").exists():
-                print(f"longreach: building the CPU attention kernel once (about 25 s on 2 cores) in {folder}", file=sys.stderr, flush=True)
-            return cpp_extension.load(name=folder.name, sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
-                                      build_directory=str(folder), verbose=False)
-    except (OSError, RuntimeError, ImportError, SystemExit, subprocess.SubprocessError) as error:  # a compiler that fails its version check
-        raise BuildError(f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}") from error
+                print(
+                    f"longreach: building the CPU attention kernel once (about 25 s on 2 cores) in {folder}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return cpp_extension.load(
+                name=folder.name,
+                sources=[str(SOURCE)],
+                extra_cflags=flags,
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(folder),
+                verbose=False,
+            )
+    except (
+        OSError,
+        RuntimeError,
+        ImportError,
+        SystemExit,
+        subprocess.SubprocessError,
+    ) as error:  # a compiler that fails its version check
+        raise BuildError(
+            f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}"
+        ) from error
     finally:
         os.environ["PATH"] = path
 
@@ -213,7 +273,9 @@ def _build_folder() -> Path:
     holds a hash of the source, the PyTorch and Python releases and the flags."""
     from torch.utils import cpp_extension
 
-    digest = hashlib.sha256("\n".join([SOURCE.read_text(), torch.__version__, sys.implementation.cache_tag, *_flags()]).encode())
+    digest = hashlib.sha256(
+        "\n".join([SOURCE.read_text(), torch.__version__, sys.implementation.cache_tag, *_flags()]).encode()
+    )
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
     return Path(root) / f"longreach_parts_{digest.hexdigest()[:12]}"
 

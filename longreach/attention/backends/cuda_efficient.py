@@ -21,7 +21,9 @@ def block(q, k, v, mask, causal, scaling):
     k, v = expand_heads(k, q.shape[1]), expand_heads(v, q.shape[1])
     if mask is not None:
         mask = aligned_rows(mask).expand(q.shape[0], q.shape[1], -1, -1)
-    out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, mask, True, 0.0, causal, scale=scaling)
+    out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
+        q, k, v, mask, True, 0.0, causal, scale=scaling
+    )
     return out.float(), lse[..., : q.shape[2]].float()
 
 

@@ -32,8 +32,12 @@ def _flash_forward(*args, **kwargs):
 
 def available(query: torch.Tensor) -> bool:
     """Whether PyTorch's FlashAttention kernel takes ``query``: CUDA, float16 or bfloat16, head dim <= 256."""
-    return (query.device.type == "cuda" and query.dtype in (torch.float16, torch.bfloat16) and query.shape[-1] <= 256
-            and hasattr(torch.ops.aten, "_flash_attention_forward"))
+    return (
+        query.device.type == "cuda"
+        and query.dtype in (torch.float16, torch.bfloat16)
+        and query.shape[-1] <= 256
+        and hasattr(torch.ops.aten, "_flash_attention_forward")
+    )
 
 
 class CudaFlash(Backend):
@@ -45,8 +49,10 @@ class CudaFlash(Backend):
     def unavailable(self, query) -> str | None:
         if available(query):
             return None
-        return (f"backend='cuda_flash' needs PyTorch's FlashAttention: a CUDA device and float16 or bfloat16 inputs "
-                f"(head dim <= 256); got {query.device.type} {str(query.dtype).removeprefix('torch.')}")
+        return (
+            f"backend='cuda_flash' needs PyTorch's FlashAttention: a CUDA device and float16 or bfloat16 inputs "
+            f"(head dim <= 256); got {query.device.type} {str(query.dtype).removeprefix('torch.')}"
+        )
 
     def prepare(self, cells: tuple[Cell, ...], call: Call) -> tuple[Cell, ...] | None:
         """The cells, where each is a band FlashAttention can take: no padding, key spans, per-head pairs or gradients."""
@@ -57,9 +63,14 @@ class CudaFlash(Backend):
     def run(self, cells: tuple[Cell, ...], _, call: Call) -> tuple[torch.Tensor, torch.Tensor]:
         """Each cell's band on the query and keys its shifts move, merged by log-sum-exp."""
         (out, lse), *others = [
-            _band(shifted(call.query, cell.query_shift, call.q_positions, call.inv_freq),
-                  shifted_keys(call.key, cell.key_shift, call.positions, call.inv_freq), call.value, cell.lo, cell.hi,
-                  call.scaling)
+            _band(
+                shifted(call.query, cell.query_shift, call.q_positions, call.inv_freq),
+                shifted_keys(call.key, cell.key_shift, call.positions, call.inv_freq),
+                call.value,
+                cell.lo,
+                cell.hi,
+                call.scaling,
+            )
             for cell in cells
         ]
         for cell_out, cell_lse in others:
@@ -87,8 +98,19 @@ def flash(q, k, v, window_left: int, scaling: float) -> tuple[torch.Tensor, torc
     ``(out [B, Hq, Lq, D], lse [B, Hq, Lq])`` in float32. FlashAttention reports a row with no key as
     ``lse = +inf``; here it is ``-inf`` (and 0), what :func:`.merge.merge` reads as empty."""
     out, lse, *_ = _flash_forward(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, None, q.shape[2], k.shape[2], 0.0, True, False,
-        scale=scaling, window_size_left=window_left, window_size_right=0,
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        None,
+        None,
+        q.shape[2],
+        k.shape[2],
+        0.0,
+        True,
+        False,
+        scale=scaling,
+        window_size_left=window_left,
+        window_size_right=0,
     )
     empty = ~torch.isfinite(lse)
     return out.transpose(1, 2).float().masked_fill(empty[..., None], 0.0), lse.float().masked_fill(empty, NEG_INF)

@@ -41,7 +41,11 @@ def compile_failed(error: BaseException) -> bool:
     try:
         from torch._inductor import exc as inductor
 
-        failures += tuple(getattr(inductor, name) for name in ("InductorError", "CppCompileError", "CUDACompileError") if hasattr(inductor, name))
+        failures += tuple(
+            getattr(inductor, name)
+            for name in ("InductorError", "CppCompileError", "CUDACompileError")
+            if hasattr(inductor, name)
+        )
     except ImportError:  # pragma: no cover - depends on the installed PyTorch
         pass
     return isinstance(error, failures)
@@ -51,8 +55,11 @@ def give_up(error: BaseException) -> None:
     """Stop choosing FlexAttention for ``auto`` in this process, with one warning that says why."""
     if not _compile_failure:
         _compile_failure.append(f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
-        warnings.warn(f"longreach: compiling FlexAttention failed ({_compile_failure[0]}); backend='auto' uses the tiled kernel "
-                      "from now on (slower on GPUs, the same results)", stacklevel=3)
+        warnings.warn(
+            f"longreach: compiling FlexAttention failed ({_compile_failure[0]}); backend='auto' uses the tiled kernel "
+            "from now on (slower on GPUs, the same results)",
+            stacklevel=3,
+        )
 
 
 def available(device: torch.device | str, for_auto: bool = False) -> bool:
@@ -81,8 +88,15 @@ def part_attention(q, k, v, mask, causal, scaling):
     while True:
         taken = _tiles_taken.get(variant, 0)
         try:
-            out, lse = compat.flex_attention_with_lse(_function(q.device.type), _flex_module, q, k, v,
-                                                      kernel_options=SMALLER_TILES[taken - 1] if taken else None, **kwargs)
+            out, lse = compat.flex_attention_with_lse(
+                _function(q.device.type),
+                _flex_module,
+                q,
+                k,
+                v,
+                kernel_options=SMALLER_TILES[taken - 1] if taken else None,
+                **kwargs,
+            )
             break
         except Exception as error:
             if taken == len(SMALLER_TILES) or "out of resource" not in str(error):
@@ -91,7 +105,11 @@ def part_attention(q, k, v, mask, causal, scaling):
     return out.to(compute_dtype(q.dtype)), lse.to(compute_dtype(q.dtype))
 
 
-SMALLER_TILES = ({"num_stages": 1}, {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 1}, {"BLOCK_M": 32, "BLOCK_N": 32, "num_stages": 1})
+SMALLER_TILES = (
+    {"num_stages": 1},
+    {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 1},
+    {"BLOCK_M": 32, "BLOCK_N": 32, "num_stages": 1},
+)
 """FlexAttention's ``kernel_options`` tried in turn when the default tiles need more shared memory than the GPU has
 (fewer pipeline stages first: on an H200, 64 x 64 tiles made plain causal attention 1.6x slower than the default)."""
 _tiles_taken: dict[tuple, int] = {}  # kernel variant (see _variant) -> how many of SMALLER_TILES it had to step through
@@ -107,7 +125,13 @@ def _variant(q: torch.Tensor, mask) -> tuple:
             return tuple(x.shape) if x.numel() <= 64 else (x.dtype, x.dim())
         return None if x is None else type(x).__name__
 
-    return q.device.type, q.dtype, q.shape[-1], mod.__code__, tuple(described(cell.cell_contents) for cell in mod.__closure__ or ())
+    return (
+        q.device.type,
+        q.dtype,
+        q.shape[-1],
+        mod.__code__,
+        tuple(described(cell.cell_contents) for cell in mod.__closure__ or ()),
+    )
 
 
 RECOMPILE_LIMIT = 64
@@ -155,14 +179,18 @@ class Flex(TiledBackend):
 
     def unavailable(self, query) -> str | None:
         if not available(query.device):
-            return (f"backend='flex' needs PyTorch's FlexAttention (torch >= 2.5, and Triton on CUDA); "
-                    f"not available on {query.device}")
+            return (
+                f"backend='flex' needs PyTorch's FlexAttention (torch >= 2.5, and Triton on CUDA); "
+                f"not available on {query.device}"
+            )
         return None
 
     def refuses(self, query, fusable, needs_grad) -> str | None:
         if needs_grad and query.device.type != "cuda":
-            return (f"backend='flex' has no backward on {query.device.type} (PyTorch's FlexAttention has one on CUDA "
-                    "only): use backend='auto' or 'math' to compute gradients here")
+            return (
+                f"backend='flex' has no backward on {query.device.type} (PyTorch's FlexAttention has one on CUDA "
+                "only): use backend='auto' or 'math' to compute gradients here"
+            )
         return None
 
     def wants(self, query, fusable) -> bool:
@@ -186,7 +214,9 @@ class Flex(TiledBackend):
 
     def plan(self, cell: Cell, call: Call, padded: int) -> list[Block]:
         span = cell.span(call.q_positions)
-        region = Region(cell.lo, cell.hi, call.offset, call.key_padding, None if span is None else (*span, call.positions))
+        region = Region(
+            cell.lo, cell.hi, call.offset, call.key_padding, None if span is None else (*span, call.positions)
+        )
         mask = region.block_mask(call.batch, call.q_len, call.kv_len, call.query.device)
         return [Block(slice(0, call.q_len), slice(0, call.kv_len), mask)]
 
@@ -204,7 +234,9 @@ class Flex(TiledBackend):
             queries += [] if query in queries else [query]
             keys += [] if key in keys else [key]
             span = cell.span(call.q_positions)
-            region = Region(cell.lo, cell.hi, call.offset, call.key_padding, None if span is None else (*span, call.positions))
+            region = Region(
+                cell.lo, cell.hi, call.offset, call.key_padding, None if span is None else (*span, call.positions)
+            )
             regions.append((queries.index(query), keys.index(key), region))
         mask = segmented_block_mask(regions, len(queries), len(keys), call.q_len, call.kv_len, call.query.device)
         return OneLaunch(queries, keys, mask)
@@ -216,19 +248,24 @@ class Flex(TiledBackend):
         if not isinstance(prepared, OneLaunch):
             return super().run(prepared, cells, call)
         q_positions, positions, inv_freq = call.q_positions, call.positions, call.inv_freq
-        queries = [call.query if shift is None else
-                   shifted(call.query, shift, q_positions, inv_freq, None, angles(call, "query", shift, q_positions))
-                   for shift in prepared.queries]
+        queries = [
+            call.query
+            if shift is None
+            else shifted(call.query, shift, q_positions, inv_freq, None, angles(call, "query", shift, q_positions))
+            for shift in prepared.queries
+        ]
         keys = []  # [B, Hkv, Lkv, D] each
         for key_shift, query_constant in prepared.keys:
-            moved = shifted_keys(call.key, key_shift, positions, inv_freq, None, angles(call, "key", key_shift, positions))
+            moved = shifted_keys(
+                call.key, key_shift, positions, inv_freq, None, angles(call, "key", key_shift, positions)
+            )
             keys.append(shifted(moved, -query_constant, None, inv_freq) if query_constant else moved)
         q_segment, kv_segment = segment_length(call.q_len), segment_length(call.kv_len)
         side_queries = _side_by_side(queries, q_segment)  # [B, Hq, segments * s_q, D]
         side_keys = _side_by_side(keys, kv_segment)  # [B, Hkv, segments * s_k, D]
         side_values = _side_by_side([call.value] * len(keys), kv_segment)
         out, lse = part_attention(side_queries, side_keys, side_values, prepared.mask, False, call.scaling)
-        merged, merged_lse = out[:, :, :call.q_len], lse[:, :, :call.q_len]  # [B, Hq, Lq, Dv], [B, Hq, Lq]
+        merged, merged_lse = out[:, :, : call.q_len], lse[:, :, : call.q_len]  # [B, Hq, Lq, Dv], [B, Hq, Lq]
         for index in range(1, len(queries)):
             rows = slice(index * q_segment, index * q_segment + call.q_len)
             merged, merged_lse = merge(merged, merged_lse, out[:, :, rows], lse[:, :, rows])

@@ -80,8 +80,11 @@ def give_up(error: BaseException) -> None:
     """Stop choosing the kernel for ``auto`` in this process, with one warning that says why."""
     if not _compile_failure:
         _compile_failure.append(f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
-        warnings.warn(f"longreach: the fused Triton kernel failed ({_compile_failure[0]}); backend='auto' decodes with the "
-                      "tiled kernel from now on (slower, the same results)", stacklevel=3)
+        warnings.warn(
+            f"longreach: the fused Triton kernel failed ({_compile_failure[0]}); backend='auto' decodes with the "
+            "tiled kernel from now on (slower, the same results)",
+            stacklevel=3,
+        )
 
 
 @dataclass(frozen=True)
@@ -95,11 +98,18 @@ class Slot:
     spanned: bool = False
 
 
-def parts_attention(queries: list[torch.Tensor], key: torch.Tensor, value: torch.Tensor, cells: list[Slot],
-                    scaling: float, offset: int, padding: torch.Tensor | None = None,
-                    tables: tuple[torch.Tensor, torch.Tensor] | None = None,
-                    spans: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-                    splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def parts_attention(
+    queries: list[torch.Tensor],
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cells: list[Slot],
+    scaling: float,
+    offset: int,
+    padding: torch.Tensor | None = None,
+    tables: tuple[torch.Tensor, torch.Tensor] | None = None,
+    spans: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    splits: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of cell ``c``'s query ``queries[c] [B, Hq, Lq, D]`` over ``key``/``value [B, Hkv, Lkv, D]``.
 
     Query row ``t`` is at key index ``t + offset``. ``padding [B, Lkv]`` is False at padding keys. ``tables``:
@@ -110,22 +120,31 @@ def parts_attention(queries: list[torch.Tensor], key: torch.Tensor, value: torch
     inputs); rows with no key get 0 and ``-inf``.
     """
     if not 1 <= len(cells) <= MAX_CELLS or len(queries) != len(cells):
-        raise ValueError(f"the fused kernel takes 1 to {MAX_CELLS} cells with one query each, got {len(cells)} cells, {len(queries)} queries")
+        raise ValueError(
+            f"the fused kernel takes 1 to {MAX_CELLS} cells with one query each, got {len(cells)} cells, {len(queries)} queries"
+        )
     batch, q_heads, q_len, dim = queries[0].shape
     kv_heads, kv_len, value_dim = key.shape[1], key.shape[2], value.shape[-1]
     group = q_heads // kv_heads
     accumulate = compute_dtype(key.dtype)
-    if key.device.type == "cpu" and key.dtype == torch.bfloat16:  # Triton's interpreter (3.9) multiplies bfloat16 wrongly
+    if (
+        key.device.type == "cpu" and key.dtype == torch.bfloat16
+    ):  # Triton's interpreter (3.9) multiplies bfloat16 wrongly
         key, value = key.float(), value.float()
     query = torch.stack(queries).to(key.dtype)
     key, value = _unit_stride(key), _unit_stride(value)
     pairs = dim // 2 if tables is None else tables[0].shape[-1]
     dummy = torch.zeros(1, dtype=accumulate, device=key.device)
     cos, sin = (t.to(accumulate).contiguous() for t in tables) if tables is not None else (dummy, dummy)
-    first, stop, key_positions = (spans[0].contiguous(), spans[1].contiguous(), spans[2].contiguous()) if spans is not None \
+    first, stop, key_positions = (
+        (spans[0].contiguous(), spans[1].contiguous(), spans[2].contiguous())
+        if spans is not None
         else (dummy, dummy, dummy)
+    )
     valid = padding.to(torch.int8).contiguous() if padding is not None else dummy
-    bounds = torch.tensor([[c.lo, NO_BOUND if c.hi is None else c.hi] for c in cells], dtype=torch.int64, device=key.device)
+    bounds = torch.tensor(
+        [[c.lo, NO_BOUND if c.hi is None else c.hi] for c in cells], dtype=torch.int64, device=key.device
+    )
     lo_min = min(c.lo for c in cells)
     hi_max = None if any(c.hi is None for c in cells) else max(c.hi for c in cells)
 
@@ -139,18 +158,57 @@ def parts_attention(queries: list[torch.Tensor], key: torch.Tensor, value: torch
     table_of = [(-1 if c.table is None else c.table) for c in cells] + [-1] * (MAX_CELLS - len(cells))
     spanned = [c.spanned for c in cells] + [False] * (MAX_CELLS - len(cells))
     triton_kernel.fused[(m_tiles, batch * kv_heads, splits)](
-        query, key, value, cos, sin, valid, first, stop, key_positions, bounds, out, lse,
-        *query.stride()[:4], *key.stride()[:3], *value.stride()[:3],
-        cos.stride(0) if tables is not None else 0, cos.stride(1) if tables is not None else 0,
+        query,
+        key,
+        value,
+        cos,
+        sin,
+        valid,
+        first,
+        stop,
+        key_positions,
+        bounds,
+        out,
+        lse,
+        *query.stride()[:4],
+        *key.stride()[:3],
+        *value.stride()[:3],
+        cos.stride(0) if tables is not None else 0,
+        cos.stride(1) if tables is not None else 0,
         cos.stride(2) if tables is not None else 0,
-        first.stride(0) if spans is not None else 0, first.stride(1) if spans is not None else 0,
-        valid.stride(0) if padding is not None else 0, key_positions.stride(0) if spans is not None else 0,
-        *out.stride()[:4], *lse.stride()[:3],
-        kv_heads, group, q_len, kv_len, offset, keys_per_split, lo_min, NO_BOUND if hi_max is None else hi_max, scaling,
-        PAIRS=pairs, PAIRS_P=_pow2(pairs), REST=dim - 2 * pairs, REST_P=_pow2(dim - 2 * pairs), VALUE=value_dim,
-        VALUE_P=_pow2(value_dim), CELLS=len(cells), TABLE0=table_of[0], TABLE1=table_of[1], TABLE2=table_of[2],
-        SPAN0=spanned[0], SPAN1=spanned[1], SPAN2=spanned[2], PADDED=padding is not None, BOUNDED=hi_max is not None,
-        BLOCK_M=block_m, BLOCK_N=block_n, ACC=tl.float64 if accumulate == torch.float64 else tl.float32,
+        first.stride(0) if spans is not None else 0,
+        first.stride(1) if spans is not None else 0,
+        valid.stride(0) if padding is not None else 0,
+        key_positions.stride(0) if spans is not None else 0,
+        *out.stride()[:4],
+        *lse.stride()[:3],
+        kv_heads,
+        group,
+        q_len,
+        kv_len,
+        offset,
+        keys_per_split,
+        lo_min,
+        NO_BOUND if hi_max is None else hi_max,
+        scaling,
+        PAIRS=pairs,
+        PAIRS_P=_pow2(pairs),
+        REST=dim - 2 * pairs,
+        REST_P=_pow2(dim - 2 * pairs),
+        VALUE=value_dim,
+        VALUE_P=_pow2(value_dim),
+        CELLS=len(cells),
+        TABLE0=table_of[0],
+        TABLE1=table_of[1],
+        TABLE2=table_of[2],
+        SPAN0=spanned[0],
+        SPAN1=spanned[1],
+        SPAN2=spanned[2],
+        PADDED=padding is not None,
+        BOUNDED=hi_max is not None,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        ACC=tl.float64 if accumulate == torch.float64 else tl.float32,
     )
     return _combine(out, lse)
 
@@ -192,7 +250,6 @@ def _splits(device: torch.device, programs: int, kv_len: int, block_n: int) -> i
     return max(1, min(triton.cdiv(kv_len, block_n), triton.cdiv(target, programs)))
 
 
-
 @dataclass(frozen=True, eq=False)
 class Layout:
     """What a forward pass's positions decide: each cell's query view (0: the query as it is, ``v``: moved by
@@ -214,16 +271,22 @@ class Triton(Backend):
     def model_problem(self, device: str) -> str | None:
         if device == "meta" or available(device):
             return None
-        return ("backend='triton' needs Triton and a model on a CUDA device (or TRITON_INTERPRET=1 on the CPU); "
-                f"this model is on {device!r}")
+        return (
+            "backend='triton' needs Triton and a model on a CUDA device (or TRITON_INTERPRET=1 on the CPU); "
+            f"this model is on {device!r}"
+        )
 
     def unavailable(self, query) -> str | None:
         if not available(query.device):
-            return (f"backend='triton' needs Triton on a CUDA device, or TRITON_INTERPRET=1 on the CPU; "
-                    f"not available on {query.device}")
+            return (
+                f"backend='triton' needs Triton on a CUDA device, or TRITON_INTERPRET=1 on the CPU; "
+                f"not available on {query.device}"
+            )
         if not takes(query.dtype):
-            return (f"backend='triton' with float64 inputs needs Triton >= 3.5 (its tl.dot takes no float64 before; "
-                    f"{triton.__version__} is installed): give float32, or use backend='auto'")
+            return (
+                f"backend='triton' with float64 inputs needs Triton >= 3.5 (its tl.dot takes no float64 before; "
+                f"{triton.__version__} is installed): give float32, or use backend='auto'"
+            )
         return None
 
     def refuses(self, query, fusable, needs_grad) -> str | None:
@@ -232,8 +295,12 @@ class Triton(Backend):
         return None
 
     def wants(self, query, fusable) -> bool:
-        return (query.device.type == "cuda" and query.shape[2] <= SMALL_QUERY and fusable
-                and available(query.device, for_auto=True))
+        return (
+            query.device.type == "cuda"
+            and query.shape[2] <= SMALL_QUERY
+            and fusable
+            and available(query.device, for_auto=True)
+        )
 
     def compile_failed(self, error) -> bool:
         return compile_failed(error)
@@ -246,31 +313,40 @@ class Triton(Backend):
         a per-token key shift is turned inside the kernel from its angle table."""
         views, view_of = query_views(cells)
         shifts, key_of = key_views(cells)
-        slots = [Slot(cell.lo, cell.hi, None if table == 0 else table - 1, cell.part.key_span is not None)
-                 for cell, table in zip(cells, key_of)]
+        slots = [
+            Slot(cell.lo, cell.hi, None if table == 0 else table - 1, cell.part.key_span is not None)
+            for cell, table in zip(cells, key_of)
+        ]
         compute = compute_dtype(call.query.dtype)
         moved = view_angles(views, call.q_positions, call.inv_freq, compute) if views else None
         spans = None
         if any(cell.part.key_span is not None for cell in cells):
             everything = torch.iinfo(torch.int64)
             shape = (call.batch, call.q_len)
-            every = [torch.full(shape, bound, dtype=torch.int64, device=call.query.device)
-                     for bound in (everything.min, everything.max)]
-            bounds = [every if cell.part.key_span is None else [b.expand(shape) for b in cell.span(call.q_positions)]
-                      for cell in cells]
+            every = [
+                torch.full(shape, bound, dtype=torch.int64, device=call.query.device)
+                for bound in (everything.min, everything.max)
+            ]
+            bounds = [
+                every if cell.part.key_span is None else [b.expand(shape) for b in cell.span(call.q_positions)]
+                for cell in cells
+            ]
             spans = tuple(torch.stack([bound[side] for bound in bounds]) for side in (0, 1))  # [C, B, Lq] each
         return Layout(slots, view_of, moved, shifts, spans)
 
     def run(self, layout: Layout, cells: tuple[Cell, ...], call: Call) -> tuple[torch.Tensor, torch.Tensor]:
-        moved = [] if layout.angles is None else list(apply_rotation(call.query[None], *layout.angles))  # V x [B, Hq, Lq, D]
+        moved = (
+            [] if layout.angles is None else list(apply_rotation(call.query[None], *layout.angles))
+        )  # V x [B, Hq, Lq, D]
         queries = [call.query if view == 0 else moved[view - 1] for view in layout.view_of]
         tables = None
         if layout.key_shifts:
             turns = [angles(call, "key", shift, call.positions) for shift in layout.key_shifts]
             tables = tuple(torch.stack([turn[side][:, 0] for turn in turns]) for side in (0, 1))  # [T, B, Lkv, P] each
         spans = None if layout.spans is None else (*layout.spans, call.positions)
-        return parts_attention(queries, call.key, call.value, layout.slots, call.scaling, call.offset, call.key_padding,
-                               tables, spans)
+        return parts_attention(
+            queries, call.key, call.value, layout.slots, call.scaling, call.offset, call.key_padding, tables, spans
+        )
 
 
 BACKEND = Triton()

@@ -40,8 +40,22 @@ from .qa import QA, qa_available, qa_data
 from .variables import VariableTracking
 from .words import CommonWords, FrequentWords
 
-__all__ = ["DEPTHS", "FIXED_SEED", "PACKINGS", "REVISION", "TASKS", "TIGHT", "CommonWords", "FrequentWords", "Niah", "QA",
-           "VariableTracking", "postprocess", "qa_available", "qa_data"]
+__all__ = [
+    "DEPTHS",
+    "FIXED_SEED",
+    "PACKINGS",
+    "REVISION",
+    "TASKS",
+    "TIGHT",
+    "CommonWords",
+    "FrequentWords",
+    "Niah",
+    "QA",
+    "VariableTracking",
+    "postprocess",
+    "qa_available",
+    "qa_data",
+]
 
 TASKS = {
     "niah_single_1": Niah("ruler:niah_single_1", haystack="noise"),
@@ -58,5 +72,8 @@ TASKS = {
     "qa_1": QA("ruler:qa_1", "squad"),
     "qa_2": QA("ruler:qa_2", "hotpotqa"),
 }
-TIGHT = {name: dataclasses.replace(task, name=task.name.replace("ruler:", "ruler-tight:"), packing="tight") for name, task in TASKS.items()}
+TIGHT = {
+    name: dataclasses.replace(task, name=task.name.replace("ruler:", "ruler-tight:"), packing="tight")
+    for name, task in TASKS.items()
+}
 """The same tasks packed tight (``ruler-tight:*``): each case's haystack as large as fits."""

@@ -74,11 +74,25 @@ def insert_at_sentences(sents: tuple[str, ...], items: list[str], depths: list[f
     return " ".join(pieces)
 
 
-def case(task, length: int, seed: int, built: tuple, references: list[str], depth: float | None = None, **extra) -> Case:
+def case(
+    task, length: int, seed: int, built: tuple, references: list[str], depth: float | None = None, **extra
+) -> Case:
     """The case of a fitted prompt: ``built`` is ``(units, prompt, tokens, searched size)`` from :func:`fit`."""
     n, prompt, tokens, searched = built
-    return Case(task.name, length, depth, seed, prompt, references, task.max_new_tokens, tokens, task.metric,
-                haystack_units=n, searched_units=searched, **extra)
+    return Case(
+        task.name,
+        length,
+        depth,
+        seed,
+        prompt,
+        references,
+        task.max_new_tokens,
+        tokens,
+        task.metric,
+        haystack_units=n,
+        searched_units=searched,
+        **extra,
+    )
 
 
 def stream_name(task) -> str:
@@ -86,8 +100,20 @@ def stream_name(task) -> str:
     return "ruler:" + task.name.split(":", 1)[1] if ":" in task.name else task.name
 
 
-def fit(task, tokenizer, length: int, seed: int, prompt_of, search: haystack.RulerSearch, *, start: int, least: int = 1,
-         most: int | None = None, unit: str, budget: int | None = None) -> tuple[int, str, int, int | None]:
+def fit(
+    task,
+    tokenizer,
+    length: int,
+    seed: int,
+    prompt_of,
+    search: haystack.RulerSearch,
+    *,
+    start: int,
+    least: int = 1,
+    most: int | None = None,
+    unit: str,
+    budget: int | None = None,
+) -> tuple[int, str, int, int | None]:
     """The case's haystack size, prompt and tokens by the task's packing, and the size RULER's search found for
     the task and length (``None`` packed tight: each case is searched on its own). ``prompt_of(n, stream)`` builds the
     prompt with ``n`` units from the random stream named ``stream``: ``<seed>/<n>`` for a case, ``search/<n>``
@@ -95,11 +121,27 @@ def fit(task, tokenizer, length: int, seed: int, prompt_of, search: haystack.Rul
     with their tokens taken off ``budget``, as vt's example)."""
     full = length - task.max_new_tokens
     what = f"{task.name} at {length} tokens"
-    case = lambda n: prompt_of(n, f"{seed}/{n}")
+
+    def case(n):
+        return prompt_of(n, f"{seed}/{n}")
+
     if task.packing == "tight":
-        return *haystack.fit_largest(tokenizer, full, case, start=start, least=least, most=most, what=what, unit=unit), None
+        return *haystack.fit_largest(
+            tokenizer, full, case, start=start, least=least, most=most, what=what, unit=unit
+        ), None
     if most is not None and search.rate_at is not None and search.rate_at > most:
         search = dataclasses.replace(search, rate_at=most)
-    return haystack.fit_as_ruler(tokenizer, length, full, case, lambda n: prompt_of(n, f"search/{n}"), search, (task.name,),
-                                 search_budget=budget, least=least, most=most, what=what, unit=unit)
-
+    return haystack.fit_as_ruler(
+        tokenizer,
+        length,
+        full,
+        case,
+        lambda n: prompt_of(n, f"search/{n}"),
+        search,
+        (task.name,),
+        search_budget=budget,
+        least=least,
+        most=most,
+        what=what,
+        unit=unit,
+    )

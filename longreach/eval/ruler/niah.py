@@ -67,8 +67,16 @@ class Niah:
 
         start = {"essay": length // 2, "noise": length // 25, "needle": length // 20}[self.haystack]
         step = 500 if self.haystack == "essay" else 5 if length < 4096 else 25  # niah.py's incremental
-        built = fit(self, tokenizer, length, seed, prompt_of, haystack.RulerSearch(step), start=start,
-                     unit="essay words" if self.haystack == "essay" else f"{self.haystack} lines")
+        built = fit(
+            self,
+            tokenizer,
+            length,
+            seed,
+            prompt_of,
+            haystack.RulerSearch(step),
+            start=start,
+            unit="essay words" if self.haystack == "essay" else f"{self.haystack} lines",
+        )
         answers, depths = details[f"{seed}/{built[0]}"]
         return case(self, length, seed, built, answers, depth if self.grid_depth else None, needle_depths=depths)
 
@@ -91,8 +99,14 @@ class Niah:
             if self.haystack == "noise":
                 lines = [NOISE] * n
             else:
-                lines = [NIAH_NEEDLE.format(type_needle_v=self.type_v, key=random_value(rng, self.type_k), value=random_value(rng, self.type_v))
-                         for _ in range(n)]
+                lines = [
+                    NIAH_NEEDLE.format(
+                        type_needle_v=self.type_v,
+                        key=random_value(rng, self.type_k),
+                        value=random_value(rng, self.type_v),
+                    )
+                    for _ in range(n)
+                ]
             indexes = sorted(rng.sample(range(n), min(n, len(needles))), reverse=True)
             for index, needle in zip(indexes, needles):
                 lines.insert(index, needle)
@@ -108,11 +122,16 @@ class Niah:
                 template, answer = template.replace(plural, single), answer.replace(plural, single)
             type_v = type_v[:-1]
         by_value = dict(zip((needle.rsplit(" ", 1)[-1][:-1] for needle in needles), depths))
-        return (template.format(type_needle_v=type_v, context=context, query=query),
-                answer.format(type_needle_v=type_v, query=query), answers, [by_value[a] for a in answers])
+        return (
+            template.format(type_needle_v=type_v, context=context, query=query),
+            answer.format(type_needle_v=type_v, query=query),
+            answers,
+            [by_value[a] for a in answers],
+        )
 
     def score(self, answer: str, case: Case) -> dict:
         prediction = postprocess(answer)
-        return {"score": scoring.string_match_all(prediction, case.references),
-                "found": scoring.needles_found(prediction, case.references)}
-
+        return {
+            "score": scoring.string_match_all(prediction, case.references),
+            "found": scoring.needles_found(prediction, case.references),
+        }

@@ -5,17 +5,19 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass
-from typing import ClassVar
 from functools import lru_cache
+from typing import ClassVar
 
 from .. import haystack, scoring
 from ..case import Case
 from ..task import GENERATE
 from .common import FIXED_SEED, case, fit, postprocess, stream_name
 
-QA_TEMPLATE = ("Answer the question based on the given documents. Only give me the answer and do not output any other words."
-               "\n\nThe following are given documents.\n\n{context}\n\nAnswer the question based on the given documents. "
-               "Only give me the answer and do not output any other words.\n\nQuestion: {query}")
+QA_TEMPLATE = (
+    "Answer the question based on the given documents. Only give me the answer and do not output any other words."
+    "\n\nThe following are given documents.\n\n{context}\n\nAnswer the question based on the given documents. "
+    "Only give me the answer and do not output any other words.\n\nQuestion: {query}"
+)
 QA_ANSWER = " Answer:"
 
 
@@ -42,17 +44,25 @@ class QA:
     def build(self, tokenizer, length: int, depth: float | None, seed: int) -> Case:
         questions, documents = qa_data(self.dataset)
         if seed >= len(questions):
-            raise ValueError(f"{self.name}: sample {seed} is out of range: the {self.dataset} set has {len(questions)} questions")
+            raise ValueError(
+                f"{self.name}: sample {seed} is out of range: the {self.dataset} set has {len(questions)} questions"
+            )
         orders = {}
 
         def chosen(item: dict, n: int, stream: str) -> list[int]:
             if self.packing == "ruler":  # drawn afresh: the stream names the size
-                return rulers_documents(random.Random(f"{stream_name(self)}/{length}/{stream}"), item, n, len(documents))
+                return rulers_documents(
+                    random.Random(f"{stream_name(self)}/{length}/{stream}"), item, n, len(documents)
+                )
             key = stream.rsplit("/", 1)[0]
             if key not in orders:
                 rng = random.Random(f"{stream_name(self)}/{length}/{key}")
                 others = sorted(set(range(len(documents))) - set(item["documents"] + item["article"]))
-                orders[key] = item["documents"] + rng.sample(item["article"], len(item["article"])) + rng.sample(others, len(others))
+                orders[key] = (
+                    item["documents"]
+                    + rng.sample(item["article"], len(item["article"]))
+                    + rng.sample(others, len(others))
+                )
             return in_article_order(orders[key][:n], item)
 
         def prompt_of(n: int, stream: str) -> str:
@@ -60,10 +70,22 @@ class QA:
             shown = [documents[i] for i in chosen(item, max(n, len(item["documents"])), stream)]
             random.Random(FIXED_SEED).shuffle(shown)
             context = "\n\n".join(f"Document {i + 1}:\n{d}" for i, d in enumerate(shown))
-            return haystack.with_bos(tokenizer, haystack.templated(tokenizer, QA_TEMPLATE.format(context=context, query=item["question"]), QA_ANSWER))
+            return haystack.with_bos(
+                tokenizer,
+                haystack.templated(tokenizer, QA_TEMPLATE.format(context=context, query=item["question"]), QA_ANSWER),
+            )
 
-        built = fit(self, tokenizer, length, seed, prompt_of, haystack.RulerSearch(10), start=max(len(questions[seed]["documents"]), length // 200),
-                     most=len(documents), unit=f"{self.dataset} documents")
+        built = fit(
+            self,
+            tokenizer,
+            length,
+            seed,
+            prompt_of,
+            haystack.RulerSearch(10),
+            start=max(len(questions[seed]["documents"]), length // 200),
+            most=len(documents),
+            unit=f"{self.dataset} documents",
+        )
         return case(self, length, seed, built, questions[seed]["answers"])
 
     def score(self, answer: str, case: Case) -> dict:
@@ -104,15 +126,32 @@ def qa_data(dataset: str) -> tuple[list[dict], list[str]]:
             paragraphs = [index[p["context"]] for p in article["paragraphs"]]
             for p in article["paragraphs"]:
                 gold = index[p["context"]]
-                questions += [{"question": qa["question"], "answers": [a["text"] for a in qa["answers"]], "documents": [gold],
-                               "article": [i for i in paragraphs if i != gold]}
-                              for qa in p["qas"] if not qa["is_impossible"]]
+                questions += [
+                    {
+                        "question": qa["question"],
+                        "answers": [a["text"] for a in qa["answers"]],
+                        "documents": [gold],
+                        "article": [i for i in paragraphs if i != gold],
+                    }
+                    for qa in p["qas"]
+                    if not qa["is_impossible"]
+                ]
         return questions, documents
-    text = lambda title, sentences: f"{title}\n{''.join(sentences)}"
+
+    def text(title, sentences):
+        return f"{title}\n{''.join(sentences)}"
+
     documents = sorted({text(t, s) for item in raw for t, s in item["context"]})
     index = {c: i for i, c in enumerate(documents)}
-    questions = [{"question": item["question"], "answers": [item["answer"]], "article": [],
-                  "documents": [index[text(t, s)] for t, s in item["context"]]} for item in raw]
+    questions = [
+        {
+            "question": item["question"],
+            "answers": [item["answer"]],
+            "article": [],
+            "documents": [index[text(t, s)] for t, s in item["context"]],
+        }
+        for item in raw
+    ]
     return questions, documents
 
 
@@ -123,4 +162,3 @@ def qa_available() -> str | None:
     except RuntimeError:
         return f"qa_1/qa_2 left out: RULER's QA data is not installed ({haystack.RULER_DATA_INSTALL})"
     return None
-

@@ -13,10 +13,14 @@ from ..haystack import NOISE
 from ..task import GENERATE
 from .common import case, fit, postprocess, stream_name
 
-VT_TEMPLATE = ("Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n{context}\n"
-               "Question: Find all variables that are assigned the value {query} in the text above.")
-VT_ANSWER = (" Answer: According to the chain(s) of variable assignment in the text above, {num_v} variables are "
-             "assigned the value {query}, they are: ")
+VT_TEMPLATE = (
+    "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n{context}\n"
+    "Question: Find all variables that are assigned the value {query} in the text above."
+)
+VT_ANSWER = (
+    " Answer: According to the chain(s) of variable assignment in the text above, {num_v} variables are "
+    "assigned the value {query}, they are: "
+)
 
 
 def _noise_with_lines(rng: random.Random, n: int, chain: list[str]) -> str:
@@ -66,14 +70,29 @@ class VariableTracking:
             details[stream] = names
             if with_example:
                 user = _randomize(example, self.hops, rng) + "\n" + user
-            return haystack.with_bos(tokenizer, haystack.templated(tokenizer, user, VT_ANSWER.format(num_v=self.hops + 1, query=value)))
+            return haystack.with_bos(
+                tokenizer, haystack.templated(tokenizer, user, VT_ANSWER.format(num_v=self.hops + 1, query=value))
+            )
 
         # RULER's search counts the example's tokens apart, unrenamed (variable_tracking.py's example_tokens)
         search_budget = length - self.max_new_tokens - haystack.count_tokens(tokenizer, example)
         step = 5 if length < 4096 else 10
-        searched = lambda n, stream: prompt_of(n, stream, with_example=not stream.startswith("search"))
-        built = fit(self, tokenizer, length, seed, searched, haystack.RulerSearch(step), start=length // 25, least=self.hops + 1,
-                     unit="noise lines", budget=search_budget)
+
+        def searched(n, stream):
+            return prompt_of(n, stream, with_example=not stream.startswith("search"))
+
+        built = fit(
+            self,
+            tokenizer,
+            length,
+            seed,
+            searched,
+            haystack.RulerSearch(step),
+            start=length // 25,
+            least=self.hops + 1,
+            unit="noise lines",
+            budget=search_budget,
+        )
         return case(self, length, seed, built, details[f"{seed}/{built[0]}"])
 
     def _example(self, tokenizer, length: int, seed: int) -> str:
@@ -85,18 +104,34 @@ class VariableTracking:
             rng = random.Random(f"{stream_name(self)}/example/{stream}")
             names[stream], chain = _chain(rng, self.hops, icl=True)
             return VT_TEMPLATE.format(context=_noise_with_lines(rng, n, chain), query="12345") + VT_ANSWER.format(
-                num_v=self.hops + 1, query="12345")
+                num_v=self.hops + 1, query="12345"
+            )
 
         what, least = "the vt example", self.hops + 1
         if self.packing == "tight":
             run = f"{length}/{seed}"
-            n, text, _ = haystack.fit_largest(tokenizer, self.example_length, lambda n: prompt_of(n, f"{run}/{n}"), start=20,
-                                              least=least, what=what, unit="noise lines")
+            n, text, _ = haystack.fit_largest(
+                tokenizer,
+                self.example_length,
+                lambda n: prompt_of(n, f"{run}/{n}"),
+                start=20,
+                least=least,
+                what=what,
+                unit="noise lines",
+            )
         else:
             run = "run"
-            n, text, *_ = haystack.fit_as_ruler(tokenizer, self.example_length, self.example_length, lambda n: prompt_of(n, f"run/{n}"),
-                                               lambda n: prompt_of(n, f"search/{n}"), haystack.RulerSearch(5), (self.name, "example"),
-                                               what=what, unit="noise lines")
+            n, text, *_ = haystack.fit_as_ruler(
+                tokenizer,
+                self.example_length,
+                self.example_length,
+                lambda n: prompt_of(n, f"run/{n}"),
+                lambda n: prompt_of(n, f"search/{n}"),
+                haystack.RulerSearch(5),
+                (self.name, "example"),
+                what=what,
+                unit="noise lines",
+            )
         return text + " " + " ".join(names[f"{run}/{n}"]) + "\n"
 
     def score(self, answer: str, case: Case) -> dict:
@@ -108,5 +143,3 @@ def _randomize(example: str, hops: int, rng: random.Random) -> str:
     for name in example.strip().split()[-hops - 1 :]:
         example = example.replace(name, "".join(rng.choices(string.ascii_uppercase, k=len(name))))
     return example.replace("12345", str(rng.randrange(10000, 99999)))
-
-

@@ -14,12 +14,16 @@ from ..case import Case
 from ..task import GENERATE
 from .common import FIXED_SEED, case, fit, postprocess, stream_name, wonderwords
 
-CWE_TEMPLATE = ("Below is a numbered list of words. In these words, some appear more often than others. "
-                "Memorize the ones that appear most often.\n{context}\nQuestion: What are the 10 most common words in the above list?")
+CWE_TEMPLATE = (
+    "Below is a numbered list of words. In these words, some appear more often than others. "
+    "Memorize the ones that appear most often.\n{context}\nQuestion: What are the 10 most common words in the above list?"
+)
 CWE_ANSWER = " Answer: The top 10 words that appear most often in the list are:"
-FWE_TEMPLATE = ("Read the following coded text and track the frequency of each coded word. Find the three most frequently "
-                "appeared coded words. {context}\nQuestion: Do not provide any explanation. Please ignore the dots '....'. "
-                "What are the three most frequently appeared words in the above coded text?")
+FWE_TEMPLATE = (
+    "Read the following coded text and track the frequency of each coded word. Find the three most frequently "
+    "appeared coded words. {context}\nQuestion: Do not provide any explanation. Please ignore the dots '....'. "
+    "What are the three most frequently appeared words in the above coded text?"
+)
 FWE_ANSWER = " Answer: According to the coded text above, the three most frequently appeared words are:"
 
 
@@ -61,7 +65,10 @@ class CommonWords:
             if key not in drawn:
                 rng = random.Random(f"{stream_name(self)}/{length}/{key}")
                 example = self._list(rng.sample(words, example_shape[0]), *example_shape[1:])
-                drawn[key] = (*example, rng.sample(words, min(n, len(words)) if self.packing == "ruler" else len(words)))
+                drawn[key] = (
+                    *example,
+                    rng.sample(words, min(n, len(words)) if self.packing == "ruler" else len(words)),
+                )
             example, example_answer, pool = drawn[key]
             return example, example_answer, pool[:n]
 
@@ -70,11 +77,24 @@ class CommonWords:
             context, answers[stream] = self._list(chosen, *main_repeats)
             solved = haystack.templated(tokenizer, CWE_TEMPLATE.format(context=example), CWE_ANSWER)
             solved += " " + " ".join(f"{i + 1}. {w}" for i, w in enumerate(example_answer))
-            return haystack.with_bos(tokenizer, solved + "\n" + haystack.templated(tokenizer, CWE_TEMPLATE.format(context=context), CWE_ANSWER))
+            return haystack.with_bos(
+                tokenizer,
+                solved + "\n" + haystack.templated(tokenizer, CWE_TEMPLATE.format(context=context), CWE_ANSWER),
+            )
 
         search = haystack.RulerSearch(10, slack=2.0, rate_at=4096, floor_then=True)  # sys_word_pair_random's
-        built = fit(self, tokenizer, length, seed, prompt_of, search, start=max(self.common + 1, length // 16), least=self.common,
-                     most=len(words), unit="distinct words of wonderwords")
+        built = fit(
+            self,
+            tokenizer,
+            length,
+            seed,
+            prompt_of,
+            search,
+            start=max(self.common + 1, length // 16),
+            least=self.common,
+            most=len(words),
+            unit="distinct words of wonderwords",
+        )
         return case(self, length, seed, built, answers[f"{seed}/{built[0]}"])
 
     def _list(self, drawn: list[str], common_repeats: int, rare_repeats: int) -> tuple[str, list[str]]:
@@ -131,14 +151,22 @@ class FrequentWords:
             vocab = vocab_of(stream.rsplit("/", 1)[0])
             words = [w for k, w in enumerate(vocab, start=1) for _ in range(int(n * k**-self.alpha / normaliser))]
             random.Random(FIXED_SEED).shuffle(words)
-            return haystack.with_bos(tokenizer, haystack.templated(tokenizer, FWE_TEMPLATE.format(context=" ".join(words)), FWE_ANSWER))
+            return haystack.with_bos(
+                tokenizer, haystack.templated(tokenizer, FWE_TEMPLATE.format(context=" ".join(words)), FWE_ANSWER)
+            )
 
         step = max(1, budget // 32)  # sys_kwext: a scan from budget / 6 words, budget / 32 at a time
-        built = fit(self, tokenizer, length, seed, prompt_of, haystack.RulerSearch(step, binary=False, start=budget // self.word_length),
-                     start=length // 3, unit="words")
+        built = fit(
+            self,
+            tokenizer,
+            length,
+            seed,
+            prompt_of,
+            haystack.RulerSearch(step, binary=False, start=budget // self.word_length),
+            start=length // 3,
+            unit="words",
+        )
         return case(self, length, seed, built, vocab_of(str(seed))[1:4])
 
     def score(self, answer: str, case: Case) -> dict:
         return {"score": scoring.string_match_all(postprocess(answer), case.references)}
-
-
