@@ -126,7 +126,8 @@ def time_ratios(
                 ratios.append(timed(ours, device) / base[-1])
             ratios = ratios[1:]
             rows.append(
-                f"| {method} | {n} | {statistics.median(base[1:]):.4f} | {sdpa_kernel} | {statistics.median(ratios):.2f}x | "
+                f"| {method} | {n} | {statistics.median(base[1:]):.4f} | {sdpa_kernel} | "
+                f"{statistics.median(ratios):.2f}x | "
                 f"{min(ratios):.2f} / {max(ratios):.2f} |"
             )
             print(rows[-1], flush=True)

@@ -48,9 +48,9 @@ def main() -> None:
     if args.write:
         write_section(
             f"FlexAttention block masks, build time, n = {args.lengths}",
-            f"`python bench/block_masks.py --lengths {args.lengths} --methods {args.methods}`\n\n{machine('cpu')}; tile "
-            "arithmetic (before it, a per-pair scan: 8K string 1,061 ms, dca 1,712 ms; 32K string 15.5 s, dca 30.1 s).\n\n"
-            + "\n".join(rows),
+            f"`python bench/block_masks.py --lengths {args.lengths} --methods {args.methods}`\n\n{machine('cpu')}; "
+            "tile arithmetic (before it, a per-pair scan: 8K string 1,061 ms, dca 1,712 ms; 32K string 15.5 s, "
+            "dca 30.1 s).\n\n" + "\n".join(rows),
         )
 
 

@@ -1,12 +1,14 @@
 """End-to-end speed of every position method against stock attention, on the default model.
 
-    python bench/model.py [--length 8192] [--steps 15] [--rounds 1] [--new-tokens 64] [--device cuda] [--dtype bfloat16] [--write]
+    python bench/model.py [--length 8192] [--steps 15] [--rounds 1] [--new-tokens 64] [--device cuda]
+                          [--dtype bfloat16] [--write]
                           [--methods rope,string,rerope+kept,...] [--weights random]
 
 One process, one model. Decoding: a cache of ``--length`` tokens is filled once; each round runs one
 step with stock ``sdpa`` and one with each method against it (the cache is cropped back after each
 step: a step's time depends on the shapes, not on what the cache holds; a ``+kept`` method, whose kept keys
-hold only while its cache is appended to, steps on a copy of its own); medians of ``--steps`` rounds. Prefill and ``generate(--new-tokens)``: methods and stock alternate, ``--rounds`` times,
+hold only while its cache is appended to, steps on a copy of its own); medians of ``--steps`` rounds. Prefill and
+``generate(--new-tokens)``: methods and stock alternate, ``--rounds`` times,
 medians (on a GPU each method first prefills once untimed, which compiles its FlexAttention
 kernels). Ratios are against stock measured in the same run. A method named with ``+kept`` (``rerope+kept``)
 is applied with ``keep_moved_keys=True``. ``--weights random`` builds the default model's shape
@@ -137,7 +139,8 @@ def main() -> None:
     methods = [STOCK, *filter(None, args.methods.split(",")), *args.method]
     weights = " (random weights)" if args.weights == "random" else ""
     header = (
-        f"SmolLM2-135M-Instruct{weights} (30 layers, 9 query / 3 KV heads), {args.dtype}, batch 1, {args.length} tokens, "
+        f"SmolLM2-135M-Instruct{weights} (30 layers, 9 query / 3 KV heads), {args.dtype}, batch 1, "
+        f"{args.length} tokens, "
         f"{machine(args.device)}; "
         f"L = {longreach.training_window(model.config)} (each method's defaults)."
     )
@@ -157,7 +160,10 @@ def main() -> None:
         extra = (f" --methods {args.methods}" if chosen else "") + "".join(f" --method '{m}'" for m in args.method)
         extra += f" --device {args.device} --dtype {args.dtype}" if args.device != "cpu" else ""
         extra += " --weights random" if args.weights == "random" else ""
-        command = f"`python bench/model.py --length {args.length} --steps {args.steps} --rounds {args.rounds} --new-tokens {args.new_tokens}{extra}`"
+        command = (
+            f"`python bench/model.py --length {args.length} --steps {args.steps} --rounds {args.rounds} "
+            f"--new-tokens {args.new_tokens}{extra}`"
+        )
         names = dict.fromkeys(m.split(":")[0] for m in methods[1:])
         title = f"End to end, the default model at {args.length} tokens" + (
             ", " + ", ".join(names) if chosen or args.method else ""

@@ -47,8 +47,9 @@ def main() -> None:
     specs.apply(model, MethodSpec.parse(args.method), longreach.training_window(model.config))
     batch = prompts(tokenizer, args.length, args.batch)
     header = (
-        f"SmolLM2-135M-Instruct, {args.dtype}, {args.method}, {args.batch} prompts of {args.length - 8 * (args.batch - 1)}-"
-        f"{args.length} tokens left-padded, 16 new tokens, {machine(args.device)}; medians of {args.rounds} interleaved rounds."
+        f"SmolLM2-135M-Instruct, {args.dtype}, {args.method}, {args.batch} prompts of "
+        f"{args.length - 8 * (args.batch - 1)}-{args.length} tokens left-padded, 16 new tokens, "
+        f"{machine(args.device)}; medians of {args.rounds} interleaved rounds."
     )
     print(header, flush=True)
     seconds, answers = {b: [] for b in budgets}, {}
@@ -75,7 +76,8 @@ def main() -> None:
     print("\n".join(lines), flush=True)
     if args.write:
         command = (
-            f"`python bench/prefill.py --length {args.length} --batch {args.batch} --tokens {args.tokens} --rounds {args.rounds}"
+            f"`python bench/prefill.py --length {args.length} --batch {args.batch} --tokens {args.tokens} "
+            f"--rounds {args.rounds}"
             f" --method {args.method}"
             + (f" --device {args.device} --dtype {args.dtype}`" if args.device != "cpu" else "`")
         )

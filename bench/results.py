@@ -10,7 +10,8 @@ from datetime import date
 from pathlib import Path
 
 RESULTS = Path(os.environ.get("BENCH_RESULTS") or Path(__file__).with_name("RESULTS.md"))
-"""Where sections are written: bench/RESULTS.md, or the file ``$BENCH_RESULTS`` names (``bench/gpu.sh --device cpu``'s dry run)."""
+"""Where sections are written: bench/RESULTS.md, or the file ``$BENCH_RESULTS`` names (``bench/gpu.sh --device
+cpu``'s dry run)."""
 
 
 def write_section(title: str, body: str) -> None:

@@ -81,7 +81,10 @@ def byte_tokenizer() -> transformers.PreTrainedTokenizerFast:
         eos_token="</s>",
         additional_special_tokens=["<|im_start|>"],
     )
-    tokenizer.chat_template = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}{{ '<|im_start|>assistant\n' }}"
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+        "{{ '<|im_start|>assistant\n' }}"
+    )
     return tokenizer
 
 

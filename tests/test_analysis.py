@@ -106,7 +106,10 @@ def test_cli_commands_write_their_pictures(tmp_path, capsys):
 
 
 def test_line_plot_legend_wraps_long_methods_and_stays_off_the_lines(tmp_path, monkeypatch):
-    dpe = "dpe:dimensions=docs/study/dpe_dimensions_8k.safetensors,group_scales=2;2;2;2;2;2;2;2,local_window=1024,top_k=24"
+    dpe = (
+        "dpe:dimensions=docs/study/dpe_dimensions_8k.safetensors,group_scales=2;2;2;2;2;2;2;2,"
+        "local_window=1024,top_k=24"
+    )
     wrapped = plots.legend_label(dpe)  # the method, not the path its file was read from
     assert max(len(line) for line in wrapped.splitlines()) <= 56 and wrapped.count("\n") >= 2
     assert wrapped.replace("\n", " ").replace(", ", ",") == dpe.replace(

@@ -1,4 +1,5 @@
-"""``longreach ask`` and the page of ``longreach serve-demo``: a person's own document, each method's answer side by side."""
+"""``longreach ask`` and the page of ``longreach serve-demo``: a person's own document, each method's answer side by
+side."""
 
 import re
 

@@ -426,7 +426,8 @@ def test_a_decoding_step_with_a_static_cache_compiles_whole(family, name):
     """``torch.compile(fullgraph=True)`` of a decoding step against a ``StaticCache`` (left-padded batch, empty
     slots): no graph break -- no host sync, no data-dependent shape -- so CUDA graphs can capture it; the
     same logits as the eager step. Sliding-window and hybrid caches too."""
-    torch._dynamo.reset()  # each case compiles anew: a fresh model is a new guard on the same code, and PyTorch caps recompiles at 8
+    # each case compiles anew: a fresh model is a new guard on the same code, and PyTorch caps recompiles at 8
+    torch._dynamo.reset()
     model = tiny_model(family, **CACHE_FAMILIES[family])
     params = (
         {"rate": 0.3, "layers": (0, 1)}
@@ -460,7 +461,8 @@ def test_a_decoding_step_with_a_static_cache_compiles_whole(family, name):
 @pytest.mark.parametrize("name", ["string", "dca"])
 @torch.no_grad()
 def test_generate_compiles_its_decoding_steps_whole(monkeypatch, name):
-    """The documented recipe (docs/integrations.md): ``generate(cache_implementation="static", compile_config=CompileConfig(fullgraph=True))``,
+    """The documented recipe (docs/integrations.md):
+    ``generate(cache_implementation="static", compile_config=CompileConfig(fullgraph=True))``,
     transformers' own compilation of each decoding step (CUDA graphs on a GPU, ``mode="reduce-overhead"``; here
     the graph alone, on the CPU): no graph break, the tokens of eager generation, a left-padded batch."""
     torch._dynamo.reset()

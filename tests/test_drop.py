@@ -214,7 +214,8 @@ q, k, v = (torch.randn(1, 4, n, 64, requires_grad=train) for _ in range(3))
 inv_freq = 1.0 / (10000 ** (torch.arange(0, 64, 2).float() / 64))
 rates = torch.full((1, n), 0.3, dtype=torch.float64)
 parts = create("string", training_window=n).parts()
-kernel.attention(q[:, :, :300].detach(), k[:, :, :300].detach(), v[:, :, :300].detach(), parts, inv_freq, drop=rates[:, :300])
+head = [x[:, :, :300].detach() for x in (q, k, v)]
+kernel.attention(*head, parts, inv_freq, drop=rates[:, :300])
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 with torch.set_grad_enabled(train):
     out = kernel.attention(q, k, v, parts, inv_freq, drop=rates)

@@ -130,7 +130,10 @@ def test_time_per_case_keeps_batch_sizes_apart():
 
 
 def test_file_names_of_long_method_labels_stay_short_and_apart():
-    dpe = "dpe:dimensions=docs/study/dpe_dimensions_16k.safetensors,group_scales=4;4;4;4;4;4;4;4,local_window=1024,top_k=24"
+    dpe = (
+        "dpe:dimensions=docs/study/dpe_dimensions_16k.safetensors,group_scales=4;4;4;4;4;4;4;4,"
+        "local_window=1024,top_k=24"
+    )
     names = {
         pictures.slug(dpe),
         pictures.slug(dpe.replace("top_k=24", "top_k=32")),

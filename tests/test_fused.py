@@ -28,7 +28,8 @@ FUSABLE = [
 @pytest.mark.parametrize("name, params", FUSABLE)
 @pytest.mark.parametrize("pads", [(0, 0), (3, 29)])
 def test_every_method_matches_the_reference_in_prefill_chunks_and_decoding(name, params, pads):
-    """Three key tiles of 64; GQA 4:2; left padding; one and five queries against the cache (split keys); float64 in prefill."""
+    """Three key tiles of 64; GQA 4:2; left padding; one and five queries against the cache (split keys); float64 in
+    prefill."""
     method = create(name, training_window=60, **params)
     n = 130
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(n, pads=pads)

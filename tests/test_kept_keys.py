@@ -115,7 +115,8 @@ def test_kept_keys_give_what_moving_every_key_gives_bit_for_bit(name):
 
 @torch.no_grad()
 def test_an_appended_cache_is_vouched_for_and_nothing_else():
-    """The hook trusts a layer's kept keys only while the cache holds the very tensor the layer last received, unchanged."""
+    """The hook trusts a layer's kept keys only while the cache holds the very tensor the layer last received,
+    unchanged."""
     model = tiny_model("llama")
     longreach.apply(model, "rerope", keep_moved_keys=True, **METHODS["rerope"])
     held = model._longreach.kept_keys_of(0)

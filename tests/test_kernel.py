@@ -430,7 +430,8 @@ n = 16384
 torch.manual_seed(0)
 q, k, v = (torch.randn(1, 1, n, 64) for _ in range(3))
 inv_freq = 1.0 / (10000 ** (torch.arange(0, 64, 2).float() / 64))
-kernel.attention(q[:, :, :64], k[:, :, :64], v[:, :, :64], create("string", training_window=n).parts(), inv_freq)  # warm-up
+warm_up = [x[:, :, :64] for x in (q, k, v)]
+kernel.attention(*warm_up, create("string", training_window=n).parts(), inv_freq)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 out = kernel.attention(q, k, v, create("string", training_window=n).parts(), inv_freq)
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -491,7 +492,8 @@ BASELINES = [
         "dpe",
         {"group_scales": (2, 3, 1, 4), "local_window": 10, "top_k": None},
     ),  # every pair: a shift per frequency group
-    # per-head pairs that differ inside a key/value group (keys repeated per query head), then agree inside it (not repeated)
+    # per-head pairs that differ inside a key/value group (keys repeated per query head), then agree inside it (not
+    # repeated)
     (
         "dpe",
         {
@@ -838,7 +840,8 @@ def test_auto_falls_back_with_one_warning_when_flexattention_fails_to_compile(mo
 def emulated_flash_forward(
     q, k, v, cum_q, cum_k, max_q, max_k, dropout, causal, debug, *, scale, window_size_left, window_size_right
 ):
-    """FlashAttention-2's forward as PyTorch's ``aten._flash_attention_forward`` defines it, on the CPU: ``[B, L, H, D]``
+    """FlashAttention-2's forward as PyTorch's ``aten._flash_attention_forward`` defines it, on the CPU:
+    ``[B, L, H, D]``
     tensors, grouped-query heads, the causal mask aligned to the bottom right, a left window (-1: none), and a row
     with no key reported as ``lse = +inf`` with output 0."""
     assert causal and window_size_right == 0 and dropout == 0.0 and cum_q is None

@@ -113,7 +113,8 @@ def assert_same(ours: dict, theirs: dict, tolerance: float) -> None:
 
 @pytest.fixture(scope="module")
 def evaluated(setup):
-    """Every task's responses with ``LongreachLM`` under ``rope`` and under STRING, evaluated once for the tests below."""
+    """Every task's responses with ``LongreachLM`` under ``rope`` and under STRING, evaluated once for the tests
+    below."""
     folder, tasks = setup
     string = LongreachLM(pretrained=str(folder), **STRING, **COMMON)
     assert longreach.describe(string.model).startswith("string(shift=16, local_window=4")
@@ -241,7 +242,8 @@ def test_missing_lm_eval_names_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "lm_eval", None)
     with pytest.raises(
         ImportError,
-        match=r'run: pip install "lm_eval>=0.4.13,<0.5" \(or, in a clone of longreach: pip install -e "\.\[lm-eval\]"\)',
+        match=r'run: pip install "lm_eval>=0.4.13,<0.5" \(or, in a clone of longreach: '
+        r'pip install -e "\.\[lm-eval\]"\)',
     ):
         import longreach.lm_eval  # noqa: F401
 

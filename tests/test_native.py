@@ -1,4 +1,5 @@
-"""The CPU kernel (longreach.attention.backends.cpu_fused, built from csrc/parts.cpp) against the float64 dense reference."""
+"""The CPU kernel (longreach.attention.backends.cpu_fused, built from csrc/parts.cpp) against the float64 dense
+reference."""
 
 import warnings
 
@@ -15,7 +16,8 @@ pytestmark = pytest.mark.skipif(not native.available("cpu"), reason="needs a C++
 
 
 def test_the_kernel_builds_where_a_compiler_is():
-    """CI has a compiler: a kernel that fails to build there is a failure, not a skip (auto would fall back silently)."""
+    """CI has a compiler: a kernel that fails to build there is a failure, not a skip (auto would fall back
+    silently)."""
     assert native_builds()
 
 
