@@ -47,9 +47,9 @@ class Reading:
     def describe(self) -> str:
         where = "inside" if self.prompt_tokens <= self.window else "BEYOND"
         return (
-            f"the prompt is {self.prompt_tokens:,} tokens ({self.document_tokens:,} of them the document), {where} the model's "
-            f"window L = {self.window:,}; STRING's shift S = {self.shift:,}: a fact more than {self.shift:,} tokens before "
-            f"the question is read at a shifted position"
+            f"the prompt is {self.prompt_tokens:,} tokens ({self.document_tokens:,} of them the document), {where} "
+            f"the model's window L = {self.window:,}; STRING's shift S = {self.shift:,}: a fact more than "
+            f"{self.shift:,} tokens before the question is read at a shifted position"
         )
 
 
@@ -100,7 +100,8 @@ def _pdf_text(path: Path) -> str:
         return "\n".join(page.extract_text() or "" for page in reader.pages)
     except (PdfReadError, ValueError, OSError) as error:
         raise ValueError(
-            f"FILE={path} cannot be read as a PDF ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
+            f"FILE={path} cannot be read as a PDF "
+            f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
         ) from None
 
 
@@ -121,8 +122,8 @@ def reading(
     tokens = haystack.count_tokens(tokenizer, text)
     if tokens + max_new_tokens > LENGTH_BOUND * window:
         raise ValueError(
-            f"the document is {tokens:,} tokens: out of range, at most {LENGTH_BOUND} x L = {LENGTH_BOUND * window:,} for "
-            f"this model (L = {window:,})"
+            f"the document is {tokens:,} tokens: out of range, at most {LENGTH_BOUND} x L = "
+            f"{LENGTH_BOUND * window:,} for this model (L = {window:,})"
         )
     return text, Reading(tokens, haystack.count_tokens(tokenizer, document), window, string_shift(window))
 

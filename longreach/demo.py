@@ -9,8 +9,8 @@ distance by default, and the paired difference over the last third of the window
 
 Not the default model (SmolLM2-135M): on it STRING's effect inside the window is a few points, which takes hours of
 CPU to separate from noise (docs/results.md); nor STRING's 4-needle test, which needs 50 cases per length (up to a
-minute each at 8K) to say anything, where the earlier demo ran 2 and could not. Every finished cell is kept in ``OUT/demo.json``: a
-rerun goes on where it stopped.
+minute each at 8K) to say anything, where the earlier demo ran 2 and could not. Every finished cell is kept in
+``OUT/demo.json``: a rerun goes on where it stopped.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ METHODS = ("rope", "string")
 CASES = 100
 RESULTS = "demo.json"
 
-READING = """How to read it. Each row is a distance d: a query asks for a record d tokens back, among 4 records in a window of
+READING = """How to read it. Each row is a distance d: a query asks for a record d tokens back, among 4 records in a \
+window of
 filler; a case passes when the model's next token is that record's value (chance: 1 in 8). Both methods answer the
 same cases; [low, high] is the 95% Wilson interval of the pass rate. This model saw short distances in almost every
 training document and the longest ones in almost none, so RoPE's pass rate sags towards d = {longest}. STRING keeps
@@ -32,8 +33,10 @@ below S the asked pair is read at the same position by both (only tokens farther
 there. The last line pairs the methods case by case over the window's last third, the rarely trained distances: an
 interval above 0 is an effect this many cases can tell from noise."""
 
-DEFAULT_MODEL_NOTE = """On the default model (SmolLM2-135M-Instruct, L = 8,192) STRING's effect inside the window is a few points, which
-takes hours of CPU and 50-130 cases per cell to tell from noise: docs/results.md ("The study") has those measurements."""
+DEFAULT_MODEL_NOTE = """On the default model (SmolLM2-135M-Instruct, L = 8,192) STRING's effect inside the window \
+is a few points, which
+takes hours of CPU and 50-130 cases per cell to tell from noise: docs/results.md ("The study") has those \
+measurements."""
 
 
 def run(out: Path, cases: int = CASES, progress: bool = True) -> dict:
@@ -131,8 +134,9 @@ def plot(summary: dict, path: Path) -> Path:
     series = {m: (grid, [tables[m][d]["accuracy"] for d in grid]) for m in METHODS}
     bands = {m: [(tables[m][d]["low"], tables[m][d]["high"]) for d in grid] for m in METHODS}
     title = (
-        f"probe model, window L = {summary['window']}, {summary['cases']} cases per point\nstring minus rope over the last "
-        f"third: {last['difference']:+.1f} points [{last['low']:+.1f}, {last['high']:+.1f}], n = {last['n']} paired"
+        f"probe model, window L = {summary['window']}, {summary['cases']} cases per point\nstring minus rope over "
+        f"the last third: {last['difference']:+.1f} points [{last['low']:+.1f}, {last['high']:+.1f}], "
+        f"n = {last['n']} paired"
     )
     return lines(
         series,
@@ -147,10 +151,11 @@ def plot(summary: dict, path: Path) -> Path:
 
 
 def main(out: Path, cases: int = CASES) -> str:
-    """``longreach demo``: measure, write ``demo.json``, ``demo.png`` and ``demo.txt`` into ``out``; returns the report."""
+    """``longreach demo``: measure, write ``demo.json``, ``demo.png`` and ``demo.txt`` into ``out``; returns the
+    report."""
     print(
-        f"measuring RoPE and STRING on the probing experiment's window-256 model ({cases} cases per distance and method; "
-        "about 15 seconds on 2 CPU cores at 100, once the CPU kernel is built)",
+        f"measuring RoPE and STRING on the probing experiment's window-256 model ({cases} cases per distance and "
+        "method; about 15 seconds on 2 CPU cores at 100, once the CPU kernel is built)",
         flush=True,
     )
     summary = run(out, cases)

@@ -17,16 +17,20 @@ from . import ask
 MAX_UPLOAD = 32 * 1024 * 1024  # bytes
 
 PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>longreach: STRING on your document</title><link rel="icon" href="data:,">
+<html lang="en"><head><meta charset="utf-8"><title>longreach: STRING on your document</title>\
+<link rel="icon" href="data:,">
 <style>
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 70rem; padding: 0 1rem; color: #222; }
 textarea, input[type=text] { width: 100%; box-sizing: border-box; font: inherit; }
-textarea { height: 14rem; } .answers { display: flex; gap: 1rem; } .answer { flex: 1; border: 1px solid #ccc; padding: 0 1rem 1rem; }
+textarea { height: 14rem; } .answers { display: flex; gap: 1rem; } \
+.answer { flex: 1; border: 1px solid #ccc; padding: 0 1rem 1rem; }
 .answer pre { white-space: pre-wrap; font: inherit; } .error { color: #b00; } .note { color: #555; }
 </style></head><body>
 <h1>STRING on your document</h1>
-<p class="note">{{ model }}: window L = {{ window }} tokens. Each method answers the same prompt, greedily; only the positions
-differ. Beyond STRING's shift S = {{ shift }} tokens from the question, STRING reads a fact at a shifted, better trained position.</p>
+<p class="note">{{ model }}: window L = {{ window }} tokens. Each method answers the same prompt, greedily; only the \
+positions
+differ. Beyond STRING's shift S = {{ shift }} tokens from the question, STRING reads a fact at a shifted, better \
+trained position.</p>
 <form method="post" enctype="multipart/form-data">
 <p><label for="document">Document (paste it, or upload a .txt, .md or .pdf file below)</label>
 <textarea id="document" name="document">{{ document }}</textarea></p>
@@ -120,8 +124,8 @@ def serve(
     model, tokenizer, window = ask.load(model_name, methods)
     app = create_app(model, tokenizer, model_name, window, methods, max_new_tokens)
     print(
-        f"longreach: serving {model_name} (L = {window:,}) with {', '.join(m.label for m in methods)} at http://{host}:{port}/ "
-        "(Ctrl-C stops it)",
+        f"longreach: serving {model_name} (L = {window:,}) with {', '.join(m.label for m in methods)} "
+        f"at http://{host}:{port}/ (Ctrl-C stops it)",
         flush=True,
     )
     app.run(host=host, port=port, threaded=False)

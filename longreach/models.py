@@ -65,7 +65,8 @@ def load(
             by transformers). Every process must run the same forward passes.
 
     Returns:
-        ``(model, tokenizer)``; the tokenizer is ``None`` for a checkpoint of ``longreach probe train`` (token ids only).
+        ``(model, tokenizer)``; the tokenizer is ``None`` for a checkpoint of ``longreach probe train`` (token ids
+        only).
 
     Raises:
         RuntimeError: a missing default model or folder, a folder without ``config.json``, without
@@ -135,8 +136,8 @@ def _source(name: str) -> str:
 
 
 def _config(source: str, name: str, trust_remote_code: bool):
-    """``(config, the longreach record it holds or None)``; the record checked, and the model's own RoPE put back where a
-    frequency method had replaced it (``apply`` rescales it again)."""
+    """``(config, the longreach record it holds or None)``; the record checked, and the model's own RoPE put back where
+    a frequency method had replaced it (``apply`` rescales it again)."""
     from transformers import AutoConfig
 
     from .integrations import saved
@@ -164,7 +165,8 @@ def _unfetchable(name: str, error: OSError) -> RuntimeError:
 
 
 def _probe_checkpoint(source) -> bool:
-    """A checkpoint of ``longreach probe train``: token ids only, no tokenizer (its tasks: ``probe``, ``probe-tail``)."""
+    """A checkpoint of ``longreach probe train``: token ids only, no tokenizer (its tasks: ``probe``,
+    ``probe-tail``)."""
     return Path(source).is_dir() and (Path(source) / "state.json").exists() and not any(Path(source).glob("tokenizer*"))
 
 
@@ -174,8 +176,8 @@ SAMPLE_BYTES = 1 << 16  # of each weights file, at five places: enough to tell o
 def identity(name: str) -> str:
     """The model a results record keys its cases on: ``FOLDER@DIGEST``, the resolved folder and a
     SHA-256 of its ``config.json`` and of each weights file's name, size and 64 KiB at five places (the
-    first holds the safetensors header). So ``tiny`` and ``tiny/`` are one model, and a folder whose weights were overwritten is
-    another. A hub id keys on its cached snapshot; one not in the cache on the id as given."""
+    first holds the safetensors header). So ``tiny`` and ``tiny/`` are one model, and a folder whose weights were
+    overwritten is another. A hub id keys on its cached snapshot; one not in the cache on the id as given."""
     folder = default_path() if name == DEFAULT else Path(name)
     if not folder.is_dir():
         try:
@@ -204,7 +206,8 @@ def identity(name: str) -> str:
 
 
 def tensor_parallel_processes() -> int:
-    """The processes ``torchrun`` started, to shard a model over (``--tp``); a one-line error when it did not start us."""
+    """The processes ``torchrun`` started, to shard a model over (``--tp``); a one-line error when it did not start
+    us."""
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if "RANK" not in os.environ or size < 2:
         raise ValueError(

@@ -56,7 +56,10 @@ def label(release: str, clone: dict | None) -> str:
     """A version with the clone it ran from (:func:`commit`'s dict, or ``None``): ``0.1.0 (git 0bf9c23...)``."""
     if not clone or not clone.get("commit"):
         return release
-    return f"{release} (git {clone['commit'][:12]}{', with uncommitted changes' if clone.get('uncommitted_changes') else ''})"
+    return (
+        f"{release} (git {clone['commit'][:12]}"
+        f"{', with uncommitted changes' if clone.get('uncommitted_changes') else ''})"
+    )
 
 
 def command_line(argv: list[str] | None = None) -> str:

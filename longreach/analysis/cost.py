@@ -121,7 +121,8 @@ def markdown(rows: list[dict], window: int) -> str:
     for r in rows:
         marks = " | ".join("yes" if r[f"fits_{gib}GiB"] else "no" for gib in DEVICES_GIB)
         lines.append(
-            f"| {length_text(r['tokens'])} | {r['full_flops']:.3g} | {r['causal_flops']:.3g} | {r['sliding_flops']:.3g} | "
+            f"| {length_text(r['tokens'])} | {r['full_flops']:.3g} | {r['causal_flops']:.3g} | "
+            f"{r['sliding_flops']:.3g} | "
             f"{_gib(r['kv_bytes'])} | {_gib(r['weight_bytes'])} | {marks} |"
         )
     return "\n".join(lines)

@@ -47,8 +47,8 @@ def holding(folder: Path, limit: float = BUILD_LIMIT):
         if holder and holder.get("pid") != waiting_for:
             waiting_for = holder.get("pid")
             print(
-                f"longreach: waiting for process {waiting_for} on {holder.get('host')}, which is building the CPU attention "
-                f"kernel ({lock})",
+                f"longreach: waiting for process {waiting_for} on {holder.get('host')}, which is building the CPU "
+                f"attention kernel ({lock})",
                 file=sys.stderr,
                 flush=True,
             )

@@ -54,9 +54,9 @@ def attention(
 
     ``key_padding [B, Lkv]`` is False at padding keys. ``sliding_window`` (the model's, e.g.
     Mistral or Gemma 3 local layers) limits every part to ``i - j < sliding_window``.
-    ``logit_scale`` (a number, or one per sequence ``[B]``) multiplies the rotary part of the logits. ``positions [B, Lkv]``: the keys'
-    absolute positions, for parts whose shifts or spans depend on them (default ``0 .. Lkv-1``;
-    the queries are the last ``Lq``). ``drop [B, Lq]``: Drop Attention rates per query (see
+    ``logit_scale`` (a number, or one per sequence ``[B]``) multiplies the rotary part of the logits.
+    ``positions [B, Lkv]``: the keys' absolute positions, for parts whose shifts or spans depend on them (default
+    ``0 .. Lkv-1``; the queries are the last ``Lq``). ``drop [B, Lq]``: Drop Attention rates per query (see
     :func:`.rows.drop_below_quantile`); rows from the first dropping one on are computed whole, a tile
     at a time. Grouped-query attention when ``Hq`` is a multiple of ``Hkv``. Accumulates in float32;
     returns ``[B, Lq, Hq, D]`` in the input dtype. Rows that attend no key are 0.
@@ -121,7 +121,8 @@ def _attention(
     if q_heads % key.shape[1]:
         raise ValueError(f"query heads ({q_heads}) must be a multiple of key/value heads ({key.shape[1]})")
     memo = Memo() if memo is None else memo
-    # the first row that drops a score: a host sync, once per forward pass (the memo holds ``drop``, which the layers share)
+    # the first row that drops a score: a host sync, once per forward pass
+    # (the memo holds ``drop``, which the layers share)
     first_dropping = (
         None if drop is None else memo.get("first dropping row", (drop,), (), lambda: first_dropping_row(drop))
     )
@@ -179,7 +180,8 @@ def _run(backend: Backend, call: Call) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _cells(backend: Backend, call: Call) -> tuple[Cell, ...]:
     """The call's parts lowered (:func:`.cells.lower`), once per forward pass; a decoding step turns DCA's per-chunk key
-    shifts into per-chunk queries first where the backend moves keys in memory (:func:`.shifts.fold_block_key_shifts`)."""
+    shifts into per-chunk queries first where the backend moves keys in memory
+    (:func:`.shifts.fold_block_key_shifts`)."""
     fold = backend.folds_block_key_shifts and call.q_len <= SMALL_QUERY
 
     def lowered():
@@ -190,7 +192,8 @@ def _cells(backend: Backend, call: Call) -> tuple[Cell, ...]:
 
 
 def first_dropping_row(drop: torch.Tensor) -> int | None:
-    """The first query row whose rate in ``drop [B, Lq]`` is above 0 in some sequence, or ``None`` (reads the device)."""
+    """The first query row whose rate in ``drop [B, Lq]`` is above 0 in some sequence, or ``None`` (reads the
+    device)."""
     rows = (drop > 0).any(0).nonzero()
     return int(rows[0]) if len(rows) else None
 

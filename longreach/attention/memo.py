@@ -31,7 +31,8 @@ class Memo:
         build: Callable[[], object],
         keep: Callable[[object], bool] = lambda entry: True,
     ):
-        """The entry for ``(kind, objects, values)``, built by ``build()`` the first time (and held if ``keep(entry)``)."""
+        """The entry for ``(kind, objects, values)``, built by ``build()`` the first time (and held if
+        ``keep(entry)``)."""
         key = (kind, tuple(map(id, objects)), values)
         if key in self.entries:
             return self.entries[key]

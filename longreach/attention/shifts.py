@@ -51,8 +51,8 @@ def shifted(
     angles: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """``x`` moved by a constant shift, or by ``shift(positions)`` per token (``[B, L]`` -> ``[B, 1, L]``;
-    ``angles``: its ``(cos, sin)`` when already computed, see :func:`shift_angles` and :func:`.rotary.rotation`); with ``pairs``
-    (``[query heads, rotary pairs]``), only the marked pairs of each head move."""
+    ``angles``: its ``(cos, sin)`` when already computed, see :func:`shift_angles` and :func:`.rotary.rotation`); with
+    ``pairs`` (``[query heads, rotary pairs]``), only the marked pairs of each head move."""
     if angles is not None:
         moved = apply_rotation(x, *angles)
     elif callable(shift):
@@ -185,7 +185,8 @@ KEY_ROTATIONS = KeyRotations()
 
 class MovedKeys:
     """One attention layer's keys moved by each per-token key shift (ReRoPE, Self-Extend, DCA's prefill), kept across
-    decoding steps: a step moves its new keys only, instead of every cached key (opt-in: ``apply(..., keep_moved_keys=True)``).
+    decoding steps: a step moves its new keys only, instead of every cached key (opt-in:
+    ``apply(..., keep_moved_keys=True)``).
 
     Costs one more copy of the keys per shift (ReRoPE, Self-Extend: +50% of the key/value cache), with room
     for 1,024 more keys before it grows. Kept keys are used only where the cache provably still holds what they

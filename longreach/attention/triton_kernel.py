@@ -62,7 +62,8 @@ if triton is not None:
         REST: tl.constexpr,
         ACC: tl.constexpr,
     ):
-        """Cell ``c``'s scores written into ``scores`` at its pairs; skipped when the tile's distances miss its range."""
+        """Cell ``c``'s scores written into ``scores`` at its pairs; skipped when the tile's distances miss its
+        range."""
         lo = tl.load(bounds + 2 * c)
         hi = tl.load(bounds + 2 * c + 1)
         if (d_max >= lo) & (d_min < hi):

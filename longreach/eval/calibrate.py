@@ -27,7 +27,8 @@ from ..methods.spec import MethodSpec
 from . import haystack, report, runner, tune
 from .distributed import World
 
-PROBE = "ruler-tight:niah_multivalue"  # 4 values for one key, fraction found: the needles of DPE's own generator, the length filled
+# 4 values for one key, fraction found: the needles of DPE's own generator, the length filled
+PROBE = "ruler-tight:niah_multivalue"
 GROUPS = 8
 SAMPLE_STRIDE = 100  # sample s starts at essay sentence 100 s, as the official sampling script
 
@@ -179,8 +180,8 @@ def calibrate(
     }
     specs = list({spec.label: spec for group in sweep.values() for spec in group}.values())
     print(
-        f"group scale sweep: {groups} groups x scales {values} (others at {others}), {len(specs)} settings x {samples} cases "
-        f"of {task} at {target} tokens"
+        f"group scale sweep: {groups} groups x scales {values} (others at {others}), {len(specs)} settings x "
+        f"{samples} cases of {task} at {target} tokens"
     )
     grid = runner.Grid(model_name, [task], specs, [target], [0.5], samples, training_window)
     runner.run(grid, out, loaded=(model, tokenizer), batch_size=batch_size)
@@ -259,8 +260,8 @@ def _markdown(result: dict, final: list) -> str:
     lines = [
         f"## DPE calibration: {result['model']} at {result['target']} tokens (L = {result['training_window']})",
         "",
-        f"Probe: `{result['task']}`, {result['samples']} cases per setting; every other group at scale {result['others_at']}; "
-        f"w = {result['local_window']}, top_k = {result['top_k']}.",
+        f"Probe: `{result['task']}`, {result['samples']} cases per setting; every other group at scale "
+        f"{result['others_at']}; w = {result['local_window']}, top_k = {result['top_k']}.",
         "",
         "| group | " + " | ".join(f"s = {v}" for v in values) + " | best |",
         "|---|" + "---|" * (len(values) + 1),

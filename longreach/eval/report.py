@@ -83,7 +83,8 @@ def _number(value: float) -> float | None:
 
 
 def build(out: Path, threshold: float = RULER_THRESHOLD) -> str:
-    """Write ``summary.md``, ``summary.json``, ``summary.csv`` and the plots of a results folder (what ``longreach report`` does).
+    """Write ``summary.md``, ``summary.json``, ``summary.csv`` and the plots of a results folder (what
+    ``longreach report`` does).
 
     Args:
         out: the results folder; its ``results.jsonl`` is read.
@@ -430,7 +431,8 @@ def _ruler_section(out: Path, model: str, family: str, rows: list[dict], thresho
 
 
 def _differences(paired: dict[str, dict[int, tuple]]) -> dict[str, tuple[list, list, list]]:
-    """``paired[method][length] = (difference, interval)`` as the picture's ``(lengths, differences, intervals)`` per method."""
+    """``paired[method][length] = (difference, interval)`` as the picture's ``(lengths, differences, intervals)`` per
+    method."""
     return {
         method: (list(by_length), [v for v, _ in by_length.values()], [i for _, i in by_length.values()])
         for method, by_length in paired.items()

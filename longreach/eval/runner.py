@@ -48,7 +48,8 @@ LENGTH_BOUND = 32  # lengths above 32 x L are refused: no method here is meant t
 
 
 def check_lengths(lengths: list[int], window: int) -> None:
-    """Refuse lengths above ``LENGTH_BOUND x L``; say so when lengths exceed L (methods that extrapolate are meant for that)."""
+    """Refuse lengths above ``LENGTH_BOUND x L``; say so when lengths exceed L (methods that extrapolate are meant for
+    that)."""
     if too_long := [n for n in lengths if n > LENGTH_BOUND * window]:
         raise ValueError(
             f"--lengths {too_long[0]} is out of range: at most {LENGTH_BOUND} x L = {LENGTH_BOUND * window} tokens "

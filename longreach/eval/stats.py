@@ -83,7 +83,8 @@ def weighted_averages(by_length: dict[int, float]) -> dict[str, float]:
 
 
 def effective_length(scores: dict[int, float], threshold: float = RULER_THRESHOLD) -> int:
-    """The largest tested length L' whose score, and that of every shorter tested length, reaches ``threshold``; 0 if none."""
+    """The largest tested length L' whose score, and that of every shorter tested length, reaches ``threshold``; 0 if
+    none."""
     best = 0
     for length in sorted(scores):
         if not scores[length] >= threshold:  # NaN (no interval) does not reach it either

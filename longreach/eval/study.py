@@ -5,8 +5,8 @@ publishing the results folders' reports into ``docs/study/``.
 methods with the highest mean score over the folder's (task, length) cells, one per line;
 ``python -m longreach.eval.study publish FOLDER... --to docs/study`` rebuilds each folder's report
 (:func:`.report.build`), copies its results (every case), runs.jsonl, summary.md, summary.json, summary.csv
-and the plots it links to ``docs/study/<part>/`` and writes ``docs/study/index.md``: per part the cells with their n, and the
-paired differences against rope (RULER's: of its average over tasks).
+and the plots it links to ``docs/study/<part>/`` and writes ``docs/study/index.md``: per part the cells with their n,
+and the paired differences against rope (RULER's: of its average over tasks).
 """
 
 from __future__ import annotations

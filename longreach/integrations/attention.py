@@ -21,16 +21,19 @@ _warned_attentions = False
 
 
 def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """The function registered with ``AttentionInterface`` under ``longreach``: reads what is applied from ``module``."""
+    """The function registered with ``AttentionInterface`` under ``longreach``: reads what is applied from
+    ``module``."""
     global _warned_attentions
     state = module.__dict__.get("_longreach")
     if state is None:
         raise ValueError(
-            f"{module.__class__.__name__} has attn_implementation='longreach' but no method: use longreach.apply(model, ...)"
+            f"{module.__class__.__name__} has attn_implementation='longreach' but no method: "
+            "use longreach.apply(model, ...)"
         )
     if dropout:
         raise ValueError(
-            f"longreach attention does not support attention dropout (got dropout={dropout}); set the config's attention_dropout=0"
+            f"longreach attention does not support attention dropout (got dropout={dropout}); "
+            "set the config's attention_dropout=0"
         )
     if kwargs.get("softcap") is not None:
         raise ValueError("longreach attention does not support attention logit softcapping (Gemma 2)")

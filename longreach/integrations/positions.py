@@ -47,7 +47,8 @@ def key_positions_mask(
     if (q_length == kv_length or not torch.compiler.is_compiling()) and not _plain_causal(mask_function):
         raise ValueError(
             "longreach attention supports causal attention with a 2D padding mask only; this call asked for another "
-            "mask (packed sequences in one row, or a model-specific mask): unpack the sequences or pass an attention_mask"
+            "mask (packed sequences in one row, or a model-specific mask): unpack the sequences or pass an "
+            "attention_mask"
         )
     device = attention_mask.device if attention_mask is not None else None
     if torch.compiler.is_compiling():  # no host sync: the marks always, decided on the device

@@ -71,8 +71,8 @@ class Applied:
         return self.kept_keys.setdefault(layer, MovedKeys())
 
     def layer_parts(self, layer: int | None) -> tuple:
-        """The method's parts of attention layer ``layer``, made once per ``apply`` and shared by every layer unless they
-        differ by layer (their identity keys each pass's memo)."""
+        """The method's parts of attention layer ``layer``, made once per ``apply`` and shared by every layer unless
+        they differ by layer (their identity keys each pass's memo)."""
         held = layer if self.method.parts_differ_by_layer else None
         if held not in self.passes.parts:
             self.passes.parts[held] = self.method.layer_parts(layer)

@@ -128,7 +128,10 @@ class DPE(PositionMethod):
 
     name = "dpe"
     paper = "Lu et al. 2025, Dimension-Wise Positional Embeddings Manipulation, DPE (arXiv:2504.18857)"
-    changes = "positions per frequency group and head: P_g = r for r < w, else i//s_g - j//s_g + w - w//s_g in the top_k pairs"
+    changes = (
+        "positions per frequency group and head: P_g = r for r < w, else i//s_g - j//s_g + w - w//s_g "
+        "in the top_k pairs"
+    )
     ranges = {
         "group_scales": "integers >= 1, one per frequency group (e.g. 8; required: `longreach calibrate dpe`)",
         "local_window": "integer > 0",
@@ -261,8 +264,8 @@ def _selected(dimensions: torch.Tensor, top_k: int | None) -> torch.Tensor:
         counts = dimensions.sum(-1)
         if top_k is not None and not bool((counts == top_k).all()):
             raise ValueError(
-                f"dimensions is a mask with {int(counts.min())}..{int(counts.max())} pairs per head, not top_k={top_k}: "
-                "give top_k=None to use the mask as it is"
+                f"dimensions is a mask with {int(counts.min())}..{int(counts.max())} pairs per head, "
+                f"not top_k={top_k}: give top_k=None to use the mask as it is"
             )
         return dimensions
     if top_k is None:

@@ -73,7 +73,8 @@ class String(PositionMethod):
                 else ""
             )
             raise ValueError(
-                f"local_window={self.local_window} is out of range: 0 < local_window < shift = {self.shift} < L = {L}{where}"
+                f"local_window={self.local_window} is out of range: "
+                f"0 < local_window < shift = {self.shift} < L = {L}{where}"
             )
         require_bool("mscale", self.mscale)
 

@@ -120,8 +120,8 @@ def markdown(summary: dict) -> str:
         for row in run["growth"]:
             f = row["frequency_at_effective_length"]
             lines.append(
-                f"| {row['step']} | {row['tokens_seen']:,} | {row['effective_length']} [{row['sure_effective_length']}, "
-                f"{row['possible_effective_length']}] | "
+                f"| {row['step']} | {row['tokens_seen']:,} | {row['effective_length']} "
+                f"[{row['sure_effective_length']}, {row['possible_effective_length']}] | "
                 f"{'-' if f is None else f'{f:,.0f}'} |"
             )
         lines += [

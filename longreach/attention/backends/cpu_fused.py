@@ -5,13 +5,14 @@ PyTorch's CPU flash attention skips work in 256 x 512 tiles, so each causal edge
 tiled kernel (:mod:`..plan`) cannot go below about 1.1x causal SDPA at 8K. This kernel takes every part
 as a *cell* -- a query view, a key view and distance bounds ``lo <= i - j < hi`` -- in one online softmax
 per row (Dao et al. 2022, FlashAttention, Algorithm 1): no log-sum-exp merge, no flipped copies, and the keys a
-distance bound or a key span (DCA) cuts are taken 32 at a time with only the rows that reach them. Each cell has its own query, so
-STRING's far part is the query moved back by ``S - W`` against the keys as they are, and no key is copied.
+distance bound or a key span (DCA) cuts are taken 32 at a time with only the rows that reach them. Each cell has its own
+query, so STRING's far part is the query moved back by ``S - W`` against the keys as they are, and no key is copied.
 A decoding step packs the query heads that share a key/value head into one tile: each key is read once.
 
 Built by ``torch.utils.cpp_extension`` with the machine's C++ compiler (about 25 seconds on 2 cores, once per
-machine, PyTorch release and source; ``TORCH_EXTENSIONS_DIR`` says where). Inputs are computed in float32. Where it cannot be built or loaded (no compiler, a BLAS
-without ``sgemm_``), ``auto`` uses the tiled kernel from then on, with one warning.
+machine, PyTorch release and source; ``TORCH_EXTENSIONS_DIR`` says where). Inputs are computed in float32. Where it
+cannot be built or loaded (no compiler, a BLAS without ``sgemm_``), ``auto`` uses the tiled kernel from then on, with
+one warning.
 """
 
 from __future__ import annotations
@@ -220,8 +221,8 @@ def parts_attention(
 
 @functools.lru_cache(maxsize=None)
 def _module():
-    """The compiled extension, built once per machine, Python and PyTorch release and source (its name holds their hash),
-    in ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``), under a lock that names its builder
+    """The compiled extension, built once per machine, Python and PyTorch release and source (its name holds their
+    hash), in ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``), under a lock that names its builder
     (:mod:`.build_lock`: a build killed midway does not block the next)."""
     from torch.utils import cpp_extension
 

@@ -55,7 +55,8 @@ class CudaFlash(Backend):
         )
 
     def prepare(self, cells: tuple[Cell, ...], call: Call) -> tuple[Cell, ...] | None:
-        """The cells, where each is a band FlashAttention can take: no padding, key spans, per-head pairs or gradients."""
+        """The cells, where each is a band FlashAttention can take: no padding, key spans, per-head pairs or
+        gradients."""
         if call.key_padding is not None or call.needs_grad:
             return None
         return None if any(c.part.key_span is not None or c.part.pairs is not None for c in cells) else cells
@@ -79,7 +80,8 @@ class CudaFlash(Backend):
 
 
 def _band(q, k, value, lo: int, hi: int | None, scaling: float):
-    """The pairs ``lo <= i - j < hi`` in one call: rows ``i >= lo`` (the others are empty) against keys ``j < Lkv - lo``."""
+    """The pairs ``lo <= i - j < hi`` in one call: rows ``i >= lo`` (the others are empty) against keys
+    ``j < Lkv - lo``."""
     batch, heads, q_len, _ = q.shape
     kv_len = k.shape[2]
     first = max(0, lo - (kv_len - q_len))  # the first row that reaches a key of the part

@@ -121,7 +121,8 @@ def parts_attention(
     """
     if not 1 <= len(cells) <= MAX_CELLS or len(queries) != len(cells):
         raise ValueError(
-            f"the fused kernel takes 1 to {MAX_CELLS} cells with one query each, got {len(cells)} cells, {len(queries)} queries"
+            f"the fused kernel takes 1 to {MAX_CELLS} cells with one query each, got {len(cells)} cells, "
+            f"{len(queries)} queries"
         )
     batch, q_heads, q_len, dim = queries[0].shape
     kv_heads, kv_len, value_dim = key.shape[1], key.shape[2], value.shape[-1]
@@ -309,8 +310,8 @@ class Triton(Backend):
         give_up(error)
 
     def prepare(self, cells: tuple[Cell, ...], call: Call) -> Layout:
-        """A cell's query is moved on the host by its query shift less a constant key shift (:func:`..cells.query_views`);
-        a per-token key shift is turned inside the kernel from its angle table."""
+        """A cell's query is moved on the host by its query shift less a constant key shift
+        (:func:`..cells.query_views`); a per-token key shift is turned inside the kernel from its angle table."""
         views, view_of = query_views(cells)
         shifts, key_of = key_views(cells)
         slots = [

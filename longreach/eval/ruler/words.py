@@ -16,7 +16,8 @@ from .common import FIXED_SEED, case, fit, postprocess, stream_name, wonderwords
 
 CWE_TEMPLATE = (
     "Below is a numbered list of words. In these words, some appear more often than others. "
-    "Memorize the ones that appear most often.\n{context}\nQuestion: What are the 10 most common words in the above list?"
+    "Memorize the ones that appear most often.\n{context}\n"
+    "Question: What are the 10 most common words in the above list?"
 )
 CWE_ANSWER = " Answer: The top 10 words that appear most often in the list are:"
 FWE_TEMPLATE = (
@@ -98,7 +99,8 @@ class CommonWords:
         return case(self, length, seed, built, answers[f"{seed}/{built[0]}"])
 
     def _list(self, drawn: list[str], common_repeats: int, rare_repeats: int) -> tuple[str, list[str]]:
-        """RULER's ``get_example`` on the drawn words: a numbered list, shuffled with the fixed seed, and its common words."""
+        """RULER's ``get_example`` on the drawn words: a numbered list, shuffled with the fixed seed, and its common
+        words."""
         common, rare = drawn[: self.common], drawn[self.common :]
         listed = common * common_repeats + rare * rare_repeats
         random.Random(FIXED_SEED).shuffle(listed)
