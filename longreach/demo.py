@@ -23,19 +23,20 @@ METHODS = ("rope", "string")
 CASES = 100
 RESULTS = "demo.json"
 
-READING = """How to read it. Each row is a distance d: a query asks for a record d tokens back, among 4 records in a \
-window of
-filler; a case passes when the model's next token is that record's value (chance: 1 in 8). Both methods answer the
-same cases; [low, high] is the 95% Wilson interval of the pass rate. This model saw short distances in almost every
-training document and the longest ones in almost none, so RoPE's pass rate sags towards d = {longest}. STRING keeps
-every distance below S = {shift} as it is and reads a farther pair at d - S + W, a position trained far more often;
-below S the asked pair is read at the same position by both (only tokens farther back move), so the rows stay close
-there. The last line pairs the methods case by case over the window's last third, the rarely trained distances: an
-interval above 0 is an effect this many cases can tell from noise."""
+READING = """\
+How to read it. Each row is a distance d: a query asks for a record d tokens back, among 4 records in a window
+of filler; a case passes when the model's next token is that record's value (chance: 1 in 8). Both methods
+answer the same cases; [low, high] is the 95% Wilson interval of the pass rate. This model saw short distances
+in almost every training document and the longest ones in almost none, so RoPE's pass rate sags towards d =
+{longest}. STRING keeps every distance below S = {shift} as it is and reads a farther pair at d - S + W, a
+position trained far more often; below S the asked pair is read at the same position by both (only tokens
+farther back move), so the rows stay close there. The last line pairs the methods case by case over the
+window's last third, the rarely trained distances: an interval above 0 is an effect this many cases can tell
+from noise."""
 
-DEFAULT_MODEL_NOTE = """On the default model (SmolLM2-135M-Instruct, L = 8,192) STRING's effect inside the window \
-is a few points, which
-takes hours of CPU and 50-130 cases per cell to tell from noise: docs/results.md ("The study") has those \
+DEFAULT_MODEL_NOTE = """\
+On the default model (SmolLM2-135M-Instruct, L = 8,192) STRING's effect inside the window is a few points,
+which takes hours of CPU and 50-130 cases per cell to tell from noise: docs/results.md ("The study") has those
 measurements."""
 
 
