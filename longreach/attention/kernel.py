@@ -70,59 +70,15 @@ def attention(
     ``kept_keys``: this layer's :class:`.shifts.MovedKeys`, which keeps the keys moved by per-token key shifts
     across decoding steps (the tiled kernel; the fused kernel turns keys as it reads them).
     """
-    arguments = dict(
-        query=query,
-        key=key,
-        value=value,
-        parts=tuple(parts),
-        inv_freq=inv_freq,
-        scaling=scaling,
-        key_padding=key_padding,
-        sliding_window=sliding_window,
-        logit_scale=logit_scale,
-        positions=positions,
-        drop=drop,
-        backend=backend,
-        tile=tile,
-        memo=memo,
-        kept_keys=kept_keys,
-    )
-    try:
-        return _attention(**arguments)
-    except Exception as error:
-        failed = next((b for b in REGISTRY.values() if b.compile_failed(error)), None)
-        if backend != "auto" or failed is None:
-            raise
-        failed.give_up(error)
-        return _attention(**arguments)
-
-
-def _attention(
-    query,
-    key,
-    value,
-    parts,
-    inv_freq,
-    scaling,
-    key_padding,
-    sliding_window,
-    logit_scale,
-    positions,
-    drop,
-    backend,
-    tile,
-    memo,
-    kept_keys,
-) -> torch.Tensor:
-    """:func:`attention` itself."""
     q_heads, q_len, kv_len = query.shape[1], query.shape[2], key.shape[2]
     if q_len > kv_len:
         raise ValueError(f"query length {q_len} exceeds key length {kv_len}: queries must be the last keys")
     if q_heads % key.shape[1]:
         raise ValueError(f"query heads ({q_heads}) must be a multiple of key/value heads ({key.shape[1]})")
+    parts = tuple(parts)
     memo = Memo() if memo is None else memo
-    # the first row that drops a score: a host sync, once per forward pass
-    # (the memo holds ``drop``, which the layers share)
+    # the first row that drops a score: a host sync, once per forward pass (the memo holds ``drop``, which the
+    # layers share)
     first_dropping = (
         None if drop is None else memo.get("first dropping row", (drop,), (), lambda: first_dropping_row(drop))
     )
@@ -140,6 +96,7 @@ def _attention(
         )
         return _attention_with_drop(query, key, value, parts, inv_freq, drop, first_dropping, common, backend, tile)
     query, key, scaling, positions = prepare(query, key, inv_freq, scaling, logit_scale, positions)
+    augment = split and key.shape[1] < q_heads  # decoding: two key sets side by side, see augmented
     call = Call(
         query,
         key,
@@ -149,14 +106,20 @@ def _attention(
         scaling,
         positions,
         memo,
-        key_padding,
-        sliding_window,
-        tile,
-        kept_keys,
-        augment=split and key.shape[1] < q_heads,
-    )  # decoding: two key sets side by side, see augmented
-    chosen = pick(query, backend, fusable=call.fusable, needs_grad=call.needs_grad)
-    out, _ = _run(chosen, call)
+        key_padding=key_padding,
+        sliding_window=sliding_window,
+        tile=tile,
+        kept_keys=kept_keys,
+        augment=augment,
+    )
+    try:
+        out, _ = _run(pick(query, backend, fusable=call.fusable, needs_grad=call.needs_grad), call)
+    except Exception as error:
+        failed = next((b for b in REGISTRY.values() if b.compile_failed(error)), None)
+        if backend != "auto" or failed is None:
+            raise
+        failed.give_up(error)  # auto no longer takes it: picked again, the call goes to the next backend
+        out, _ = _run(pick(query, backend, fusable=call.fusable, needs_grad=call.needs_grad), call)
     return out.to(query.dtype).transpose(1, 2)
 
 
