@@ -59,6 +59,12 @@ step "attention, causal prefill"
 "$python" bench/attention.py "${layer[@]}" --lengths "$prefill_lengths" --methods "$methods" $write 2>&1 | tee "$out/attention-prefill.log"
 step "attention, decoding step"
 "$python" bench/attention.py "${layer[@]}" --lengths "$decode_lengths" --methods "$methods" --decode $write 2>&1 | tee "$out/attention-decode.log"
+step "attention, causal prefill, cuDNN's attention on whole causal blocks (cuda_cudnn, auto's choice for CUDA prefill)"
+if [ "$device" = cuda ]; then
+  "$python" bench/attention.py "${layer[@]}" --lengths 8192,32768 --methods rope,string,rerope,self_extend --backend cuda_cudnn $write 2>&1 | tee "$out/attention-prefill-cuda-cudnn.log"
+else
+  echo "skipped: cuDNN's attention needs CUDA"
+fi
 step "attention, causal prefill, the fused Triton kernel (auto takes it for decoding steps only)"
 if [ "$device" = cuda ]; then
   "$python" bench/attention.py "${layer[@]}" --lengths 8192,32768 --methods "$methods" --backend triton $write 2>&1 | tee "$out/attention-prefill-triton.log"

@@ -137,8 +137,18 @@ def _run(backend: Backend, call: Call) -> tuple[torch.Tensor, torch.Tensor]:
         keep=backend.keep,
     )
     if prepared is None:
-        return _run(REGISTRY[backend.fallback], call)
+        return _run(_handed_on(backend, call), call)
     return backend.run(prepared, cells, call)
+
+
+def _handed_on(backend: Backend, call: Call) -> Backend:
+    """Who computes a call ``backend`` declines: its declared fallback, else the next backend of the registry that
+    wants the call (``math`` takes anything)."""
+    if backend.fallback is not None:
+        return REGISTRY[backend.fallback]
+    names = list(REGISTRY)
+    later = [REGISTRY[name] for name in names[names.index(backend.name) + 1 :]]
+    return next((b for b in later if b.wants(call.query, call.fusable)), REGISTRY["math"])
 
 
 def _cells(backend: Backend, call: Call) -> tuple[Cell, ...]:

@@ -54,6 +54,13 @@ def blocks(q_len, kv_len, lo, hi, offset, key_padding, padded, span, tile, struc
     return itertools.chain(prefix, _band(q_len, lo, hi, offset, band_tile, dtype, device, padded))
 
 
+def band_clipped(q_len: int, lo: int, hi: int, offset: int, tile: int, first_key: int = 0) -> bool:
+    """Whether :func:`_band`'s plan of ``lo <= i - j < hi`` in query tiles of ``tile`` meets an upper square cut by
+    the first key, which takes a mask (host arithmetic only: no block is made)."""
+    tops = (start + offset - hi + 1 for start in range(0, q_len, tile))
+    return any(top < first_key < top + tile for top in tops)
+
+
 def _unbounded(q_len, lo, offset, first_key=0):
     """Pairs with ``i - j >= lo`` and keys from ``first_key`` on, unpadded: one unmasked rectangle and
     one causal square.
@@ -82,8 +89,7 @@ def _band(q_len, lo, hi, offset, tile, dtype, device, first_key=0):
     top-left causal. Where the upper square is cut by the first key, it is a masked block (one constant
     T x T mask). Work is the band's own area; no n-sized mask.
     """
-    upper = torch.ones(tile, tile, dtype=torch.bool, device=device).tril(-1)  # True where u < t: outside
-    upper = torch.zeros(upper.shape, dtype=dtype, device=device).masked_fill(upper, NEG_INF)
+    upper = None  # the T x T mask of a clipped upper block, made when one is met
     for start in range(0, q_len, tile):
         stop = min(q_len, start + tile)
         a, rows, height = start + offset, slice(start, stop), stop - start
@@ -93,6 +99,9 @@ def _band(q_len, lo, hi, offset, tile, dtype, device, first_key=0):
             middle_first = top + height
         else:
             if top + tile > first_key:  # upper block, clipped at the first key
+                if upper is None:
+                    outside = torch.ones(tile, tile, dtype=torch.bool, device=device).tril(-1)  # where u < t
+                    upper = torch.zeros(outside.shape, dtype=dtype, device=device).masked_fill(outside, NEG_INF)
                 yield Block(rows, slice(first_key, top + tile), upper[:height, first_key - top :])
             middle_first = top + tile
         middle = slice(max(first_key, middle_first), max(first_key, a - lo))

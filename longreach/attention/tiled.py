@@ -70,14 +70,20 @@ class TiledBackend(Backend):
                 call.key_padding,
                 padded,
                 span,
-                call.tile,
+                self.tile(call),
                 structured,
                 call.query.dtype,
                 call.query.device,
             )
         )
 
-    def keep(self, plans: list[list[Block]]) -> bool:
+    def tile(self, call: Call) -> int:
+        """Query rows per tile of the plan (a band's tiles are up to twice as tall: :func:`.plan.blocks`)."""
+        return call.tile
+
+    def keep(self, plans: list[list[Block]] | None) -> bool:
+        if plans is None:  # declined: held too, so that every layer of the pass hands the call on at once
+            return True
         held = sum(b.mask.numel() for plan in plans for b in plan if isinstance(b.mask, torch.Tensor))
         return held <= MAX_HELD_MASK_ELEMENTS
 

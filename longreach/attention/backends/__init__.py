@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from . import cpu_flash, cpu_fused, cuda_efficient, cuda_flash, flex, math, triton
+from . import cpu_flash, cpu_fused, cuda_cudnn, cuda_efficient, cuda_flash, flex, math, triton
 from .base import Backend
 
 REGISTRY: dict[str, Backend] = {
@@ -21,6 +21,7 @@ REGISTRY: dict[str, Backend] = {
         cpu_fused.BACKEND,
         cpu_flash.BACKEND,
         triton.BACKEND,
+        cuda_cudnn.BACKEND,
         flex.BACKEND,
         cuda_efficient.BACKEND,
         cuda_flash.BACKEND,

@@ -18,7 +18,7 @@ class Backend:
     name: ClassVar[str]
     summary: ClassVar[str]  # one line for the docs and ``apply``'s docstring
     model_devices: ClassVar[tuple[str, ...] | None] = None  # where ``apply`` accepts a model (None: anywhere)
-    fallback: ClassVar[str | None] = None  # who computes the calls ``prepare`` declines
+    fallback: ClassVar[str | None] = None  # who computes the calls ``prepare`` declines (None: the next that wants it)
     folds_block_key_shifts: ClassVar[bool] = True  # decoding: DCA's per-chunk key shifts become per-chunk queries
 
     def unavailable(self, query: torch.Tensor) -> str | None:

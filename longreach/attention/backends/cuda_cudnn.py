@@ -1,0 +1,119 @@
+"""``cuda_cudnn``: a method's cells as whole-block causal calls of cuDNN's attention, the kernel SDPA itself runs on
+an H100 or H200 (docs/performance.md).
+
+FlashAttention-2, FlexAttention and Triton kernels are each at least about 1.4x slower than cuDNN's attention on
+those GPUs, so only calls of cuDNN can come near SDPA. Every cell given by distance alone is covered by blocks
+that need no mask (:func:`..plan.blocks` with a band's tile as wide as the band): a band ``lo <= d < hi`` is, per
+chunk of ``hi - lo - 1`` rows, one causal square and the square above it run causal on rows and keys reversed
+(plus an unmasked rectangle where a chunk is short); an unbounded region is one causal square and one
+rectangle. STRING is about ``2n / S + 2`` calls (9 at ``S = n / 3``; end-aligned chunks of ``S`` rows would make
+it 6), and the work equals causal attention's. Each call is
+``aten._scaled_dot_product_cudnn_attention`` with its log-sum-exp; the blocks merge by log-sum-exp
+(:mod:`..merge`). The plan depends on the positions alone, so a forward pass makes it once.
+
+It declines (the call goes to the next backend ``auto`` would take) what would need a mask or a gradient: key
+padding, DCA's key spans, DPE's per-head pairs, bands narrower than a tile, a decoding step, a chunk whose band
+meets the first key, autograd. Keys and
+values are repeated per query head (cuDNN's grouped-query support is for the GPU run to establish).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from ..call import Call
+from ..cells import Cell
+from ..heads import expand_heads
+from ..plan import MIN_BAND_TILE, SMALL_QUERY, Block, band_clipped
+from ..tiled import TiledBackend
+
+_failure: list[str] = []  # why cuDNN's attention failed in this process, once it has
+
+
+class CudnnError(RuntimeError):
+    """cuDNN's attention refused or failed a call (a shape, a head dim or a GPU it has no plan for)."""
+
+
+def available(query: torch.Tensor, for_auto: bool = False) -> bool:
+    """Whether cuDNN's attention takes ``query``: CUDA with cuDNN, float16 or bfloat16, head dim <= 128 (``for_auto``:
+    and it has not failed in this process)."""
+    if for_auto and _failure:
+        return False
+    return (
+        query.device.type == "cuda"
+        and torch.backends.cudnn.is_available()
+        and query.dtype in (torch.float16, torch.bfloat16)
+        and query.shape[-1] <= 128
+    )
+
+
+def cudnn_forward(q, k, v, causal: bool, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten._scaled_dot_product_cudnn_attention`` on ``[B, H, L, D]`` tensors (top-left causal on a square):
+    ``(out [B, H, Lq, D], lse [B, H, Lq])``."""
+    out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
+        q, k, v, None, True, 0.0, causal, False, scale=scaling
+    )[:2]
+    return out, lse.reshape(q.shape[:3])
+
+
+class CudaCudnn(TiledBackend):
+    name = "cuda_cudnn"
+    summary = "cuDNN's attention on whole-block causal calls, no mask (CUDA prefill, half precision, forward only)"
+    model_devices = ("cuda",)
+
+    def unavailable(self, query) -> str | None:
+        if available(query):
+            return None
+        return (
+            "backend='cuda_cudnn' needs cuDNN's attention: a CUDA device with cuDNN, float16 or bfloat16 inputs "
+            f"(head dim <= 128); got {query.device.type} {str(query.dtype).removeprefix('torch.')}"
+        )
+
+    def wants(self, query, fusable) -> bool:
+        return query.shape[2] > SMALL_QUERY and available(query, for_auto=True)
+
+    def compile_failed(self, error) -> bool:
+        return isinstance(error, CudnnError)
+
+    def give_up(self, error) -> None:
+        if not _failure:
+            _failure.append(str(error).splitlines()[0] if str(error) else type(error).__name__)
+            warnings.warn(
+                f"longreach: cuDNN's attention failed ({_failure[0]}); backend='auto' uses the next backend from now "
+                "on (slower, the same results)",
+                stacklevel=3,
+            )
+
+    def block(self, q, k, v, mask, causal, scaling):
+        k, v = expand_heads(k, q.shape[1]), expand_heads(v, q.shape[1])  # [B, Hq, K, D]
+        try:
+            out, lse = cudnn_forward(q, k, v, causal, scaling)
+        except RuntimeError as error:
+            raise CudnnError(
+                f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error) else ''}"
+            ) from error
+        return out.float(), lse.float()
+
+    def tile(self, call: Call) -> int:
+        """As tall as the call: a band's tile is then the band's own width (:func:`..plan.blocks`)."""
+        return max(call.q_len, call.kv_len)
+
+    def prepare(self, cells: tuple[Cell, ...], call: Call) -> list[list[Block]] | None:
+        """Each cell's whole blocks, or ``None`` where a block would need a mask (decided by host arithmetic before
+        any block is made) or autograd would differentiate the call."""
+        if call.needs_grad or call.q_len <= SMALL_QUERY or call.key_padding is not None:
+            return None
+        for cell in cells:
+            if cell.part.key_span is not None or cell.part.pairs is not None:
+                return None
+            band = None if cell.hi is None else cell.hi - cell.lo - 1  # the band's tile
+            if band is not None and (
+                band < MIN_BAND_TILE or band_clipped(call.q_len, cell.lo, cell.hi, call.offset, band)
+            ):
+                return None
+        return [self.plan(cell, call, 0) for cell in cells]
+
+
+BACKEND = CudaCudnn()
