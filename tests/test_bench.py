@@ -1,4 +1,4 @@
-"""bench/gpu.sh, the first command of a session lent a GPU, runs through on the CPU (``--device cpu``)."""
+"""bench/gpu.sh, the first two commands of a session lent a GPU, run through on the CPU (``--device cpu``)."""
 
 import os
 import subprocess
@@ -10,23 +10,38 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def gpu_script(*arguments: str, out: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable}
+    script = str(ROOT / "bench" / "gpu.sh")
+    return subprocess.run(["bash", script, *arguments], env=env, capture_output=True, text=True, timeout=900)
+
+
 @pytest.mark.slow
-def test_the_gpu_script_dry_runs_on_the_cpu_without_touching_the_results(tmp_path):
-    """Every step runs at small sizes: the CUDA tests (skipped here, junit written), the attention benchmark in
-    prefill and decoding with the kernel SDPA picked, the default model end to end; tables go to $OUT."""
+def test_both_parts_dry_run_on_the_cpu_and_write_everything_under_out(tmp_path):
+    """Part 1: the probe (JSON), the attention tables in prefill and decoding with the kernel SDPA picked, the
+    default model end to end; part 2: the CUDA tests in three groups (skipped here, junit written). Each step's
+    status is in steps.tsv; bench/RESULTS.md is left alone."""
     results = ROOT / "bench" / "RESULTS.md"
     before = results.read_text()
-    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
-    done = subprocess.run(
-        ["bash", str(ROOT / "bench" / "gpu.sh"), "--device", "cpu"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for part in ("1", "2"):
+        done = gpu_script(part, "--device", "cpu", out=tmp_path)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert results.read_text() == before
-    assert "testsuite" in (tmp_path / "cuda-tests.xml").read_text()
+    steps = [line.split("\t") for line in (tmp_path / "steps.tsv").read_text().splitlines()]
+    assert [name for name, *_ in steps] == [
+        "probe",
+        "prefill-auto",
+        "prefill-cudnn",
+        "decode-auto",
+        "model",
+        "tests-new",
+        "tests-kernel",
+        "tests-models",
+    ]
+    assert all(status == "0" for _, status, _ in steps), steps
+    for group in ("new", "kernel", "models"):
+        assert "testsuite" in (tmp_path / f"tests-{group}.xml").read_text()
+    assert '"auto"' in (tmp_path / "gpu_probe.json").read_text()
     written = (tmp_path / "RESULTS.md").read_text()
     assert "## Attention, causal prefill, time, n = 512,1024" in written and "## Attention, decoding step" in written
     assert "## End to end, the default model at 512 tokens" in written
@@ -36,6 +51,8 @@ def test_the_gpu_script_dry_runs_on_the_cpu_without_touching_the_results(tmp_pat
         assert f"| {method} | 1024 |" in written
 
 
-def test_the_gpu_script_refuses_an_unknown_device():
-    done = subprocess.run(["bash", str(ROOT / "bench" / "gpu.sh"), "--device", "tpu"], capture_output=True, text=True)
+def test_the_gpu_script_refuses_an_unknown_device_or_part(tmp_path):
+    done = gpu_script("1", "--device", "tpu", out=tmp_path)
     assert done.returncode == 2 and done.stderr.strip() == "bench/gpu.sh: --device tpu is not one of: cuda, cpu"
+    done = gpu_script("--device", "cpu", out=tmp_path)
+    assert done.returncode == 2 and "which part? 1 (probe and benchmarks) or 2 (CUDA tests)" in done.stderr

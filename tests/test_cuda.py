@@ -71,7 +71,7 @@ def test_every_method_on_every_cuda_backend_matches_the_reference(name, params, 
 
 
 @pytest.mark.parametrize("name, params", [("string", {"shift": 40, "local_window": 5}), BASELINES[-1]])
-@pytest.mark.parametrize("backend", ["auto", "cuda_efficient", "triton", "cuda_flash"])
+@pytest.mark.parametrize("backend", ["auto", "cuda_efficient", "triton", "cuda_flash", "cuda_cudnn"])
 def test_bfloat16_on_cuda(name, params, backend):
     if backend == "triton" and "dimensions" in params:
         pytest.skip("the fused kernel takes no per-head rotary pairs (DPE with selected pairs)")
@@ -88,6 +88,23 @@ def test_bfloat16_on_cuda(name, params, backend):
         backend=backend,
     )
     assert got.dtype == torch.bfloat16
+    assert (got.cpu().double() - want)[rows].abs().max() <= 0.05
+
+
+@pytest.mark.parametrize("name, params", [("string", {"shift": 100, "local_window": 5}), *BASELINES[:3]])
+def test_cudnn_whole_blocks_on_cuda(name, params):
+    """cuda_cudnn's own calls (unpadded prefill, no decline): cuDNN's attention with its log-sum-exp on every block."""
+    method = create(name, training_window=300, **params)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(300)
+    want, rows = expected(method, q, k, v, positions, padding, inv_freq, 300, scaling=0.3)
+    got = kernel.attention(
+        *on_cuda(q_rot, k_rot, v, dtype=torch.bfloat16),
+        method.parts(),
+        inv_freq.float().cuda(),
+        scaling=0.3,
+        positions=positions.cuda(),
+        backend="cuda_cudnn",
+    )
     assert (got.cpu().double() - want)[rows].abs().max() <= 0.05
 
 
