@@ -7,7 +7,7 @@ import torch
 from conftest import TINY_VOCAB, byte_tokenizer, tiny_model
 
 from longreach import provenance
-from longreach.eval import haystack, pictures, report, report_runs, runner, scoring, tasks
+from longreach.eval import haystack, pictures, report, report_cells, report_runs, runner, scoring, tasks
 from longreach.methods.spec import MethodSpec
 
 
@@ -92,9 +92,9 @@ def test_lengths_methods_and_depths_parse_with_clear_errors():
 
 
 def test_effective_length_rule():
-    assert report.effective_length({2048: 100, 4096: 90, 8192: 50}) == 4096
-    assert report.effective_length({2048: 80, 4096: 90}) == 0  # the first length already fails
-    assert report.effective_length({2048: 90, 4096: 80, 8192: 95}) == 2048  # every shorter length must pass
+    assert report_cells.effective_length({2048: 100, 4096: 90, 8192: 50}) == 4096
+    assert report_cells.effective_length({2048: 80, 4096: 90}) == 0  # the first length already fails
+    assert report_cells.effective_length({2048: 90, 4096: 80, 8192: 95}) == 2048  # every shorter length must pass
 
 
 def tiny_grid(tmp_path):

@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from ..methods.spec import MethodSpec
-from . import haystack, report, runner, tune
+from . import haystack, report_cells, runner, tune
 from .distributed import World
 
 # 4 values for one key, fraction found: the needles of DPE's own generator, the length filled
@@ -274,11 +274,12 @@ def _markdown(result: dict, final: list) -> str:
     combination, rope = final
     lines += [
         "",
-        f"Paired on the same cases, the calibrated dpe minus rope: {report.difference(*combination.minus(rope))}.",
+        "Paired on the same cases, the calibrated dpe minus rope: "
+        f"{report_cells.difference(*combination.minus(rope))}.",
     ]
     lines += ["", f"Apply: `{result['apply']}`", ""]
     return "\n".join(lines)
 
 
 def _cell(score: float, interval, n: int) -> str:
-    return f"{score:.1f} {report.bounds(tuple(interval))}" if n else "—"
+    return f"{score:.1f} {report_cells.bounds(tuple(interval))}" if n else "—"

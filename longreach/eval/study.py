@@ -21,7 +21,7 @@ from statistics import mean
 
 from .. import provenance
 from ..plots import length_text
-from . import report, summary_csv
+from . import report, report_cells, summary_csv
 from .records import RESULTS, read_results
 
 
@@ -101,13 +101,14 @@ def _index(parts: list[tuple[Path, Path, dict]], to: Path) -> str:
         paired = defaultdict(dict)
         for p in summary["paired"] + [{**p, "task": p.get("family", "ruler")} for p in summary["ruler_paired"]]:
             if p["n"] and ":" not in p["task"]:
-                paired[p["task"], p["method"]][p["length"]] = report.difference(
+                paired[p["task"], p["method"]][p["length"]] = report_cells.difference(
                     p["difference"], (_nan(p["low"]), _nan(p["high"])), p["n"]
                 )
         if paired:
             lines += [
                 "",
-                f"Minus {report.BASELINE} on the same cases (mean paired difference, 95% bootstrap interval, pairs):",
+                f"Minus {report_cells.BASELINE} on the same cases (mean paired difference, 95% bootstrap interval, "
+                "pairs):",
                 "",
                 "| task | method | " + " | ".join(length_text(n) for n in lengths) + " |",
                 "|---" * (len(lengths) + 2) + "|",

@@ -17,7 +17,7 @@ from statistics import mean
 
 from .. import plots
 from ..methods.spec import MethodSpec, parse_value
-from . import report, runner, stats
+from . import report_cells, runner, stats
 
 
 def parse_grid(items: list[str]) -> dict[str, list]:
@@ -119,9 +119,9 @@ def markdown(title: str, table: list[Row], winner: Row, method: str, baseline: R
     ]
     for row in table:
         mark = " **best**" if row is winner else ""
-        cells = [f"`{row.label}`{mark}", f"{row.score:.1f}", report.bounds(row.interval), str(row.n)]
+        cells = [f"`{row.label}`{mark}", f"{row.score:.1f}", report_cells.bounds(row.interval), str(row.n)]
         if baseline:
-            cells.append("" if row is baseline else report.difference(*row.minus(baseline)))
+            cells.append("" if row is baseline else report_cells.difference(*row.minus(baseline)))
         lines.append("| " + " | ".join(cells) + " |")
     settings = [row for row in table if row is not baseline and row.n]
     if all(row.score == winner.score for row in settings) and (baseline is None or baseline.score == winner.score):
