@@ -12,6 +12,7 @@ bfloat16 inputs; times are CUDA events (the CPU: wall clock), medians of 5 after
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -62,9 +63,8 @@ def timed(run, device: torch.device, rounds: int = 5) -> float:
 def layer(n: int, device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, dim: int):
     """Random rotated ``q``, ``k``, ``v`` of a layer, and its ``inv_freq``."""
     generator = torch.Generator(device=device).manual_seed(0)
-    shape = lambda h: (1, h, n, dim)  # noqa: E731 - a shape, not a function worth a name
     q, k, v = (
-        torch.randn(shape(h), device=device, dtype=dtype, generator=generator) for h in (heads, kv_heads, kv_heads)
+        torch.randn(1, h, n, dim, device=device, dtype=dtype, generator=generator) for h in (heads, kv_heads, kv_heads)
     )
     return q, k, v, 1.0 / (10000 ** (torch.arange(0, dim, 2, device=device).float() / dim))
 
@@ -87,19 +87,22 @@ def main() -> None:
         on_cpu = ["auto", "cpu_fused", "cpu_flash", "flex", "math"]
         names = [b for b in backends.names() if b != "triton"] + ["triton"] if cuda else on_cpu  # Triton last
         for backend in names:
-            got = lambda: kernel.attention(q, k, v, parts, inv_freq, backend=backend)  # noqa: E731
-            record("checks", f"{name}_{backend}_max_error", lambda: round((got().float() - want).abs().max().item(), 4))
+            record("checks", f"{name}_{backend}_max_error", lambda: max_error(q, k, v, parts, inv_freq, backend, want))
     for what, length in (("prefill", 4096), ("decoding step", 1)):
         query = torch.empty(1, heads, length, dim, device=device, dtype=dtype)
         record("auto", what, lambda: backends.pick(query, "auto", fusable=True).name)
     if cuda:
-        raw = lambda: torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, True, False)  # noqa: E731
-        record("checks", "cudnn_op_takes_grouped_heads", lambda: list(raw()[0].shape))
+        cudnn = torch.ops.aten._scaled_dot_product_cudnn_attention
+        record(
+            "checks",
+            "cudnn_op_takes_grouped_heads",
+            lambda: list(cudnn(q, k, v, None, True, 0.0, True, False)[0].shape),
+        )
 
     for n in (8192, 32768, 131072) if cuda else (512, 1024):
         q, k, v, inv_freq = layer(n, device, dtype, heads, kv_heads, dim)
         parts = create("string", training_window=n).parts()
-        sdpa = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731
+        sdpa = functools.partial(F.scaled_dot_product_attention, q, k, v, is_causal=True, enable_gqa=True)
         record("ms", f"sdpa_{n}", lambda: timed(sdpa, device))
         if cuda:
             from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -108,12 +111,17 @@ def main() -> None:
                 record("ms", f"sdpa_{kind.lower()}_{n}", lambda: _forced(kind, sdpa, device, SDPBackend, sdpa_kernel))
         names = ("auto", "cuda_cudnn", "flex", "cuda_flash", "triton") if cuda else ("auto", "cpu_flash")
         for backend in names:
-            run = lambda: kernel.attention(q, k, v, parts, inv_freq, backend=backend)  # noqa: E731
+            run = functools.partial(kernel.attention, q, k, v, parts, inv_freq, backend=backend)
             record("ms", f"string_{backend}_{n}", lambda: timed(run, device))
             if cuda:
                 record("peak_mib", f"string_{backend}_{n}", lambda: _peak(run))
         if cuda:
             torch.cuda.empty_cache()
+
+
+def max_error(q, k, v, parts, inv_freq, backend: str, want: torch.Tensor) -> float:
+    """The largest difference between ``backend``'s attention and ``want``."""
+    return round((kernel.attention(q, k, v, parts, inv_freq, backend=backend).float() - want).abs().max().item(), 4)
 
 
 def _forced(kind, sdpa, device, SDPBackend, sdpa_kernel) -> float:

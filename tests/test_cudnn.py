@@ -102,8 +102,8 @@ def test_auto_takes_it_for_cuda_prefill_where_cudnn_runs(monkeypatch):
     monkeypatch.setattr(cuda_cudnn, "available", lambda query, for_auto=False: True)
     assert backends.pick(CudaQuery(4096), "auto", fusable=True) is backends.REGISTRY["cuda_cudnn"]
     assert backends.pick(CudaQuery(1), "auto", fusable=True) is not backends.REGISTRY["cuda_cudnn"]
+    monkeypatch.undo()
     with pytest.raises(ValueError, match="^backend='cuda_cudnn' needs cuDNN's attention: a CUDA device with cuDNN"):
-        monkeypatch.undo()
         backends.pick(torch.zeros(1, 4, 64, 16), "cuda_cudnn")
 
 

@@ -42,6 +42,11 @@ class Cell:
         """The key shift where it is a constant, else 0 (a per-token key shift moves the keys themselves)."""
         return 0.0 if callable(self.part.key_shift) else float(self.part.key_shift)
 
+    @property
+    def by_distance_alone(self) -> bool:
+        """Whether the cell's pairs are its distance bounds alone: no key span (DCA), no per-head pairs (DPE)."""
+        return self.part.key_span is None and self.part.pairs is None
+
     def span(self, q_positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The key positions ``[first, stop)`` ``[B, Lq]`` each query may attend here (DCA's chunks), or ``None``."""
         return None if self.part.key_span is None else self.part.key_span(q_positions)

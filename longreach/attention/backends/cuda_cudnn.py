@@ -106,7 +106,7 @@ class CudaCudnn(TiledBackend):
         if call.needs_grad or call.q_len <= SMALL_QUERY or call.key_padding is not None:
             return None
         for cell in cells:
-            if cell.part.key_span is not None or cell.part.pairs is not None:
+            if not cell.by_distance_alone:
                 return None
             band = None if cell.hi is None else cell.hi - cell.lo - 1  # the band's tile
             if band is not None and (

@@ -59,7 +59,7 @@ class CudaFlash(Backend):
         gradients."""
         if call.key_padding is not None or call.needs_grad:
             return None
-        return None if any(c.part.key_span is not None or c.part.pairs is not None for c in cells) else cells
+        return cells if all(cell.by_distance_alone for cell in cells) else None
 
     def run(self, cells: tuple[Cell, ...], _, call: Call) -> tuple[torch.Tensor, torch.Tensor]:
         """Each cell's band on the query and keys its shifts move, merged by log-sum-exp."""
