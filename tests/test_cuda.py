@@ -255,3 +255,28 @@ def test_the_windowed_flash_backend_on_cuda(name, params):
         )
         assert got.dtype == torch.bfloat16
         assert (got.cpu().double() - want)[rows].abs().max() <= 0.05, q_len
+
+
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("rope", {}),
+        ("string", {"shift": 40, "local_window": 5}),
+        ("rerope", {"window": 36}),
+        ("self_extend", {"group_size": 3, "neighbor_window": 34}),
+    ],
+)
+def test_the_flash_backends_decoding_step_with_grouped_heads_on_cuda(name, params):
+    """``cuda_flash``'s decoding step (each cell the keys of its band alone in an unmasked call: FlashAttention's
+    grouped-query decoding path), bfloat16, GQA 4:2, at a cache shorter than the far parts' distance (37) and longer
+    (300), against the math backend in float32 on the same inputs."""
+    method = create(name, training_window=120, **params)
+    for n in (37, 300):
+        q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(n)
+        query, key, value = on_cuda(q_rot[:, :, -1:], k_rot, v, dtype=torch.bfloat16)
+        common = dict(scaling=0.3, positions=positions.cuda())
+        parts, inv_freq = method.parts(), inv_freq.float().cuda()
+        want = kernel.attention(query.float(), key.float(), value.float(), parts, inv_freq, backend="math", **common)
+        got = kernel.attention(query, key, value, parts, inv_freq, backend="cuda_flash", **common)
+        assert got.dtype == torch.bfloat16 and got.shape == (2, 1, 4, 16)
+        assert (got.float() - want).abs().max() <= 0.02, n

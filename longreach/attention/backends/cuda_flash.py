@@ -9,6 +9,11 @@ merge, as in the official code (``string_flash_forward`` in HKUNLP/STRING's ``st
 ``flash_attn_func`` call with ``window_size=[S - 1, 0]`` and one on the shifted rows). PyTorch ships the
 kernel as ``aten._flash_attention_forward`` (CUDA, float16/bfloat16); no flash-attn package is needed.
 
+A decoding step (one query row, ``i = Lkv - 1``) needs neither the causal mask nor a window: its keys are sliced to
+the band, ``Lkv - hi <= j < Lkv - lo``, and the call is unmasked (``window_size = [-1, -1]``). Only such a call
+takes FlashAttention's grouped-query decoding path, which folds the query heads of a group into the rows
+(``seqlenq_ngroups_swapped`` in PyTorch's ``flash_api.cpp``: one query row, not causal, both windows negative).
+
 For parts given by distance alone, on unpadded batches (FlashAttention has no mask); anything else --
 key padding, DCA's key spans, DPE's per-head pairs, gradients -- it hands to ``cuda_efficient``, the tiled kernel.
 """
@@ -80,23 +85,31 @@ class CudaFlash(Backend):
 
 
 def _band(q, k, value, lo: int, hi: int | None, scaling: float):
-    """The pairs ``lo <= i - j < hi`` in one call: rows ``i >= lo`` (the others are empty) against keys
-    ``j < Lkv - lo``."""
+    """The pairs ``lo <= i - j < hi`` in one call. Prefill: rows ``i >= lo`` (the others are empty) against keys
+    ``j < Lkv - lo``, causal (bottom right) with the left window ``hi - lo - 1``. A decoding step (its row
+    ``i = Lkv - 1``): the keys ``max(0, Lkv - hi) <= j < Lkv - lo`` alone, unmasked -- FlashAttention's
+    grouped-query decoding path."""
     batch, heads, q_len, _ = q.shape
     kv_len = k.shape[2]
     first = max(0, lo - (kv_len - q_len))  # the first row that reaches a key of the part
+    if q_len == 1 and lo < kv_len:
+        band = slice(0 if hi is None else max(0, kv_len - hi), kv_len - lo)
+        return flash(q, k[:, :, band], value[:, :, band], scaling, causal_window=None)
     out = torch.zeros(batch, heads, q_len, value.shape[-1], dtype=torch.float32, device=q.device)
     lse = torch.full((batch, heads, q_len), NEG_INF, dtype=torch.float32, device=q.device)
     if first >= q_len or kv_len - lo <= 0:
         return out, lse
     window = -1 if hi is None else hi - lo - 1
-    rows_out, rows_lse = flash(q[:, :, first:], k[:, :, : kv_len - lo], value[:, :, : kv_len - lo], window, scaling)
+    rows_out, rows_lse = flash(
+        q[:, :, first:], k[:, :, : kv_len - lo], value[:, :, : kv_len - lo], scaling, causal_window=window
+    )
     out[:, :, first:], lse[:, :, first:] = rows_out, rows_lse
     return out, lse
 
 
-def flash(q, k, v, window_left: int, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``aten._flash_attention_forward``, causal (bottom-right) with a left window, on ``[B, H, L, D]`` tensors:
+def flash(q, k, v, scaling: float, causal_window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten._flash_attention_forward`` on ``[B, H, L, D]`` tensors: causal (aligned to the bottom right) with the
+    left window ``causal_window`` (-1: unbounded), or unmasked (``None``: not causal, both windows -1);
     ``(out [B, Hq, Lq, D], lse [B, Hq, Lq])`` in float32. FlashAttention reports a row with no key as
     ``lse = +inf``; here it is ``-inf`` (and 0), what :func:`.merge.merge` reads as empty."""
     out, lse, *_ = _flash_forward(
@@ -108,11 +121,11 @@ def flash(q, k, v, window_left: int, scaling: float) -> tuple[torch.Tensor, torc
         q.shape[2],
         k.shape[2],
         0.0,
-        True,
+        causal_window is not None,
         False,
         scale=scaling,
-        window_size_left=window_left,
-        window_size_right=0,
+        window_size_left=-1 if causal_window is None else causal_window,
+        window_size_right=-1 if causal_window is None else 0,
     )
     empty = ~torch.isfinite(lse)
     return out.transpose(1, 2).float().masked_fill(empty[..., None], 0.0), lse.float().masked_fill(empty, NEG_INF)
