@@ -412,20 +412,24 @@ def test_a_forward_builds_each_plan_once_whatever_the_number_of_layers(monkeypat
     assert step.count("keys_of") == 1 and step.count("fold_block_key_shifts") == 1
 
 
-COMPILED_STEP = [("llama", name) for name in ["rope", "pi", "ntk", "yarn", "drop", *sorted(METHODS)]] + [
-    ("mistral", "string"),
-    ("mistral", "dca"),
-    ("gemma3", "self_extend"),
-    ("gemma3", "dpe"),
+COMPILED_STEP = [("llama", name, "auto") for name in ["rope", "pi", "ntk", "yarn", "drop", *sorted(METHODS)]] + [
+    ("mistral", "string", "auto"),
+    ("mistral", "dca", "auto"),
+    ("gemma3", "self_extend", "auto"),
+    ("gemma3", "dpe", "auto"),
+    ("llama", "rerope", "math"),
+    ("mistral", "dca", "math"),
 ]
 
 
-@pytest.mark.parametrize("family, name", COMPILED_STEP)
+@pytest.mark.parametrize("family, name, backend", COMPILED_STEP)
 @torch.no_grad()
-def test_a_decoding_step_with_a_static_cache_compiles_whole(family, name):
+def test_a_decoding_step_with_a_static_cache_compiles_whole(family, name, backend):
     """``torch.compile(fullgraph=True)`` of a decoding step against a ``StaticCache`` (left-padded batch, empty
     slots): no graph break -- no host sync, no data-dependent shape -- so CUDA graphs can capture it; the
-    same logits as the eager step. Sliding-window and hybrid caches too."""
+    same logits as the eager step. Sliding-window and hybrid caches too. ``auto`` calls the fused Triton kernel as
+    an operator where it can (here under Triton's interpreter; not Drop Attention, not DPE), ``math`` scores every
+    slot with torch operations (:mod:`longreach.attention.static`)."""
     # each case compiles anew: a fresh model is a new guard on the same code, and PyTorch caps recompiles at 8
     torch._dynamo.reset()
     model = tiny_model(family, **CACHE_FAMILIES[family])
@@ -436,7 +440,7 @@ def test_a_decoding_step_with_a_static_cache_compiles_whole(family, name):
         if name in ("pi", "ntk", "yarn")
         else METHODS.get(name, {})
     )
-    longreach.apply(model, name, **params)
+    longreach.apply(model, name, backend=backend, **params)
     x, mask = left_padded(n=50, pad=7)
     caches = [StaticCache(config=model.config, max_cache_len=64) for _ in range(2)]
     for cache in caches:

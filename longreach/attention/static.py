@@ -7,7 +7,10 @@ graphs, ``mode="reduce-overhead"`` -- a decoding step must not: here every slot 
 on the device from the keys' positions, and the chosen scores meet in one softmax. The parts are disjoint
 and cover the causal pairs (every method's ``parts``; the tests check it), so this is exactly the method's
 attention. The scores are ``[B, Hq, Lq, Lkv]`` for the few queries of a step: O(n) memory, as SDPA's own
-decoding.
+decoding. Where Triton runs, the step calls the fused kernel instead, registered as an operator
+(:data:`.backends.triton.key_splits`): it reads each slot's position from the device and the cache once, in its
+own dtype; the moved queries, the key angles and the combine of its key splits are torch operations for
+Inductor to fuse around it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Sequence
 
 import torch
 
+from .backends import triton as fused
 from .cells import lower
 from .heads import expand_heads, grouped_matmul
 from .parts import NEG_INF, Part, covers
@@ -38,16 +42,21 @@ def attention(
     sliding_window: int | None = None,
     logit_scale: float | torch.Tensor = 1.0,
     drop: torch.Tensor | None = None,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """Attention of rotated ``query [B, Hq, Lq, D]`` over every cache slot ``key``/``value [B, Hkv, Lkv, D]``.
 
     ``positions [B, Lkv]``: each slot's absolute position, negative where it holds no token (padding, or a
     static cache's empty slot). The queries are the last ``Lq`` slots that are not empty (marked -2), i.e.
     the tokens just written. ``drop [B, Lq]``: Drop Attention's rates (:func:`drop_below_quantile`).
-    Returns ``[B, Lq, Hq, D]`` in the input dtype; rows that attend no key are 0.
+    ``backend``: ``auto`` or ``triton`` take the fused Triton kernel where it can run (:func:`_fused`), any other
+    name the scores below. Returns ``[B, Lq, Hq, D]`` in the input dtype; rows that attend no key are 0.
     """
     batch, q_heads, q_len, _ = query.shape
     scaling = 1.0 / math.sqrt(query.shape[-1]) if scaling is None else scaling
+    cells = lower(parts, sliding_window)
+    if backend in ("auto", "triton") and drop is None and fused.takes_compiled_step(query, cells):
+        return _fused(query, key, value, cells, inv_freq, positions, scaling, logit_scale)
     if any(
         part.pairs is not None for part in parts
     ):  # DPE: keys per query head (checking which groups differ would sync)
@@ -59,7 +68,7 @@ def attention(
     factor = per_sequence(logit_scale, compute, query.device)
     rotary_dims = 2 * inv_freq.shape[-1]
     scores = torch.full((batch, q_heads, q_len, key.shape[2]), NEG_INF, dtype=compute, device=query.device)
-    for cell in lower(parts, sliding_window):
+    for cell in cells:
         part = cell.part
         span = cell.span(q_positions)
         span = None if span is None else (span[0][:, :, None], span[1][:, :, None])
@@ -74,6 +83,39 @@ def attention(
     lse = torch.logsumexp(scores, dim=-1, keepdim=True)  # [B, Hq, Lq, 1]
     weights = torch.exp(scores - torch.where(torch.isfinite(lse), lse, 0.0))
     out = grouped_matmul(weights, value.to(compute))
+    return out.to(query.dtype).transpose(1, 2)
+
+
+def _fused(query, key, value, cells, inv_freq, positions, scaling, logit_scale) -> torch.Tensor:
+    """The step by the fused Triton kernel, called as an operator (:data:`.backends.triton.key_splits`): distances
+    from the slots' positions, empty slots and padding masked by them, key angles and moved queries computed here
+    for Inductor to fuse (and to compute once for the layers that share them)."""
+    compute = compute_dtype(query.dtype)
+    q_positions = query_positions(positions, query.shape[2])
+    rotary_dims = 2 * inv_freq.shape[-1]
+    factor = per_sequence(logit_scale, compute, query.device)
+    query = torch.cat((query[..., :rotary_dims] * factor, query[..., rotary_dims:]), dim=-1)
+    layout = fused.lay_out(
+        cells,
+        q_positions,
+        inv_freq,
+        compute,
+        lambda shift: shift_angles(shift, positions.clamp(min=0), inv_freq, compute),
+    )
+    out, _ = fused.parts_attention(
+        fused.cell_queries(layout, query),
+        key,
+        value,
+        layout.slots,
+        scaling,
+        0,
+        positions >= 0,
+        layout.tables,
+        layout.spans,
+        positions,
+        q_positions,
+        launcher=fused.key_splits,
+    )
     return out.to(query.dtype).transpose(1, 2)
 
 

@@ -12,6 +12,7 @@ except ImportError:  # pragma: no cover - depends on the installed packages
 
 
 if triton is not None:
+    NO_DISTANCE = tl.constexpr(1 << 62)  # beyond every distance: the empty side of a min or max
 
     @triton.jit
     def _load_rows(base, rows_ok, PAIRS: tl.constexpr, PAIRS_P: tl.constexpr, REST: tl.constexpr, REST_P: tl.constexpr):
@@ -32,14 +33,14 @@ if triton is not None:
     @triton.jit
     def _cell(
         scores,
-        c,
+        lo,
+        hi,
         q1,
         q2,
         q3,
         k1,
         k2,
         k3,
-        bounds,
         distance,
         d_min,
         d_max,
@@ -64,8 +65,6 @@ if triton is not None:
     ):
         """Cell ``c``'s scores written into ``scores`` at its pairs; skipped when the tile's distances miss its
         range."""
-        lo = tl.load(bounds + 2 * c)
-        hi = tl.load(bounds + 2 * c + 1)
         if (d_max >= lo) & (d_min < hi):
             if (
                 TABLE >= 0
@@ -100,7 +99,7 @@ if triton is not None:
         FIRST,
         STOP,
         KEYPOS,
-        BOUNDS,
+        QPOS,
         OUT,
         LSE,
         stride_qc,
@@ -120,6 +119,7 @@ if triton is not None:
         stride_fb,
         stride_pb,
         stride_kpb,
+        stride_qpb,
         stride_os,
         stride_ob,
         stride_oh,
@@ -133,6 +133,12 @@ if triton is not None:
         kv_len,
         offset,
         keys_per_split,
+        lo0,
+        hi0,
+        lo1,
+        hi1,
+        lo2,
+        hi2,
         lo_min,
         hi_max,
         scale,
@@ -150,17 +156,20 @@ if triton is not None:
         SPAN1: tl.constexpr,
         SPAN2: tl.constexpr,
         PADDED: tl.constexpr,
+        BY_POSITION: tl.constexpr,
         BOUNDED: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         ACC: tl.constexpr,
     ):
         """One program: a tile of query rows (a group's heads packed) against one split of the keys."""
-        tile, head_of_batch, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        # indices in int64: offsets past 2**31 elements (128K rows, batch 2, three cells' queries) must not wrap
+        tile, head_of_batch = tl.program_id(0), tl.program_id(1).to(tl.int64)
+        split = tl.program_id(2).to(tl.int64)
         b, kv_head = head_of_batch // kv_heads, head_of_batch % kv_heads
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         rows_ok = rows < group * q_len
-        t = rows % q_len
+        t = (rows % q_len).to(tl.int64)
         head = kv_head * group + rows // q_len
         t_lo = tl.min(tl.where(rows_ok, t, q_len), axis=0)
         t_hi = tl.max(tl.where(rows_ok, t, -1), axis=0)
@@ -172,41 +181,52 @@ if triton is not None:
         if CELLS > 1:
             q1b, q2b, q3b = _load_rows(q_rows + stride_qc, rows_ok, PAIRS, PAIRS_P, REST, REST_P)
         if CELLS > 2:
-            q1c, q2c, q3c = _load_rows(q_rows + 2 * stride_qc, rows_ok, PAIRS, PAIRS_P, REST, REST_P)
+            q1c, q2c, q3c = _load_rows(q_rows + stride_qc + stride_qc, rows_ok, PAIRS, PAIRS_P, REST, REST_P)
 
         begin = split * keys_per_split
-        end = tl.minimum(tl.minimum(kv_len, begin + keys_per_split), t_hi + offset - lo_min + 1)
-        if BOUNDED:  # keys below every cell's reach are skipped (tile aligned)
-            begin = tl.maximum(begin, (t_lo + offset - hi_max + 1) // BLOCK_N * BLOCK_N)
+        if BY_POSITION:  # distances from the positions (a static cache's slots, in any order): every slot is read
+            q_at = tl.load(QPOS + b * stride_qpb + t, mask=rows_ok, other=0)
+            end = tl.minimum(kv_len, begin + keys_per_split)
+        else:  # distances from the indices: keys past the last row's reach, or below every cell's, are skipped
+            end = tl.minimum(tl.minimum(kv_len, begin + keys_per_split), t_hi + offset - lo_min + 1)
+            if BOUNDED:  # (tile aligned)
+                begin = tl.maximum(begin, (t_lo + offset - hi_max + 1) // BLOCK_N * BLOCK_N)
 
         m_i = tl.full([BLOCK_M], float("-inf"), ACC)
         l_i = tl.zeros([BLOCK_M], ACC)
         acc = tl.zeros([BLOCK_M, VALUE_P], ACC)
         value_dims = tl.arange(0, VALUE_P)
         for start in range(begin, end, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)
+            cols = start + tl.arange(0, BLOCK_N).to(tl.int64)
             cols_ok = cols < end
             k1, k2, k3 = _load_rows(
                 K + b * stride_kb + kv_head * stride_kh + cols * stride_kj, cols_ok, PAIRS, PAIRS_P, REST, REST_P
             )
-            distance = t[:, None] + offset - cols[None, :]
-            d_min = t_lo + offset - (start + BLOCK_N - 1)
-            d_max = t_hi + offset - start
-            key_at = cols
-            if SPAN0 | SPAN1 | SPAN2:
+            if BY_POSITION:
                 key_at = tl.load(KEYPOS + b * stride_kpb + cols, mask=cols_ok, other=0)
+                distance = q_at[:, None] - key_at[None, :]
+                pair_ok = rows_ok[:, None] & cols_ok[None, :]
+                d_min = tl.min(tl.min(tl.where(pair_ok, distance, NO_DISTANCE), axis=1), axis=0)
+                d_max = tl.max(tl.max(tl.where(pair_ok, distance, -NO_DISTANCE), axis=1), axis=0)
+            else:
+                distance = t[:, None] + offset - cols[None, :]
+                d_min = t_lo + offset - (start + BLOCK_N - 1)
+                d_max = t_hi + offset - start
+                key_at = cols
+                if SPAN0 | SPAN1 | SPAN2:
+                    key_at = tl.load(KEYPOS + b * stride_kpb + cols, mask=cols_ok, other=0)
             table_base = b * stride_tb + cols[:, None] * stride_tj
             scores = tl.full([BLOCK_M, BLOCK_N], float("-inf"), ACC)
             scores = _cell(
                 scores,
-                0,
+                lo0,
+                hi0,
                 q1a,
                 q2a,
                 q3a,
                 k1,
                 k2,
                 k3,
-                BOUNDS,
                 distance,
                 d_min,
                 d_max,
@@ -232,14 +252,14 @@ if triton is not None:
             if CELLS > 1:
                 scores = _cell(
                     scores,
-                    1,
+                    lo1,
+                    hi1,
                     q1b,
                     q2b,
                     q3b,
                     k1,
                     k2,
                     k3,
-                    BOUNDS,
                     distance,
                     d_min,
                     d_max,
@@ -251,7 +271,7 @@ if triton is not None:
                     cols_ok,
                     FIRST,
                     STOP,
-                    stride_fc + b * stride_fb,
+                    b * stride_fb + stride_fc,
                     t,
                     rows_ok,
                     key_at,
@@ -265,14 +285,14 @@ if triton is not None:
             if CELLS > 2:
                 scores = _cell(
                     scores,
-                    2,
+                    lo2,
+                    hi2,
                     q1c,
                     q2c,
                     q3c,
                     k1,
                     k2,
                     k3,
-                    BOUNDS,
                     distance,
                     d_min,
                     d_max,
@@ -284,7 +304,7 @@ if triton is not None:
                     cols_ok,
                     FIRST,
                     STOP,
-                    2 * stride_fc + b * stride_fb,
+                    b * stride_fb + stride_fc + stride_fc,
                     t,
                     rows_ok,
                     key_at,

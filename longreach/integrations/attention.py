@@ -117,6 +117,7 @@ def _compiled_step(state, module, query, key, value, attention_mask, scaling, sl
         sliding_window=sliding_window,
         logit_scale=logit_scale,
         drop=rates,
+        backend=state.backend,
     )
 
 

@@ -38,6 +38,7 @@ from .base import Backend
 try:
     import triton
     import triton.language as tl
+    from torch.library import triton_op, wrap_triton
 except ImportError:  # pragma: no cover - depends on the installed packages
     triton = None
 
@@ -64,6 +65,17 @@ def takes(dtype: torch.dtype) -> bool:
         return True
     major, minor = (int(part) for part in triton.__version__.split(".")[:2])
     return (major, minor) >= (3, 5)
+
+
+def takes_compiled_step(query: torch.Tensor, cells) -> bool:
+    """Whether a compiled decoding step calls the kernel (:func:`..static.attention`): Triton on the query's device
+    and dtype, and cells it takes -- at most :data:`MAX_CELLS`, none with per-head pairs (DPE)."""
+    return (
+        available(query.device, for_auto=True)
+        and takes(query.dtype)
+        and 1 <= len(cells) <= MAX_CELLS
+        and all(cell.part.pairs is None for cell in cells)
+    )
 
 
 def compile_failed(error: BaseException) -> bool:
@@ -107,58 +119,101 @@ def parts_attention(
     offset: int,
     padding: torch.Tensor | None = None,
     tables: tuple[torch.Tensor, torch.Tensor] | None = None,
-    spans: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    spans: tuple[torch.Tensor, torch.Tensor] | None = None,
+    key_positions: torch.Tensor | None = None,
+    q_positions: torch.Tensor | None = None,
     splits: int | None = None,
+    launcher=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of cell ``c``'s query ``queries[c] [B, Hq, Lq, D]`` over ``key``/``value [B, Hkv, Lkv, D]``.
 
-    Query row ``t`` is at key index ``t + offset``. ``padding [B, Lkv]`` is False at padding keys. ``tables``:
-    ``(cos, sin)`` ``[T, B, Lkv, P]`` (``P`` rotary pairs; dimensions past ``2P`` do not rotate), the angles a
-    cell's keys turn by. ``spans``: ``(first [C, B, Lq], stop [C, B, Lq], key positions [B, Lkv])``.
-    ``splits``: programs per row along the keys (default: one for prefill, enough to fill the device for a
-    decoding step). Returns ``(out [B, Hq, Lq, Dv], lse [B, Hq, Lq])`` in float32 (float64 for float64
-    inputs); rows with no key get 0 and ``-inf``.
+    Query row ``t`` is at key index ``t + offset``; with ``q_positions [B, Lq]`` distances are those of the
+    positions instead, ``q_positions - key_positions`` (``[B, Lkv]``), and every key is read (a static cache's
+    slots, in any order). ``padding [B, Lkv]`` is False at padding keys. ``tables``: ``(cos, sin)`` ``[T, B, Lkv,
+    P]`` (``P`` rotary pairs; dimensions past ``2P`` do not rotate), the angles a cell's keys turn by. ``spans``:
+    ``(first [C, B, Lq], stop [C, B, Lq])``, key positions. ``splits``: programs per row along the keys (default:
+    one for prefill, enough to fill the device for a decoding step). ``launcher``: :func:`launch` (default), or the
+    operator :data:`key_splits` in a compiled graph. Returns ``(out [B, Hq, Lq, Dv], lse [B, Hq, Lq])`` in
+    float32 (float64 for float64 inputs); rows with no key get 0 and ``-inf``.
     """
     if not 1 <= len(cells) <= MAX_CELLS or len(queries) != len(cells):
         raise ValueError(
             f"the fused kernel takes 1 to {MAX_CELLS} cells with one query each, got {len(cells)} cells, "
             f"{len(queries)} queries"
         )
-    batch, q_heads, q_len, dim = queries[0].shape
+    if key.device.type == "cpu" and key.dtype == torch.bfloat16:  # Triton's interpreter (3.9) multiplies bfloat16
+        key, value = key.float(), value.float()  # wrongly
+    bounds = [bound for c in cells for bound in (c.lo, NO_BOUND if c.hi is None else c.hi)]
+    first, stop = (None, None) if spans is None else spans
+    cos, sin = (None, None) if tables is None else tables
+    out, lse = (launcher or launch)(
+        torch.stack(queries).to(key.dtype),
+        key,
+        value,
+        bounds,
+        [-1 if c.table is None else c.table for c in cells],
+        [c.spanned for c in cells],
+        scaling,
+        offset,
+        splits or 0,
+        padding,
+        cos,
+        sin,
+        first,
+        stop,
+        key_positions,
+        q_positions,
+    )
+    return _combine(out, lse)
+
+
+def launch(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    bounds: list[int],
+    tables: list[int],
+    spanned: list[bool],
+    scaling: float,
+    offset: int,
+    splits: int = 0,
+    padding: torch.Tensor | None = None,
+    cos: torch.Tensor | None = None,
+    sin: torch.Tensor | None = None,
+    first: torch.Tensor | None = None,
+    stop: torch.Tensor | None = None,
+    key_positions: torch.Tensor | None = None,
+    q_positions: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One launch of the kernel: every split's ``(out [S, B, Hq, Lq, Dv], lse [S, B, Hq, Lq])`` for the cells'
+    queries ``query [C, B, Hq, Lq, D]``; cell ``c`` holds the distances ``bounds[2c] <= d < bounds[2c + 1]``, turns
+    its keys by table ``tables[c]`` (-1: as cached) and is limited by its key span where ``spanned[c]``;
+    ``splits``: key splits per row (0: enough to fill the device). Everything the positions decide arrives as a
+    device tensor or a host number: nothing is uploaded, so a compiled decoding step captures it whole (as the
+    ``torch.library`` operator :data:`key_splits`)."""
+    cells = len(spanned)
+    batch, q_heads, q_len, dim = query.shape[1:]
     kv_heads, kv_len, value_dim = key.shape[1], key.shape[2], value.shape[-1]
     group = q_heads // kv_heads
     accumulate = compute_dtype(key.dtype)
-    if (
-        key.device.type == "cpu" and key.dtype == torch.bfloat16
-    ):  # Triton's interpreter (3.9) multiplies bfloat16 wrongly
-        key, value = key.float(), value.float()
-    query = torch.stack(queries).to(key.dtype)
     key, value = _unit_stride(key), _unit_stride(value)
-    pairs = dim // 2 if tables is None else tables[0].shape[-1]
+    pairs = dim // 2 if cos is None else cos.shape[-1]
     dummy = torch.zeros(1, dtype=accumulate, device=key.device)
-    cos, sin = (t.to(accumulate).contiguous() for t in tables) if tables is not None else (dummy, dummy)
-    first, stop, key_positions = (
-        (spans[0].contiguous(), spans[1].contiguous(), spans[2].contiguous())
-        if spans is not None
-        else (dummy, dummy, dummy)
-    )
-    valid = padding.to(torch.int8).contiguous() if padding is not None else dummy
-    bounds = torch.tensor(
-        [[c.lo, NO_BOUND if c.hi is None else c.hi] for c in cells], dtype=torch.int64, device=key.device
-    )
-    lo_min = min(c.lo for c in cells)
-    hi_max = None if any(c.hi is None for c in cells) else max(c.hi for c in cells)
+    cos, sin = (dummy, dummy) if cos is None else (cos.to(accumulate).contiguous(), sin.to(accumulate).contiguous())
+    first, stop = (dummy, dummy) if first is None else (first.contiguous(), stop.contiguous())
+    key_positions = dummy if key_positions is None else key_positions.contiguous()
+    q_positions = dummy if q_positions is None else q_positions.contiguous()
+    valid = dummy if padding is None else padding.to(torch.int8).contiguous()
+    los, his = bounds[0::2] + [0] * (MAX_CELLS - cells), bounds[1::2] + [0] * (MAX_CELLS - cells)
+    lo_min = min(bounds[0::2])
+    hi_max = max(bounds[1::2])
 
-    block_m, block_n = _tiles(key.device, group * q_len)
-    m_tiles = triton.cdiv(group * q_len, block_m)
-    splits = _splits(key.device, batch * kv_heads * m_tiles, kv_len, block_n) if splits is None else splits
-    keys_per_split = triton.cdiv(triton.cdiv(kv_len, splits), block_n) * block_n
-    splits = triton.cdiv(kv_len, keys_per_split)
-    out = torch.empty(splits, batch, q_heads, q_len, value_dim, dtype=accumulate, device=key.device)
-    lse = torch.empty(splits, batch, q_heads, q_len, dtype=accumulate, device=key.device)
-    table_of = [(-1 if c.table is None else c.table) for c in cells] + [-1] * (MAX_CELLS - len(cells))
-    spanned = [c.spanned for c in cells] + [False] * (MAX_CELLS - len(cells))
-    triton_kernel.fused[(m_tiles, batch * kv_heads, splits)](
+    grid = Grid.of(key.device, batch, kv_heads, group * q_len, kv_len, splits)
+    out = torch.empty(grid.splits, batch, q_heads, q_len, value_dim, dtype=accumulate, device=key.device)
+    lse = torch.empty(grid.splits, batch, q_heads, q_len, dtype=accumulate, device=key.device)
+    table_of = tables + [-1] * (MAX_CELLS - cells)
+    spanned = spanned + [False] * (MAX_CELLS - cells)
+    wrap_triton(triton_kernel.fused)[(grid.m_tiles, batch * kv_heads, grid.splits)](
         query,
         key,
         value,
@@ -168,19 +223,17 @@ def parts_attention(
         first,
         stop,
         key_positions,
-        bounds,
+        q_positions,
         out,
         lse,
         *query.stride()[:4],
         *key.stride()[:3],
         *value.stride()[:3],
-        cos.stride(0) if tables is not None else 0,
-        cos.stride(1) if tables is not None else 0,
-        cos.stride(2) if tables is not None else 0,
-        first.stride(0) if spans is not None else 0,
-        first.stride(1) if spans is not None else 0,
-        valid.stride(0) if padding is not None else 0,
-        key_positions.stride(0) if spans is not None else 0,
+        *(cos.stride()[:3] if cos is not dummy else (0, 0, 0)),
+        *(first.stride()[:2] if first is not dummy else (0, 0)),
+        valid.stride(0) if valid is not dummy else 0,
+        key_positions.stride(0) if key_positions is not dummy else 0,
+        q_positions.stride(0) if q_positions is not dummy else 0,
         *out.stride()[:4],
         *lse.stride()[:3],
         kv_heads,
@@ -188,9 +241,15 @@ def parts_attention(
         q_len,
         kv_len,
         offset,
-        keys_per_split,
+        grid.keys_per_split,
+        los[0],
+        his[0],
+        los[1],
+        his[1],
+        los[2],
+        his[2],
         lo_min,
-        NO_BOUND if hi_max is None else hi_max,
+        hi_max,
         scaling,
         PAIRS=pairs,
         PAIRS_P=_pow2(pairs),
@@ -198,7 +257,7 @@ def parts_attention(
         REST_P=_pow2(dim - 2 * pairs),
         VALUE=value_dim,
         VALUE_P=_pow2(value_dim),
-        CELLS=len(cells),
+        CELLS=cells,
         TABLE0=table_of[0],
         TABLE1=table_of[1],
         TABLE2=table_of[2],
@@ -206,24 +265,36 @@ def parts_attention(
         SPAN1=spanned[1],
         SPAN2=spanned[2],
         PADDED=padding is not None,
-        BOUNDED=hi_max is not None,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
+        BY_POSITION=q_positions is not dummy,
+        BOUNDED=hi_max < NO_BOUND,
+        BLOCK_M=grid.block_m,
+        BLOCK_N=grid.block_n,
         ACC=tl.float64 if accumulate == torch.float64 else tl.float32,
     )
-    return _combine(out, lse)
+    return out, lse
 
 
 def _combine(out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The splits' outputs ``[S, ...]`` weighted by their share of each row's softmax (log-sum-exp)."""
+    """The splits' outputs ``[S, ...]`` weighted by their share of each row's softmax, ``softmax_s(lse_s)`` (a row
+    no split reached: NaN weights, set to 0): four operations."""
     if out.shape[0] == 1:
         return out[0], lse[0]
-    top = lse.amax(0)
-    top = torch.where(torch.isfinite(top), top, 0.0)
-    weights = torch.exp(lse - top)  # 0 for a split that saw no key of the row
-    total = weights.sum(0)
-    merged = (weights[..., None] * out).sum(0) / torch.where(total > 0, total, 1.0)[..., None]
-    return merged, top + torch.log(total)
+    weights = torch.softmax(lse, dim=0).nan_to_num_(nan=0.0)
+    return torch.einsum("s...,s...d->...d", weights, out), torch.logsumexp(lse, dim=0)
+
+
+if triton is not None:
+    key_splits = triton_op("longreach::key_splits", launch, mutates_args=())
+    """:func:`launch` as an operator: Inductor calls the kernel inside a compiled graph (and a CUDA graph)."""
+
+    if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter runs kernels on fake tensors: their shapes instead
+
+        @key_splits.register_fake
+        def _(query, key, value, bounds, tables, spanned, scaling, offset, splits=0, *tensors):
+            batch, q_heads, q_len = query.shape[1:4]
+            grid = Grid.of(key.device, batch, key.shape[1], q_heads // key.shape[1] * q_len, key.shape[2], splits)
+            out = query.new_empty(grid.splits, batch, q_heads, q_len, value.shape[-1], dtype=compute_dtype(key.dtype))
+            return out, out.new_empty(out.shape[:-1])
 
 
 def _unit_stride(x: torch.Tensor) -> torch.Tensor:
@@ -235,10 +306,25 @@ def _pow2(n: int) -> int:
     return 0 if n == 0 else max(16, triton.next_power_of_2(n))
 
 
-def _tiles(device: torch.device, rows: int) -> tuple[int, int]:
-    """``(BLOCK_M, BLOCK_N)``: small tiles for a decoding step's few rows, 64 x 64 otherwise."""
-    block_m = 16 if rows <= 16 else (32 if rows <= 32 else 64)
-    return block_m, 64
+@dataclass(frozen=True)
+class Grid:
+    """The launch's programs: query tiles of ``block_m`` rows (a group's heads packed), key tiles of ``block_n``, and
+    ``splits`` programs per query tile along the keys, ``keys_per_split`` keys each (Flash-Decoding)."""
+
+    block_m: int
+    block_n: int
+    m_tiles: int
+    splits: int
+    keys_per_split: int
+
+    @staticmethod
+    def of(device: torch.device, batch: int, kv_heads: int, rows: int, kv_len: int, splits: int) -> Grid:
+        """Small query tiles for a decoding step's few ``rows``, 64 otherwise; ``splits`` (0: :func:`_splits`)."""
+        block_m, block_n = (16 if rows <= 16 else (32 if rows <= 32 else 64)), 64
+        m_tiles = triton.cdiv(rows, block_m)
+        splits = splits or _splits(device, batch * kv_heads * m_tiles, kv_len, block_n)
+        keys_per_split = triton.cdiv(triton.cdiv(kv_len, splits), block_n) * block_n
+        return Grid(block_m, block_n, m_tiles, triton.cdiv(kv_len, keys_per_split), keys_per_split)
 
 
 def _splits(device: torch.device, programs: int, kv_len: int, block_n: int) -> int:
@@ -254,13 +340,13 @@ def _splits(device: torch.device, programs: int, kv_len: int, block_n: int) -> i
 @dataclass(frozen=True, eq=False)
 class Layout:
     """What a forward pass's positions decide: each cell's query view (0: the query as it is, ``v``: moved by
-    ``angles[v - 1]``, ``(cos, sin) [V, B, 1, Lq, P]``), the per-token key shifts turned inside the kernel, and the
-    key spans ``(first, stop) [C, B, Lq]``."""
+    ``angles[v - 1]``, ``(cos, sin) [V, B, 1, Lq, P]``), the angles ``(cos, sin) [T, B, Lkv, P]`` of the per-token
+    key shifts the kernel turns keys by, and the key spans ``(first, stop) [C, B, Lq]``."""
 
     slots: list[Slot]
     view_of: list[int]
     angles: tuple[torch.Tensor, torch.Tensor] | None
-    key_shifts: list
+    tables: tuple[torch.Tensor, torch.Tensor] | None
     spans: tuple[torch.Tensor, torch.Tensor] | None
 
 
@@ -310,44 +396,57 @@ class Triton(Backend):
         give_up(error)
 
     def prepare(self, cells: tuple[Cell, ...], call: Call) -> Layout:
-        """A cell's query is moved on the host by its query shift less a constant key shift
-        (:func:`..cells.query_views`); a per-token key shift is turned inside the kernel from its angle table."""
-        views, view_of = query_views(cells)
-        shifts, key_of = key_views(cells)
-        slots = [
-            Slot(cell.lo, cell.hi, None if table == 0 else table - 1, cell.part.key_span is not None)
-            for cell, table in zip(cells, key_of)
-        ]
         compute = compute_dtype(call.query.dtype)
-        moved = view_angles(views, call.q_positions, call.inv_freq, compute) if views else None
-        spans = None
-        if any(cell.part.key_span is not None for cell in cells):
-            everything = torch.iinfo(torch.int64)
-            shape = (call.batch, call.q_len)
-            every = [
-                torch.full(shape, bound, dtype=torch.int64, device=call.query.device)
-                for bound in (everything.min, everything.max)
-            ]
-            bounds = [
-                every if cell.part.key_span is None else [b.expand(shape) for b in cell.span(call.q_positions)]
-                for cell in cells
-            ]
-            spans = tuple(torch.stack([bound[side] for bound in bounds]) for side in (0, 1))  # [C, B, Lq] each
-        return Layout(slots, view_of, moved, shifts, spans)
+        return lay_out(
+            cells, call.q_positions, call.inv_freq, compute, lambda shift: angles(call, "key", shift, call.positions)
+        )
 
     def run(self, layout: Layout, cells: tuple[Cell, ...], call: Call) -> tuple[torch.Tensor, torch.Tensor]:
-        moved = (
-            [] if layout.angles is None else list(apply_rotation(call.query[None], *layout.angles))
-        )  # V x [B, Hq, Lq, D]
-        queries = [call.query if view == 0 else moved[view - 1] for view in layout.view_of]
-        tables = None
-        if layout.key_shifts:
-            turns = [angles(call, "key", shift, call.positions) for shift in layout.key_shifts]
-            tables = tuple(torch.stack([turn[side][:, 0] for turn in turns]) for side in (0, 1))  # [T, B, Lkv, P] each
-        spans = None if layout.spans is None else (*layout.spans, call.positions)
         return parts_attention(
-            queries, call.key, call.value, layout.slots, call.scaling, call.offset, call.key_padding, tables, spans
+            cell_queries(layout, call.query),
+            call.key,
+            call.value,
+            layout.slots,
+            call.scaling,
+            call.offset,
+            call.key_padding,
+            layout.tables,
+            layout.spans,
+            call.positions if layout.spans is not None else None,
         )
+
+
+def lay_out(cells: tuple[Cell, ...], q_positions: torch.Tensor, inv_freq: torch.Tensor, dtype, key_angles) -> Layout:
+    """What the positions decide, once per forward pass: a cell's query is moved by its query shift less a constant
+    key shift (:func:`..cells.query_views`); a per-token key shift is turned inside the kernel by the angles
+    ``key_angles(shift)`` ``(cos, sin) [B, 1, Lkv, P]``, stacked here, not in every layer; DCA's key spans."""
+    views, view_of = query_views(cells)
+    shifts, key_of = key_views(cells)
+    slots = [
+        Slot(cell.lo, cell.hi, None if table == 0 else table - 1, cell.part.key_span is not None)
+        for cell, table in zip(cells, key_of)
+    ]
+    moved = view_angles(views, q_positions, inv_freq, dtype) if views else None
+    spans = None
+    if any(cell.part.key_span is not None for cell in cells):
+        everything = torch.iinfo(torch.int64)
+        every = [torch.full_like(q_positions, bound, dtype=torch.int64) for bound in (everything.min, everything.max)]
+        bounds = [
+            every if cell.part.key_span is None else [b.expand_as(q_positions) for b in cell.span(q_positions)]
+            for cell in cells
+        ]
+        spans = tuple(torch.stack([bound[side] for bound in bounds]) for side in (0, 1))  # [C, B, Lq] each
+    tables = None
+    if shifts:
+        turns = [key_angles(shift) for shift in shifts]
+        tables = tuple(torch.stack([turn[side][:, 0] for turn in turns]) for side in (0, 1))  # [T, B, Lkv, P] each
+    return Layout(slots, view_of, moved, tables, spans)
+
+
+def cell_queries(layout: Layout, query: torch.Tensor) -> list[torch.Tensor]:
+    """Each cell's query ``[B, Hq, Lq, D]``: the query as it is, or its view moved by the layout's angles."""
+    moved = [] if layout.angles is None else list(apply_rotation(query[None], *layout.angles))
+    return [query if view == 0 else moved[view - 1] for view in layout.view_of]
 
 
 BACKEND = Triton()
