@@ -12,7 +12,11 @@ ReRoPE tile costs one matrix product except in the band where the parts meet.
 
 Decoding splits the keys between programs (Dao et al. 2023, "Flash-Decoding"): each writes its part's
 output and log-sum-exp, and :func:`_combine` merges the splits. A query tile packs the rows of every query
-head that shares a key/value head (grouped-query attention reads each key once per group).
+head that shares a key/value head (grouped-query attention reads each key once per group). What the positions
+decide (moved queries, key angle tables, key spans) is laid out once per forward pass (:func:`lay_out`); the
+cells' distance bounds are scalar arguments, so a launch uploads nothing. A compiled decoding step calls the
+kernel as the operator :data:`key_splits` (``torch.library.triton_op``), with distances taken from the slots'
+positions on the device (:mod:`..static`), so that a CUDA graph captures it.
 
 Runs compiled on CUDA, and on the CPU under Triton's interpreter (``TRITON_INTERPRET=1``, set before
 Triton is imported), which the tests use; there bfloat16 inputs are computed in float32 (the interpreter's
