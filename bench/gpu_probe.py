@@ -4,14 +4,32 @@
     OUT=folder python bench/gpu_probe.py [--device cuda|cpu]
 
 Every item runs on its own (a failure is a finding, written as ``ERROR ...``), and ``$OUT/gpu_probe.json`` is
-rewritten after each, so a run cut short keeps what it measured. The Triton kernel runs last: an illegal
-address is sticky and would poison what follows. Checks compare with the math backend in float32 on the same
-bfloat16 inputs; times are CUDA events (the CPU: wall clock), medians of 5 after one warm-up.
+rewritten after each, so a run cut short keeps what it measured. The Triton kernel runs last of each group, and
+``generate`` (whose eager decoding steps take it too) last of all: an illegal address is sticky and would poison
+what follows. Checks compare with the math backend in float32 on the same bfloat16 inputs; times are CUDA events
+(the CPU: wall clock), medians of 5 after one warm-up.
+
+``ran``: for each backend timed, the backends whose ``run`` computed its calls -- the one named, or the one it
+handed the calls to (``kernel._run``), or, for ``auto``, the one it chose (issue 53, item 3: which kernel ran).
+
+``generate``: ``generate`` under CUDA graphs, as docs/integrations.md recommends (a static cache,
+``CompileConfig(fullgraph=True, mode="reduce-overhead")``), for stock SDPA, STRING and ReRoPE (each method's
+defaults), on the default model's shape (bench/smollm2-135m.json: 9 query / 3 KV heads of 64, 576 wide, a vocabulary
+of 49152) with random weights in bfloat16, after a prompt of 16384 tokens (twice its training window) -- with
+2 of its 30 layers, as Dynamo and Inductor take time per layer: a method's difference to SDPA per token is that of
+2 layers (the full model's is 15 times as much), the rest of a step (embedding, head, sampling) is the same.
+Per method: whether the first 8 tokens are those of eager generation (greedy), and milliseconds per generated token,
+``(generate 32 tokens - generate 2 tokens) / 30`` after a warm-up ``generate`` that compiles. Two, not one: each
+``generate`` builds a new static cache, whose new addresses may make CUDA graphs record again at the first decoding
+step, which both then pay (one token would be the prefill alone). The CPU dry run goes the same way, small: one layer
+in float32, a prompt of 256 tokens (twice the training window it is given), 10 tokens against 2, one round, traced by
+Dynamo without Inductor (``backend="eager"``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -19,14 +37,19 @@ import statistics
 import time
 import traceback
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
+import transformers
+from model import SHAPE  # bench/model.py: the default model's config, for random weights
 
+import longreach
 from longreach.attention import backends, kernel
 from longreach.methods import create
 
-RESULTS: dict = {"env": {}, "checks": {}, "auto": {}, "ms": {}, "peak_mib": {}}
+RESULTS: dict = {"env": {}, "checks": {}, "auto": {}, "ms": {}, "ran": {}, "peak_mib": {}, "generate": {}}
+GENERATE_LAYERS = 2  # of the default model's 30: see the module's docstring
 
 
 def record(kind: str, name: str, measure) -> None:
@@ -112,11 +135,85 @@ def main() -> None:
         names = ("auto", "cuda_cudnn", "flex", "cuda_flash", "triton") if cuda else ("auto", "cpu_flash")
         for backend in names:
             run = functools.partial(kernel.attention, q, k, v, parts, inv_freq, backend=backend)
-            record("ms", f"string_{backend}_{n}", lambda: timed(run, device))
+            with backends_that_ran() as ran:
+                record("ms", f"string_{backend}_{n}", lambda: timed(run, device))
+            record("ran", f"string_{backend}_{n}", lambda: list(dict.fromkeys(ran)))
             if cuda:
                 record("peak_mib", f"string_{backend}_{n}", lambda: _peak(run))
         if cuda:
             torch.cuda.empty_cache()
+    generation(device)
+
+
+@contextlib.contextmanager
+def backends_that_ran():
+    """The names of the backends whose ``run`` computes the calls made inside, in order: every backend of the registry
+    has its ``run`` wrapped for the while."""
+    ran: list[str] = []
+
+    def noting(backend):
+        run = backend.run
+
+        def noted(*args, **kwargs):
+            ran.append(backend.name)
+            return run(*args, **kwargs)
+
+        return noted
+
+    with contextlib.ExitStack() as wrapped:
+        for backend in backends.REGISTRY.values():
+            wrapped.enter_context(mock.patch.object(backend, "run", noting(backend)))
+        yield ran
+
+
+@torch.no_grad()
+def generation(device: torch.device) -> None:
+    """``generate`` under CUDA graphs for stock SDPA, STRING and ReRoPE: its tokens against eager generation's, and
+    its time per token (see the module's docstring)."""
+    cuda = device.type == "cuda"
+    length, layers, many, dtype = (16384, GENERATE_LAYERS, 32, torch.bfloat16) if cuda else (256, 1, 10, torch.float32)
+    config = transformers.LlamaConfig.from_json_file(SHAPE)
+    config.num_hidden_layers = layers
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    model = model.to(device).eval()
+    ids = torch.randint(100, 20000, (1, length), generator=torch.Generator().manual_seed(0)).to(device)
+    if cuda:
+        compiled = transformers.CompileConfig(fullgraph=True, mode="reduce-overhead")
+    else:
+        compiled = transformers.CompileConfig(fullgraph=True, backend="eager", mode=None)
+        compiled._compile_all_devices = True  # transformers compiles on accelerators only, unless told
+
+    def generate(new_tokens: int, **settings) -> torch.Tensor:
+        """The greedy continuation of the prompt, ``new_tokens`` tokens, with a static cache."""
+        return model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            cache_implementation="static",
+            **settings,
+        )[:, length:]
+
+    def same_first_tokens() -> bool:
+        eager = generate(8, disable_compile=True)
+        return torch.equal(generate(many, compile_config=compiled)[:, :8], eager)  # compiles: the warm-up
+
+    def ms_per_token() -> float:
+        rounds = 5 if cuda else 1
+        ms_many = timed(functools.partial(generate, many, compile_config=compiled), device, rounds)
+        ms_two = timed(functools.partial(generate, 2, compile_config=compiled), device, rounds)
+        return round((ms_many - ms_two) / (many - 2), 3)
+
+    for method in ("sdpa", "string", "rerope"):
+        torch._dynamo.reset()  # each method compiled afresh: its time does not depend on the order
+        if method == "sdpa":
+            longreach.remove(model)
+        else:
+            longreach.apply(model, method, **({} if cuda else {"training_window": length // 2}))
+        record("generate", f"{method}_first_8_tokens_equal_eager", same_first_tokens)
+        record("generate", f"{method}_ms_per_token", ms_per_token)
 
 
 def max_error(q, k, v, parts, inv_freq, backend: str, want: torch.Tensor) -> float:
