@@ -202,7 +202,7 @@ def launch(
     accumulate = compute_dtype(key.dtype)
     key, value = _unit_stride(key), _unit_stride(value)
     pairs = dim // 2 if cos is None else cos.shape[-1]
-    dummy = torch.zeros(1, dtype=accumulate, device=key.device)
+    dummy = torch.empty(1, dtype=accumulate, device=key.device)  # never read (its flag is off): no launch to fill it
     cos, sin = (dummy, dummy) if cos is None else (cos.to(accumulate).contiguous(), sin.to(accumulate).contiguous())
     first, stop = (dummy, dummy) if first is None else (first.contiguous(), stop.contiguous())
     key_positions = dummy if key_positions is None else key_positions.contiguous()
