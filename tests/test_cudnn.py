@@ -8,8 +8,9 @@ import pytest
 import torch
 from test_kernel import case, expected
 
-from longreach.attention import backends, kernel
+from longreach.attention import backends, cudnn_kernels, kernel, shifts, tiled
 from longreach.attention.backends import cuda_cudnn
+from longreach.attention.rotary import apply_rotation
 from longreach.methods import create
 
 DISTANCE_METHODS = [
@@ -131,3 +132,149 @@ def test_a_cudnn_failure_is_given_up_once_with_a_warning_and_the_call_computed_b
         kernel.attention(*arguments, scaling=0.3, positions=positions)  # no second warning
     with pytest.raises(cuda_cudnn.CudnnError, match="No valid execution plans"):
         kernel.attention(*arguments, backend="cuda_cudnn")
+
+
+def _bf16_close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Within one unit in the last place of a bfloat16 result (2^-7 relative), plus float32's error: Triton's
+    interpreter truncates float32 to bfloat16, where a compiled kernel rounds to nearest (half a unit)."""
+    return bool(((got.double() - want).abs() <= 2**-7 * want.abs() + 1e-5).all())
+
+
+@pytest.mark.parametrize(
+    "shape, pairs, angles, dtype",
+    [
+        ((2, 3, 37, 16), 8, "constant", torch.float32),
+        ((2, 3, 37, 48), 16, "per token", torch.float32),  # rotary on 32 of 48 dimensions
+        ((2, 3, 37, 48), 16, "per token", torch.bfloat16),
+        ((1, 5, 20, 13), 6, "constant, [1, P]", torch.bfloat16),  # an odd head dim: one dimension past the pairs
+        ((2, 2, 9, 24), 12, "per token, [B, L, P]", torch.float32),  # 12 pairs: not a power of two
+    ],
+)
+def test_rotated_turns_as_apply_rotation_in_one_launch(shape, pairs, angles, dtype):
+    """The rotate-half convention of :func:`rotary.apply_rotation`, in the input dtype, contiguous; the dimensions past
+    the pairs exactly as they were. The input is a ``[B, H, L, D]`` view of ``[B, L, H, D]``, as a model's is."""
+    batch, heads, length, dim = shape
+    g = torch.Generator().manual_seed(1)
+    x = (10 * torch.randn(batch, length, heads, dim, generator=g)).to(dtype).transpose(1, 2)
+    angle = {
+        "constant": torch.randn(pairs, generator=g),
+        "per token": torch.randn(batch, 1, length, pairs, generator=g),
+        "constant, [1, P]": torch.randn(1, pairs, generator=g),
+        "per token, [B, L, P]": torch.randn(batch, length, pairs, generator=g),
+    }[angles]
+    got = cudnn_kernels.rotated(x, angle.cos(), angle.sin())
+    angle4 = angle[:, None] if angle.dim() == 3 else angle  # apply_rotation broadcasts [B, 1, L, P] over heads
+    want = apply_rotation(x.double(), angle4.cos().double(), angle4.sin().double())
+    assert got.dtype == dtype and got.shape == x.shape and got.is_contiguous()
+    assert torch.equal(got[..., 2 * pairs :], x[..., 2 * pairs :])
+    if dtype == torch.float32:
+        assert (got - want).abs().max() <= 1e-5
+    else:
+        assert _bf16_close(got, want)
+
+
+def _pieces(dtype, dim, g):
+    """Pieces over 40 rows: rows 0-4 covered by none; a reversed piece; row 25 of one head empty (-inf) in the first of
+    its three pieces only, and row 22 empty in every piece that covers it."""
+    batch, heads = 2, 3
+    spans = [(5, 30, False), (12, 40, True), (20, 35, False)]
+    pieces = []
+    for first, stop, reverse in spans:
+        out = torch.randn(batch, heads, stop - first, dim, generator=g).to(dtype)
+        lse = 3 * torch.randn(batch, heads, stop - first, generator=g)
+        lse[:, :, 22 - first] = float("-inf")
+        if first == 5:
+            lse[0, 1, 25 - first] = float("-inf")
+        stored = (out.flip(2), lse.flip(2)) if reverse else (out, lse)
+        pieces.append((cudnn_kernels.Piece(*stored, first, reverse), out, lse))
+    return pieces
+
+
+@pytest.mark.parametrize("dtype, dim", [(torch.float32, 20), (torch.bfloat16, 48), (torch.float32, 64)])
+def test_merge_into_writes_the_merged_rows_in_the_output_dtype_and_layout(dtype, dim):
+    """``sum_b exp(lse_b - lse) out_b`` against plain torch in float64, written into ``[B, L, H, D]`` of the given
+    dtype; rows no piece covers and rows empty in every piece are 0 with lse -inf, never NaN."""
+    length, g = 40, torch.Generator().manual_seed(2)
+    pieces = _pieces(dtype, dim, g)
+    lses = torch.full((len(pieces), 2, 3, length), float("-inf"), dtype=torch.float64)
+    outs = torch.zeros(len(pieces), 2, 3, length, dim, dtype=torch.float64)
+    for i, (piece, out, lse) in enumerate(pieces):
+        lses[i, :, :, piece.first : piece.stop], outs[i, :, :, piece.first : piece.stop] = lse, out
+    want_lse = torch.logsumexp(lses, dim=0)
+    weights = torch.softmax(lses, dim=0).nan_to_num(0.0)  # rows empty everywhere: NaN, no weight
+    want = (weights[..., None] * outs).sum(0)
+    got = torch.full((2, length, 3, dim), float("nan"), dtype=dtype)
+    got_lse = torch.full((2, 3, length), float("nan"))
+    cudnn_kernels.merge_into([p for p, _, _ in pieces], got, got_lse)
+    got = got.transpose(1, 2)
+    assert not got.isnan().any() and not got_lse.isnan().any()
+    assert torch.equal(got_lse.isneginf(), want_lse.isneginf())
+    assert got_lse.isneginf()[:, :, :5].all() and got_lse.isneginf()[:, :, 22].all()
+    assert (got[:, :, :5] == 0).all() and (got[:, :, 22] == 0).all()
+    assert (got_lse - want_lse).nan_to_num(0.0).abs().max() <= 1e-5
+    if dtype == torch.float32:
+        assert (got - want).abs().max() <= 1e-6
+    else:
+        assert _bf16_close(got, want)
+    without_lse = torch.empty(2, length, 3, dim, dtype=dtype)
+    cudnn_kernels.merge_into([p for p, _, _ in pieces], without_lse)
+    assert torch.equal(without_lse.transpose(1, 2), got)
+
+
+@pytest.mark.parametrize("name, params", [("string", {"shift": 40, "local_window": 5}), ("rerope", {"window": 36})])
+def test_cuda_cudnn_moves_and_merges_with_its_kernels_into_the_returned_tensor(calls, monkeypatch, name, params):
+    """bfloat16, head dim 48 with rotary on 32: queries and keys turned by :func:`cudnn_kernels.rotated` (STRING: a
+    constant query shift; ReRoPE: per-token shifts of both), never by ``apply_rotation``; the blocks merged by one
+    :func:`cudnn_kernels.merge_into`, never by the tiled kernel's merge, into the very tensor ``attention`` returns:
+    its cast and transpose copy nothing."""
+    rotations, merged = [], []
+
+    def rotated(x, cos, sin):
+        rotations.append(cos.dim())
+        return turn(x, cos, sin)
+
+    def merge_into(pieces, out, lse=None):
+        merged.append(out)
+        merge(pieces, out, lse)
+
+    def refused(*args):
+        raise AssertionError("the tiled kernel's rotation or merge ran")
+
+    turn, merge = cudnn_kernels.rotated, cudnn_kernels.merge_into
+    monkeypatch.setattr(cudnn_kernels, "rotated", rotated)
+    monkeypatch.setattr(cudnn_kernels, "merge_into", merge_into)
+    monkeypatch.setattr(shifts, "apply_rotation", refused)
+    monkeypatch.setattr(tiled, "run", refused)
+    method = create(name, training_window=120, **params)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(120, dim=48, rotary_dims=32)
+    want, rows = expected(method, q, k, v, positions, padding, inv_freq, 120, scaling=0.3)
+    bf16 = (x.to(torch.bfloat16) for x in (q_rot, k_rot, v))
+    got = kernel.attention(*bf16, method.parts(), inv_freq.float(), scaling=0.3, backend="cuda_cudnn")
+    assert rotations == ([1] if name == "string" else [4, 4])  # STRING's keys stay; ReRoPE's turn once
+    assert len(merged) == 1 and got.data_ptr() == merged[0].data_ptr() and got.dtype == torch.bfloat16
+    assert got.is_contiguous() and (got.double() - want)[rows].abs().max() <= 0.05
+
+
+def test_without_triton_tuples_it_moves_and_merges_as_the_tiled_kernel(calls, monkeypatch):
+    """Triton before 3.3 (no tuple arguments): the tiled kernel's rotation and merge, as exact."""
+    monkeypatch.setattr(cudnn_kernels, "FUSED", False)
+    monkeypatch.setattr(cudnn_kernels, "merge_into", None)
+    method = create("string", training_window=120, shift=40, local_window=5)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(120)
+    want, rows = expected(method, q, k, v, positions, padding, inv_freq, 120, scaling=0.3)
+    arguments = (q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float())
+    got = kernel.attention(*arguments, scaling=0.3, positions=positions, backend="cuda_cudnn")
+    assert calls and (got - want)[rows].abs().max() <= 1e-5
+
+
+def test_prefill_with_kept_keys_keeps_the_moved_keys_for_decoding(calls):
+    """``keep_moved_keys``: ReRoPE's per-token-shifted keys are moved through the layer's :class:`shifts.MovedKeys`,
+    which then holds them for the decoding steps; the result as exact."""
+    method = create("rerope", training_window=120, window=36)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(120)
+    want, rows = expected(method, q, k, v, positions, padding, inv_freq, 120, scaling=0.3)
+    kept = shifts.MovedKeys()
+    arguments = (q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float())
+    got = kernel.attention(*arguments, scaling=0.3, positions=positions, backend="cuda_cudnn", kept_keys=kept)
+    assert calls and (got - want)[rows].abs().max() <= 1e-5
+    assert len(kept.entries) == 1

@@ -8,8 +8,11 @@ chunk of ``hi - lo - 1`` rows, one causal square and the square above it run cau
 (plus an unmasked rectangle where a chunk is short); an unbounded region is one causal square and one
 rectangle. STRING is about ``2n / S + 2`` calls (9 at ``S = n / 3``; end-aligned chunks of ``S`` rows would make
 it 6), and the work equals causal attention's. Each call is
-``aten._scaled_dot_product_cudnn_attention`` with its log-sum-exp; the blocks merge by log-sum-exp
-(:mod:`..merge`). The plan depends on the positions alone, so a forward pass makes it once.
+``aten._scaled_dot_product_cudnn_attention`` with its log-sum-exp. Around the calls, two Triton kernels
+(:mod:`..cudnn_kernels`): one launch turns a cell's moved queries or keys, and the blocks merge by log-sum-exp in
+one pass per row, straight into the model's dtype and ``[B, L, H, D]`` layout, which the kernel returns without a
+copy (without Triton 3.3: the tiled kernel's rotation and merge, :mod:`..merge`). The plan depends on the positions
+alone, so a forward pass makes it once.
 
 It declines (the call goes to the next backend ``auto`` would take) what would need a mask or a gradient: key
 padding, DCA's key spans, DPE's per-head pairs, bands narrower than a tile, a decoding step, a chunk whose band
@@ -23,11 +26,15 @@ import warnings
 
 import torch
 
+from .. import cudnn_kernels
 from ..call import Call
 from ..cells import Cell
+from ..cudnn_kernels import Piece
 from ..heads import expand_heads
 from ..plan import MIN_BAND_TILE, SMALL_QUERY, Block, band_clipped
+from ..rotary import compute_dtype
 from ..tiled import TiledBackend
+from ..views import angles, moved_keys
 
 _failure: list[str] = []  # why cuDNN's attention failed in this process, once it has
 
@@ -87,14 +94,19 @@ class CudaCudnn(TiledBackend):
             )
 
     def block(self, q, k, v, mask, causal, scaling):
+        out, lse = self.attend(q, k, v, causal, scaling)
+        return out.float(), lse.float()
+
+    def attend(self, q, k, v, causal: bool, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """One call of cuDNN's attention, keys and values repeated per query head: ``(out [B, Hq, T, D]`` in the
+        input dtype, ``lse [B, Hq, T])``."""
         k, v = expand_heads(k, q.shape[1]), expand_heads(v, q.shape[1])  # [B, Hq, K, D]
         try:
-            out, lse = cudnn_forward(q, k, v, causal, scaling)
+            return cudnn_forward(q, k, v, causal, scaling)
         except RuntimeError as error:
             raise CudnnError(
                 f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error) else ''}"
             ) from error
-        return out.float(), lse.float()
 
     def tile(self, call: Call) -> int:
         """As tall as the call: a band's tile is then the band's own width (:func:`..plan.blocks`)."""
@@ -114,6 +126,45 @@ class CudaCudnn(TiledBackend):
             ):
                 return None
         return [self.plan(cell, call, 0) for cell in cells]
+
+    def run(self, plans: list[list[Block]], cells: tuple[Cell, ...], call: Call) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every block one call of cuDNN's attention on queries and keys moved by :func:`..cudnn_kernels.rotated`,
+        merged by :func:`..cudnn_kernels.merge_into`: ``(out, lse)``, ``out`` a ``[B, Hq, Lq, Dv]`` view of a
+        ``[B, Lq, Hq, Dv]`` tensor in the query's dtype (the layout and dtype :func:`..kernel.attention` returns)."""
+        if not cudnn_kernels.FUSED:
+            return super().run(plans, cells, call)
+        pieces, keys = [], {}
+        for cell, plan in zip(cells, plans):
+            if not plan:  # no pair of the cell here: nothing to move
+                continue
+            part = cell.part
+            q = _moved(call.query, angles(call, "query", part.query_shift, call.q_positions))  # [B, Hq, Lq, D]
+            if (k := keys.get(id(part.key_shift))) is None:
+                k = keys[id(part.key_shift)] = (  # [B, Hkv, Lkv, D]
+                    moved_keys(call, part.key_shift)  # kept across decoding steps
+                    if call.kept_keys is not None
+                    else _moved(call.key, angles(call, "key", part.key_shift, call.positions))
+                )
+            pieces += [self.piece(b, q, k, call.value, call.scaling) for b in plan]
+        batch, heads, q_len = call.query.shape[:3]
+        out = call.query.new_empty(batch, q_len, heads, call.value.shape[-1])
+        lse = torch.empty(batch, heads, q_len, dtype=compute_dtype(call.query.dtype), device=call.query.device)
+        cudnn_kernels.merge_into(pieces, out, lse)
+        return out.transpose(1, 2), lse
+
+    def piece(self, b: Block, q, k, v, scaling: float) -> Piece:
+        """One block of the plan, one call (a flipped block: causal on the rows and keys reversed, its result left
+        reversed for the merge to read)."""
+        q, k, v = q[:, :, b.rows], k[:, :, b.keys], v[:, :, b.keys]  # [B, Hq, T, D], [B, Hkv, K, D], [B, Hkv, K, Dv]
+        if b.flipped:
+            q, k, v = q.flip(2), k.flip(2), v.flip(2)
+        out, lse = self.attend(q, k, v, b.causal or b.flipped, scaling)
+        return Piece(out, lse, b.rows.start, reversed=b.flipped)
+
+
+def _moved(x: torch.Tensor, shift_angles: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """``x`` turned by a shift's ``(cos, sin)`` in one launch, or as it is (no shift)."""
+    return x if shift_angles is None else cudnn_kernels.rotated(x, *shift_angles)
 
 
 BACKEND = CudaCudnn()
