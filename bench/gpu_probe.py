@@ -5,9 +5,9 @@
 
 Every item runs on its own (a failure is a finding, written as ``ERROR ...``), and ``$OUT/gpu_probe.json`` is
 rewritten after each, so a run cut short keeps what it measured. The Triton kernel runs last of each group, and
-``generate`` (whose eager decoding steps take it too) last of all: an illegal address is sticky and would poison
-what follows. Checks compare with the math backend in float32 on the same bfloat16 inputs; times are CUDA events
-(the CPU: wall clock), medians of 5 after one warm-up.
+``generate`` (whose decoding steps take it too, eager and compiled) last of all: an illegal address is sticky and
+would poison what follows. Checks compare with the math backend in float32 on the same bfloat16 inputs; times are
+CUDA events (the CPU: wall clock), medians of 5 after one warm-up.
 
 ``ran``: for each backend timed, the backends whose ``run`` computed its calls -- the one named, or the one it
 handed the calls to (``kernel._run``), or, for ``auto``, the one it chose (issue 53, item 3: which kernel ran).
