@@ -44,7 +44,8 @@ class Backend:
         return True
 
     def run(self, prepared: object, cells: tuple[Cell, ...], call: Call) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(out [B, Hq, Lq, Dv], lse [B, Hq, Lq])`` in the accumulation dtype; a row with no key is 0, ``-inf``."""
+        """``(out [B, Hq, Lq, Dv], lse [B, Hq, Lq])``, ``out`` in the accumulation dtype or already in the query's (a
+        view of ``[B, Lq, Hq, Dv]`` that the kernel returns as it is); a row with no key is 0, ``-inf``."""
         raise NotImplementedError
 
     def compile_failed(self, error: BaseException) -> bool:
