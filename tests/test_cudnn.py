@@ -93,6 +93,33 @@ def test_what_would_need_a_mask_goes_to_the_next_backend_and_is_still_exact(call
     assert calls == [] or what == "a chunk"  # a chunk whose band meets the first key is declined, else planned
 
 
+def test_a_declined_prefill_says_why_once_per_reason(calls, monkeypatch):
+    """A prefill cuDNN cannot take without a mask goes on with one warning naming the reason, once per reason in a
+    process; a decoding step (never cuDNN's) says nothing."""
+    monkeypatch.setattr(cuda_cudnn, "_reasons_declined", set())
+    string = create("string", training_window=120, shift=44, local_window=6)
+    dca = create("dca", training_window=120, chunk_size=40, local_window=6)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(120, pads=(0, 9))
+
+    def prefill(method, q_len=120, key_padding=None):
+        arguments = (q_rot[:, :, -q_len:].float(), k_rot.float(), v.float(), method.parts(), inv_freq.float())
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            kernel.attention(*arguments, key_padding=key_padding, positions=positions, backend="cuda_cudnn")
+        return [str(w.message) for w in said]
+
+    assert prefill(string, key_padding=padding) == [
+        "longreach: cuda_cudnn cannot take key padding (a padded batch) without a mask; such calls go to the next "
+        "backend (slower, the same results)"
+    ]
+    assert prefill(string, key_padding=padding) == []
+    assert prefill(dca) == [
+        "longreach: cuda_cudnn cannot take DCA's key spans or DPE's per-head rotary pairs without a mask; such calls "
+        "go to the next backend (slower, the same results)"
+    ]
+    assert prefill(string, q_len=1) == []
+
+
 def test_auto_takes_it_for_cuda_prefill_where_cudnn_runs(monkeypatch):
     class CudaQuery:
         device, dtype = torch.device("cuda"), torch.bfloat16

@@ -37,6 +37,19 @@ from ..tiled import TiledBackend
 from ..views import angles, moved_keys
 
 _failure: list[str] = []  # why cuDNN's attention failed in this process, once it has
+_reasons_declined: set[str] = set()  # the kinds of call handed on so far, each said once
+
+
+def _declined(reason: str) -> None:
+    """Hand the call on (``None``), with one warning per ``reason`` in this process."""
+    if reason not in _reasons_declined:
+        _reasons_declined.add(reason)
+        warnings.warn(
+            f"longreach: cuda_cudnn cannot take {reason} without a mask; such calls go to the next backend "
+            "(slower, the same results)",
+            stacklevel=6,
+        )
+    return None
 
 
 class CudnnError(RuntimeError):
@@ -114,17 +127,22 @@ class CudaCudnn(TiledBackend):
 
     def prepare(self, cells: tuple[Cell, ...], call: Call) -> list[list[Block]] | None:
         """Each cell's whole blocks, or ``None`` where a block would need a mask (decided by host arithmetic before
-        any block is made) or autograd would differentiate the call."""
-        if call.needs_grad or call.q_len <= SMALL_QUERY or call.key_padding is not None:
+        any block is made) or autograd would differentiate the call: a prefill declined says why, once per reason
+        in a process (a decoding step is never cuDNN's)."""
+        if call.q_len <= SMALL_QUERY:
             return None
+        if call.needs_grad:
+            return _declined("gradients")
+        if call.key_padding is not None:
+            return _declined("key padding (a padded batch)")
         for cell in cells:
             if not cell.by_distance_alone:
-                return None
+                return _declined("DCA's key spans or DPE's per-head rotary pairs")
             band = None if cell.hi is None else cell.hi - cell.lo - 1  # the band's tile
-            if band is not None and (
-                band < MIN_BAND_TILE or band_clipped(call.q_len, cell.lo, cell.hi, call.offset, band)
-            ):
-                return None
+            if band is not None and band < MIN_BAND_TILE:
+                return _declined(f"a band narrower than {MIN_BAND_TILE} keys")
+            if band is not None and band_clipped(call.q_len, cell.lo, cell.hi, call.offset, band):
+                return _declined("a chunk of queries whose band meets the first key")
         return [self.plan(cell, call, 0) for cell in cells]
 
     def run(self, plans: list[list[Block]], cells: tuple[Cell, ...], call: Call) -> tuple[torch.Tensor, torch.Tensor]:
