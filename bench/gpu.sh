@@ -3,14 +3,16 @@
 # on an H100, so that both fit a session's 15 minutes with the machine's start):
 #
 #   bench/gpu.sh 1    the probe (bench/gpu_probe.py: every never-run path checked, auto's choices, each route's time
-#                     and memory against SDPA at 8K, 32K and 128K), then the attention tables and the default model
-#   bench/gpu.sh 2    tests/test_cuda.py in three groups, the riskiest paths first, each in its own process
+#                     and memory against SDPA at 8K, 32K and 128K; then generate under CUDA graphs), then the
+#                     attention tables
+#   bench/gpu.sh 2    tests/test_cuda.py in three groups, the riskiest paths first, each in its own process; then the
+#                     default model end to end
 #   add --device cpu  a dry run on the CPU at small sizes (the CUDA tests skip)
 #
 # Nothing stops at a failure: every step has its own time budget, its log ($OUT/NAME.log) and its exit status
 # ($OUT/steps.tsv). Everything is written under $OUT (default bench/out), the only folder a device machine sends
 # back: the tables go to $OUT/RESULTS.md, a fragment to paste into bench/RESULTS.md (bench/RESULTS.md is left
-# alone), the junit files to $OUT/tests-*.xml, the probe to $OUT/gpu_probe.json.
+# alone), the junit files to $OUT/tests-*.xml, the probe to $OUT/gpu_probe_kernels.json and gpu_probe_generate.json.
 # Python: $PYTHON, else the project's .venv, else python3 (the device machine's own torch and transformers).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -62,15 +64,16 @@ step() {  # step NAME SECONDS COMMAND...: runs it within its budget, never stops
 "$python" -c 'import torch; print("torch", torch.__version__, "cuDNN", torch.backends.cudnn.version(), torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")' | tee "$out/env-$part.txt"
 start=$SECONDS
 if [ "$part" = 1 ]; then
-  step probe 150 "$python" bench/gpu_probe.py --device "$device"
-  step prefill-auto 80 "$python" bench/attention.py "${layer[@]}" --rounds 3 --lengths "$prefill_lengths" --methods "$methods"
+  step probe 140 "$python" bench/gpu_probe.py --device "$device" --part kernels
+  step generate 120 "$python" bench/gpu_probe.py --device "$device" --part generate
+  step prefill-auto 70 "$python" bench/attention.py "${layer[@]}" --rounds 3 --lengths "$prefill_lengths" --methods "$methods"
   step prefill-cudnn 40 "$python" bench/attention.py "${layer[@]}" --rounds 3 --lengths "$prefill_lengths" --methods rope,string,rerope,self_extend --backend "$([ "$device" = cuda ] && echo cuda_cudnn || echo auto)"
   step decode-auto 40 "$python" bench/attention.py "${layer[@]}" --rounds 10 --lengths "$decode_lengths" --methods "$methods" --decode
-  step model 80 "$python" bench/model.py "${model[@]}" --methods "$methods"
 else
   # the paths that have never run on a GPU first, in their own process: an illegal address poisons a process
   step tests-new 120 "$python" -m pytest tests/test_cuda.py -q -p no:cacheprovider --junitxml="$out/tests-new.xml" -k "triton or flash or cudnn or bfloat16 or auto_takes"
   step tests-kernel 110 "$python" -m pytest tests/test_cuda.py -q -p no:cacheprovider --junitxml="$out/tests-kernel.xml" -k "not (triton or flash or cudnn or bfloat16 or auto_takes or models)"
   step tests-models 100 "$python" -m pytest tests/test_cuda.py -q -p no:cacheprovider --junitxml="$out/tests-models.xml" -k models
+  step model 70 "$python" bench/model.py "${model[@]}" --methods "$methods"
 fi
 echo; echo "bench/gpu.sh $part: done in $((SECONDS - start)) s; steps in $out/steps.tsv, tables in $out/RESULTS.md, logs in $out"

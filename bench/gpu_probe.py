@@ -1,12 +1,13 @@
 """The first minutes of a GPU session: does every path that has never run on a GPU work, which backend does
 ``auto`` take, and what does each route cost against SDPA, in one short run (bench/gpu.sh, part 1).
 
-    OUT=folder python bench/gpu_probe.py [--device cuda|cpu]
+    OUT=folder python bench/gpu_probe.py [--device cuda|cpu] [--part all|kernels|generate]
 
-Every item runs on its own (a failure is a finding, written as ``ERROR ...``), and ``$OUT/gpu_probe.json`` is
-rewritten after each, so a run cut short keeps what it measured. The Triton kernel runs last of each group, and
-``generate`` (whose decoding steps take it too, eager and compiled) last of all: an illegal address is sticky and
-would poison what follows. Checks compare with the math backend in float32 on the same bfloat16 inputs; times are
+Every item runs on its own (a failure is a finding, written as ``ERROR ...``), and ``$OUT/gpu_probe.json``
+(``gpu_probe_PART.json`` for one part: bench/gpu.sh gives each its own time budget and process) is rewritten after
+each, so a run cut short keeps what it measured. The Triton kernel runs last of each group, and ``generate`` (whose
+decoding steps take it too, eager and compiled) last of all: an illegal address is sticky and would poison what
+follows. Checks compare with the math backend in float32 on the same bfloat16 inputs; times are
 CUDA events (the CPU: wall clock), medians of 5 after one warm-up.
 
 ``ran``: for each backend timed, the backends whose ``run`` computed its calls -- the one named, or the one it
@@ -48,6 +49,7 @@ import longreach
 from longreach.attention import backends, kernel
 from longreach.methods import create
 
+RESULTS_FILE = "gpu_probe.json"  # under $OUT; gpu_probe_PART.json for one part
 RESULTS: dict = {"env": {}, "checks": {}, "auto": {}, "ms": {}, "ran": {}, "peak_mib": {}, "generate": {}}
 GENERATE_LAYERS = 2  # of the default model's 30: see the module's docstring
 
@@ -61,7 +63,7 @@ def record(kind: str, name: str, measure) -> None:
         RESULTS[kind][name] = f"ERROR {type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
         traceback.print_exc(limit=3)
     print(f"[{time.time() - started:6.1f} s] {kind}/{name}: {RESULTS[kind][name]}", flush=True)
-    (Path(os.environ.get("OUT", "bench/out")) / "gpu_probe.json").write_text(json.dumps(RESULTS, indent=1, default=str))
+    (Path(os.environ.get("OUT", "bench/out")) / RESULTS_FILE).write_text(json.dumps(RESULTS, indent=1, default=str))
 
 
 def timed(run, device: torch.device, rounds: int = 5) -> float:
@@ -95,12 +97,28 @@ def layer(n: int, device: torch.device, dtype: torch.dtype, heads: int, kv_heads
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    device = torch.device(parser.parse_args().device)
-    cuda = device.type == "cuda"
-    dtype, heads, kv_heads, dim = (torch.bfloat16, 32, 8, 128) if cuda else (torch.float32, 4, 2, 32)
+    parser.add_argument(
+        "--part", default="all", choices=["all", "kernels", "generate"], help="bench/gpu.sh runs each on its own budget"
+    )
+    arguments = parser.parse_args()
+    device, cuda = torch.device(arguments.device), arguments.device == "cuda"
+    if arguments.part != "all":
+        global RESULTS_FILE
+        RESULTS_FILE = f"gpu_probe_{arguments.part}.json"
     RESULTS["env"] = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if cuda else "cpu",
                       "cudnn": torch.backends.cudnn.version() if cuda else None}  # fmt: skip
     print(RESULTS["env"], flush=True)
+    if arguments.part in ("all", "kernels"):
+        kernels(device)
+    if arguments.part in ("all", "generate"):
+        generation(device)
+
+
+def kernels(device: torch.device) -> None:
+    """Every backend checked, ``auto``'s choices, cuDNN's grouped heads, and STRING's time, memory and kernel per
+    backend against SDPA's kernels (see the module's docstring)."""
+    cuda = device.type == "cuda"
+    dtype, heads, kv_heads, dim = (torch.bfloat16, 32, 8, 128) if cuda else (torch.float32, 4, 2, 32)
 
     small = 1000 if cuda else 200
     q, k, v, inv_freq = layer(small, device, dtype, heads, kv_heads, dim)
@@ -142,7 +160,6 @@ def main() -> None:
                 record("peak_mib", f"string_{backend}_{n}", lambda: _peak(run))
         if cuda:
             torch.cuda.empty_cache()
-    generation(device)
 
 
 @contextlib.contextmanager

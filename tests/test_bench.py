@@ -21,10 +21,10 @@ def gpu_script(*arguments: str, out: Path) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_both_parts_dry_run_on_the_cpu_and_write_everything_under_out(tmp_path):
-    """Part 1: the probe (JSON: which backend ran each timed call, generate compiled against eager), the attention
-    tables in prefill and decoding with the kernel SDPA picked, the default model end to end; part 2: the CUDA tests
-    in three groups (skipped here, junit written). Each step's status is in steps.tsv; bench/RESULTS.md is left
-    alone."""
+    """Part 1: the probe (JSON: which backend ran each timed call), generate compiled against eager (JSON), the
+    attention tables in prefill and decoding with the kernel SDPA picked; part 2: the CUDA tests in three groups
+    (skipped here, junit written), the default model end to end. Each step's status is in steps.tsv;
+    bench/RESULTS.md is left alone."""
     results = ROOT / "bench" / "RESULTS.md"
     before = results.read_text()
     for part in ("1", "2"):
@@ -34,25 +34,27 @@ def test_both_parts_dry_run_on_the_cpu_and_write_everything_under_out(tmp_path):
     steps = [line.split("\t") for line in (tmp_path / "steps.tsv").read_text().splitlines()]
     assert [name for name, *_ in steps] == [
         "probe",
+        "generate",
         "prefill-auto",
         "prefill-cudnn",
         "decode-auto",
-        "model",
         "tests-new",
         "tests-kernel",
         "tests-models",
+        "model",
     ]
     assert all(status == "0" for _, status, _ in steps), steps
     for group in ("new", "kernel", "models"):
         assert "testsuite" in (tmp_path / f"tests-{group}.xml").read_text()
-    probe = json.loads((tmp_path / "gpu_probe.json").read_text())
+    probe = json.loads((tmp_path / "gpu_probe_kernels.json").read_text())
+    generated = json.loads((tmp_path / "gpu_probe_generate.json").read_text())["generate"]
     assert probe["auto"]["prefill"] in backends.REGISTRY
     assert probe["ran"]["string_cpu_flash_1024"] == ["cpu_flash"]
     ran_for_auto = probe["ran"]["string_auto_1024"]  # auto's choice, or the backend it handed the calls on to
     assert len(ran_for_auto) == 1 and ran_for_auto[0] in backends.REGISTRY
     for method in ("sdpa", "string", "rerope"):  # generate compiled (Dynamo alone here) gives eager's tokens
-        assert probe["generate"][f"{method}_first_8_tokens_equal_eager"] is True
-        assert isinstance(probe["generate"][f"{method}_ms_per_token"], float)
+        assert generated[f"{method}_first_8_tokens_equal_eager"] is True
+        assert isinstance(generated[f"{method}_ms_per_token"], float)
     written = (tmp_path / "RESULTS.md").read_text()
     assert "## Attention, causal prefill, time, n = 512,1024" in written and "## Attention, decoding step" in written
     assert "## End to end, the default model at 512 tokens" in written
