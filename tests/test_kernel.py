@@ -842,14 +842,15 @@ def emulated_flash_forward(
 ):
     """FlashAttention-2's forward as PyTorch's ``aten._flash_attention_forward`` defines it, on the CPU:
     ``[B, L, H, D]``
-    tensors, grouped-query heads, the causal mask aligned to the bottom right, a left window (-1: none), and a row
-    with no key reported as ``lse = +inf`` with output 0."""
-    assert causal and window_size_right == 0 and dropout == 0.0 and cum_q is None
+    tensors, grouped-query heads, the causal mask aligned to the bottom right, left and right windows (-1: none;
+    causal: right 0), and a row with no key reported as ``lse = +inf`` with output 0."""
+    assert dropout == 0.0 and cum_q is None
+    right = 0 if causal else window_size_right
     q, k, v = (x.transpose(1, 2).double() for x in (q, k, v))
     k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
     i = torch.arange(q.shape[2])[:, None] + k.shape[2] - q.shape[2]
     j = torch.arange(k.shape[2])[None]
-    allowed = (j <= i) & ((window_size_left < 0) | (j >= i - window_size_left))
+    allowed = ((right < 0) | (j <= i + right)) & ((window_size_left < 0) | (j >= i - window_size_left))
     scores = (q @ k.transpose(-1, -2) * scale).masked_fill(~allowed, float("-inf"))
     lse = torch.logsumexp(scores, -1)
     out = torch.nan_to_num(torch.softmax(scores, -1)) @ v
