@@ -280,3 +280,46 @@ def test_the_flash_backends_decoding_step_with_grouped_heads_on_cuda(name, param
         got = kernel.attention(query, key, value, parts, inv_freq, backend="cuda_flash", **common)
         assert got.dtype == torch.bfloat16 and got.shape == (2, 1, 4, 16)
         assert (got.float() - want).abs().max() <= 0.02, n
+
+
+@pytest.mark.parametrize("family, name", [("llama", "string"), ("llama", "rerope"), ("mistral", "dca")])
+@torch.no_grad()
+def test_triton_generate_under_cuda_graphs_calls_the_fused_operator(family, name, monkeypatch):
+    """``generate`` with a static cache and ``CompileConfig(fullgraph=True, mode="reduce-overhead")``: each decoding
+    step compiled whole and captured in a CUDA graph, the fused kernel called as the operator ``longreach::key_splits``
+    (issue 53, item 2); the tokens of eager generation, a left-padded batch."""
+    import transformers
+
+    from longreach.attention import static
+
+    torch._dynamo.reset()
+    model = tiny_model(family, **CACHE_FAMILIES[family]).cuda()
+    longreach.apply(model, name, **MODEL_METHODS[name])
+    x, mask = left_padded(n=60, pad=5)
+    settings = dict(
+        attention_mask=mask.cuda(), max_new_tokens=10, min_new_tokens=10, do_sample=False, cache_implementation="static"
+    )
+    eager = model.generate(x.cuda(), **settings)
+    traced, fused = [], static._fused
+    monkeypatch.setattr(static, "_fused", lambda *args: traced.append(1) or fused(*args))
+    config = transformers.CompileConfig(fullgraph=True, mode="reduce-overhead")
+    assert torch.equal(model.generate(x.cuda(), compile_config=config, **settings), eager)
+    assert traced  # the compiled steps called the operator
+
+
+@torch.no_grad()
+def test_triton_indexes_past_two_to_the_31_elements():
+    """DCA's three cells at 128K rows, batch 2: the third cell's queries start 2**31 elements in (the kernel's
+    offsets are int64). Two equal sequences give equal rows, and the last rows equal the math backend's."""
+    n, heads, dim = 131072, 32, 128
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (
+        torch.randn(1, h, n, dim, device="cuda", dtype=torch.bfloat16, generator=generator).expand(2, -1, -1, -1)
+        for h in (heads, 8, 8)
+    )
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, device="cuda").float() / dim))
+    parts = create("dca", training_window=32768, chunk_size=24576, local_window=1024).parts()
+    out = kernel.attention(q, k, v, parts, inv_freq, backend="triton")  # [2, n, heads, dim]
+    assert torch.equal(out[0], out[1])
+    last = kernel.attention(q[:1, :, -2:], k[:1], v[:1], parts, inv_freq, backend="math")
+    assert (out[:1, -2:].float() - last.float()).abs().max() <= 2e-2
