@@ -91,9 +91,23 @@ def test_bfloat16_on_cuda(name, params, backend):
     assert (got.cpu().double() - want)[rows].abs().max() <= 0.05
 
 
-@pytest.mark.parametrize("name, params", [("string", {"shift": 100, "local_window": 5}), *BASELINES[:3]])
-def test_cudnn_whole_blocks_on_cuda(name, params):
-    """cuda_cudnn's own calls (unpadded prefill, no decline): cuDNN's attention with its log-sum-exp on every block."""
+CUDNN_METHODS = [
+    ("string", {"shift": 100, "local_window": 5}),
+    ("rerope", {"window": 40}),
+    ("rerope", {"window": 40, "leak": 4.0}),
+    ("self_extend", {"group_size": 3, "neighbor_window": 40}),
+    ("dca", {"chunk_size": 100, "local_window": 20}),
+]
+
+
+@pytest.mark.parametrize("name, params", CUDNN_METHODS)
+@pytest.mark.filterwarnings("error")
+def test_cudnn_whole_blocks_on_cuda(name, params, monkeypatch):
+    """cuda_cudnn's own calls (unpadded prefill, no decline: a decline would warn): cuDNN's attention with its
+    log-sum-exp on every block, the Triton rotation and merge around them."""
+    from longreach.attention.backends import cuda_cudnn
+
+    monkeypatch.setattr(cuda_cudnn, "_reasons_declined", set())
     method = create(name, training_window=300, **params)
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(300)
     want, rows = expected(method, q, k, v, positions, padding, inv_freq, 300, scaling=0.3)

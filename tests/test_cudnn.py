@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 import torch
-from test_kernel import case, expected
+from test_kernel import BASELINES, case, expected
 
 from longreach.attention import backends, cudnn_kernels, kernel, shifts, tiled
 from longreach.attention.backends import cuda_cudnn
@@ -20,6 +20,9 @@ DISTANCE_METHODS = [
     ("rerope", {"window": 36, "leak": 4.0}),
     ("self_extend", {"group_size": 3, "neighbor_window": 34}),
 ]
+
+
+PER_HEAD_PAIRS = ("dpe", BASELINES[-1][1])  # query heads of a key/value group move different pairs
 
 
 @pytest.fixture
@@ -58,6 +61,33 @@ def test_every_distance_method_is_whole_causal_blocks_equal_to_the_reference(cal
     assert calls and (got - want)[rows].abs().max() <= 1e-5
 
 
+@pytest.mark.parametrize("chunk_size, local_window", [(40, 6), (30, 12)])
+@pytest.mark.parametrize("q_len", [131, 60])
+def test_dca_is_a_causal_square_and_two_rectangles_per_chunk_equal_to_the_reference(
+    calls, monkeypatch, chunk_size, local_window, q_len
+):
+    """DCA's chunks of ``c = s - l`` tokens: the same chunk one causal square, the previous chunk one rectangle, the
+    earlier ones one rectangle -- whole blocks read from the key spans, no mask; prefill and a chunk of queries against
+    the cache, GQA 4:2, a last chunk cut short. A batch whose positions are not the keys' indices is handed on."""
+    method = create("dca", training_window=120, chunk_size=chunk_size, local_window=local_window)
+    n, c = 131, chunk_size - local_window
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(n)
+    want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
+    arguments = (q_rot[:, :, -q_len:].float(), k_rot.float(), v.float(), method.parts(), inv_freq.float())
+    got = kernel.attention(*arguments, scaling=0.3, positions=positions, backend="cuda_cudnn")
+    assert (got - want)[rows].abs().max() <= 1e-5
+    first_row = n - q_len
+    starts_inside = first_row % c > 0  # the first chunk of queries also attends its chunk's keys before it
+    per_chunk = [1 + (m >= 1) + (m >= 2) for m in range(first_row // c, -(-n // c))]  # same, previous, earlier
+    assert sum(per_chunk) <= len(calls) <= sum(per_chunk) + starts_inside
+    assert sum(r * k / (2 if causal else 1) for r, k, causal in calls) <= n * q_len  # no more than causal's work
+    calls.clear()
+    monkeypatch.setattr(cuda_cudnn, "_reasons_declined", set())
+    with pytest.warns(UserWarning, match="key spans at positions other than the keys' indices"):
+        kernel.attention(*arguments, scaling=0.3, positions=positions + 5, backend="cuda_cudnn")
+    assert calls == []
+
+
 def test_string_at_a_third_of_the_window_is_a_few_calls_and_causal_work(calls):
     """STRING with S = n/3: a causal square and a flipped square per chunk of S - 1 rows (a short last chunk adds a
     rectangle), and one far square: 9 calls at n = 150, the work of causal attention."""
@@ -69,9 +99,9 @@ def test_string_at_a_third_of_the_window_is_a_few_calls_and_causal_work(calls):
     assert sum(rows * keys / (2 if causal else 1) for rows, keys, causal in calls) <= 1.05 * n * n / 2  # causal's work
 
 
-@pytest.mark.parametrize("what", ["padding", "dca", "decoding", "gradients", "narrow band", "a chunk"])
+@pytest.mark.parametrize("what", ["padding", "dpe", "decoding", "gradients", "narrow band", "a chunk"])
 def test_what_would_need_a_mask_goes_to_the_next_backend_and_is_still_exact(calls, what):
-    chosen = {"dca": ("dca", {"chunk_size": 40, "local_window": 6}), "narrow band": ("string", {"shift": 20})}
+    chosen = {"dpe": PER_HEAD_PAIRS, "narrow band": ("string", {"shift": 20})}
     name, params = chosen.get(what, ("string", {"shift": 44, "local_window": 6}))
     method = create(name, training_window=120, **params)
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(120, pads=(0, 9) if what == "padding" else (0, 0))
@@ -82,7 +112,7 @@ def test_what_would_need_a_mask_goes_to_the_next_backend_and_is_still_exact(call
         query,
         k_rot.float(),
         v.float(),
-        method.parts(),
+        method.layer_parts(0),
         inv_freq.float(),
         scaling=0.3,
         key_padding=padding if what == "padding" else None,
@@ -98,11 +128,11 @@ def test_a_declined_prefill_says_why_once_per_reason(calls, monkeypatch):
     process; a decoding step (never cuDNN's) says nothing."""
     monkeypatch.setattr(cuda_cudnn, "_reasons_declined", set())
     string = create("string", training_window=120, shift=44, local_window=6)
-    dca = create("dca", training_window=120, chunk_size=40, local_window=6)
+    dpe = create(PER_HEAD_PAIRS[0], training_window=120, **PER_HEAD_PAIRS[1])
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(120, pads=(0, 9))
 
     def prefill(method, q_len=120, key_padding=None):
-        arguments = (q_rot[:, :, -q_len:].float(), k_rot.float(), v.float(), method.parts(), inv_freq.float())
+        arguments = (q_rot[:, :, -q_len:].float(), k_rot.float(), v.float(), method.layer_parts(0), inv_freq.float())
         with warnings.catch_warnings(record=True) as said:
             warnings.simplefilter("always")
             kernel.attention(*arguments, key_padding=key_padding, positions=positions, backend="cuda_cudnn")
@@ -113,9 +143,9 @@ def test_a_declined_prefill_says_why_once_per_reason(calls, monkeypatch):
         "backend (slower, the same results)"
     ]
     assert prefill(string, key_padding=padding) == []
-    assert prefill(dca) == [
-        "longreach: cuda_cudnn cannot take DCA's key spans or DPE's per-head rotary pairs without a mask; such calls "
-        "go to the next backend (slower, the same results)"
+    assert prefill(dpe) == [
+        "longreach: cuda_cudnn cannot take DPE's per-head rotary pairs without a mask; such calls go to the next "
+        "backend (slower, the same results)"
     ]
     assert prefill(string, q_len=1) == []
 

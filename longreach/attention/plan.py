@@ -21,6 +21,7 @@ from .parts import NEG_INF, covers
 
 SMALL_QUERY = 16  # decoding and short chunks: one small masked tile is cheapest
 MIN_BAND_TILE = 32  # narrower bands are computed with masked tiles
+MAX_SPAN_BLOCKS = 1024  # a part's whole blocks from its key spans: beyond, they are tiles in all but name
 
 
 class Block(NamedTuple):
@@ -110,6 +111,43 @@ def _band(q_len, lo, hi, offset, tile, dtype, device, first_key=0):
         skip = max(0, first_key + lo - a)  # rows with i - lo < first_key see nothing in the lower block
         if skip < height:
             yield Block(slice(start + skip, stop), slice(a + skip - lo, a - lo + height), causal=True)
+
+
+def span_blocks(first: torch.Tensor, stop: torch.Tensor, lo: int, hi: int | None, offset: int, kv_len: int):
+    """Whole blocks for a part limited by key spans (DCA's chunks), or ``None`` where one would need a mask.
+
+    ``first``, ``stop`` ``[Lq]`` (host): each query row's span of key indices (the keys' positions are their
+    indices: no padding). Row ``t`` attends keys ``[a_t, b_t)``, the span cut by the distance bounds. A run of rows
+    with the same ``a`` is one top-left causal square where ``b`` grows with the row from ``a + 1`` (from further: a
+    rectangle of the keys before, then the square), else one unmasked rectangle per run of equal ``b`` (DCA: a
+    causal square per chunk, a rectangle per chunk for the previous chunk and for the earlier ones); more than
+    :data:`MAX_SPAN_BLOCKS` blocks would be tiles, not blocks."""
+    rows = torch.arange(len(first)) + offset  # each row's key index
+    a = first.clamp(min=0) if hi is None else torch.maximum(first, rows - hi + 1).clamp(min=0)
+    b = torch.minimum(stop, rows - lo + 1).clamp(max=kv_len)
+    empty = b <= a
+    a, b = a.masked_fill(empty, -1), b.masked_fill(empty, -1)
+    found = []
+    for begin, end in _runs(a):
+        key_start, key_stops = int(a[begin]), b[begin:end]
+        if key_start < 0:  # rows with no key here
+            continue
+        diagonal = int(key_stops[0]) - 1  # the first row's last key
+        if end - begin > 1 and bool((key_stops - rows[begin:end] == diagonal + 1 - rows[begin]).all()):
+            if diagonal > key_start:  # a chunk of queries starting inside the span: the keys before it, unmasked
+                found.append(Block(slice(begin, end), slice(key_start, diagonal)))
+            found.append(Block(slice(begin, end), slice(diagonal, diagonal + end - begin), causal=True))
+            continue
+        found += [Block(slice(begin + i, begin + j), slice(key_start, int(key_stops[i]))) for i, j in _runs(key_stops)]
+        if len(found) > MAX_SPAN_BLOCKS:
+            return None
+    return found
+
+
+def _runs(values: torch.Tensor) -> list[tuple[int, int]]:
+    """``(begin, end)`` of each run of equal values."""
+    starts = [0, *(torch.nonzero(values[1:] != values[:-1]).flatten() + 1).tolist(), len(values)]
+    return list(itertools.pairwise(starts))
 
 
 def masked_tiles(q_len, kv_len, lo, hi, offset, key_padding, padded, span, tile, dtype, device):

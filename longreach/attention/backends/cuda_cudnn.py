@@ -14,10 +14,14 @@ one pass per row, straight into the model's dtype and ``[B, L, H, D]`` layout, w
 copy (without Triton 3.3: the tiled kernel's rotation and merge, :mod:`..merge`). The plan depends on the positions
 alone, so a forward pass makes it once.
 
-It declines (the call goes to the next backend ``auto`` would take) what would need a mask or a gradient: key
-padding, DCA's key spans, DPE's per-head pairs, bands narrower than a tile, a decoding step, a chunk whose band
-meets the first key, autograd. Keys and
-values are repeated per query head (cuDNN's grouped-query support is for the GPU run to establish).
+DCA's cells, limited by key spans, are read from their spans on the host once per pass (:func:`..plan.span_blocks`):
+per chunk of ``c`` rows a causal square (the same chunk), a rectangle (the previous chunk) and a rectangle (the
+earlier ones), about ``3n / c`` calls, the work of causal attention.
+
+It declines (the call goes to the next backend ``auto`` would take, with one warning per reason) what would need
+a mask or a gradient: key padding, DPE's per-head pairs, bands narrower than a tile, a chunk whose band meets the
+first key, key spans at positions other than the keys' indices, autograd; and a decoding step. Keys and values are
+repeated per query head (cuDNN's grouped-query support is for the GPU run to establish).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from ..call import Call
 from ..cells import Cell
 from ..cudnn_kernels import Piece
 from ..heads import expand_heads
-from ..plan import MIN_BAND_TILE, SMALL_QUERY, Block, band_clipped
+from ..plan import MIN_BAND_TILE, SMALL_QUERY, Block, band_clipped, span_blocks
 from ..rotary import compute_dtype
 from ..tiled import TiledBackend
 from ..views import angles, moved_keys
@@ -135,15 +139,18 @@ class CudaCudnn(TiledBackend):
             return _declined("gradients")
         if call.key_padding is not None:
             return _declined("key padding (a padded batch)")
+        if any(cell.part.pairs is not None for cell in cells):
+            return _declined("DPE's per-head rotary pairs")
         for cell in cells:
-            if not cell.by_distance_alone:
-                return _declined("DCA's key spans or DPE's per-head rotary pairs")
             band = None if cell.hi is None else cell.hi - cell.lo - 1  # the band's tile
-            if band is not None and band < MIN_BAND_TILE:
+            if cell.part.key_span is not None or band is None:
+                continue
+            if band < MIN_BAND_TILE:
                 return _declined(f"a band narrower than {MIN_BAND_TILE} keys")
-            if band is not None and band_clipped(call.q_len, cell.lo, cell.hi, call.offset, band):
+            if band_clipped(call.q_len, cell.lo, cell.hi, call.offset, band):
                 return _declined("a chunk of queries whose band meets the first key")
-        return [self.plan(cell, call, 0) for cell in cells]
+        plans = [self.plan(cell, call, 0) if cell.part.key_span is None else _spanned(cell, call) for cell in cells]
+        return None if any(plan is None for plan in plans) else plans
 
     def run(self, plans: list[list[Block]], cells: tuple[Cell, ...], call: Call) -> tuple[torch.Tensor, torch.Tensor]:
         """Every block one call of cuDNN's attention on queries and keys moved by :func:`..cudnn_kernels.rotated`,
@@ -178,6 +185,18 @@ class CudaCudnn(TiledBackend):
             q, k, v = q.flip(2), k.flip(2), v.flip(2)
         out, lse = self.attend(q, k, v, b.causal or b.flipped, scaling)
         return Piece(out, lse, b.rows.start, reversed=b.flipped)
+
+
+def _spanned(cell: Cell, call: Call) -> list[Block] | None:
+    """A cell limited by key spans (DCA) as whole blocks (:func:`..plan.span_blocks`), its spans read on the host
+    once per pass; ``None`` (with a warning) where the keys' positions are not their indices (a batch whose
+    positions differ) or a block would need a mask."""
+    indices = torch.arange(call.kv_len, device=call.positions.device)
+    if not torch.equal(call.positions, indices.expand_as(call.positions)):
+        return _declined("key spans at positions other than the keys' indices")
+    first, stop = (bound.expand(call.batch, call.q_len)[0].cpu() for bound in cell.span(call.q_positions))
+    found = span_blocks(first, stop, cell.lo, cell.hi, call.offset, call.kv_len)
+    return found if found is not None else _declined("key spans that are not whole blocks")
 
 
 def _moved(x: torch.Tensor, shift_angles: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
