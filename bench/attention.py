@@ -28,7 +28,7 @@ import statistics
 import subprocess
 import sys
 
-from results import busiest_kernel, machine, timed, write_section
+from results import backends_that_ran, busiest_kernel, machine, timed, write_section
 
 METHODS = {"rope": {}, "string": {}, "rerope": {}, "self_extend": {}, "dca": {}}  # defaults for L = n
 LLAMA_3_SCALES = (4, 4, 2, 16, 32, 32, 16, 128)  # DPE's published Llama-3-8B-Instruct setting (w = 1024)
@@ -112,21 +112,24 @@ def time_ratios(
 ) -> list[str]:
     """Medians of per-round time ratios against SDPA, SDPA and the method alternating in one process."""
     rows = [
-        "| method | n | SDPA (s) | SDPA's kernel | median time / SDPA | min / max ratio |",
-        "|---|---|---|---|---|---|",
+        "| method | n | SDPA (s) | SDPA's kernel | longreach's backend | median time / SDPA | min / max ratio |",
+        "|---|---|---|---|---|---|---|",
     ]
     for n in lengths:
         sdpa, _ = case("sdpa", n, heads, dim, decode, device, kv_heads, dtype, batch)
         sdpa_kernel = busiest_kernel(sdpa, device)
         for method in methods:
             ours, _ = case(method, n, heads, dim, decode, device, kv_heads, dtype, batch, left_pad, backend)
+            timed(sdpa, device)
+            with backends_that_ran() as ran:  # the warm-up (it compiles): which backend computed the calls
+                timed(ours, device)
             base, ratios = [], []
-            for _ in range(rounds + 1):  # the first round warms up (and compiles)
+            for _ in range(rounds):
                 base.append(timed(sdpa, device))
                 ratios.append(timed(ours, device) / base[-1])
-            ratios = ratios[1:]
+            backend_ran = ", ".join(dict.fromkeys(ran))  # auto's choice, or the backend a declined call went to
             rows.append(
-                f"| {method} | {n} | {statistics.median(base[1:]):.4f} | {sdpa_kernel} | "
+                f"| {method} | {n} | {statistics.median(base):.4f} | {sdpa_kernel} | {backend_ran} | "
                 f"{statistics.median(ratios):.2f}x | "
                 f"{min(ratios):.2f} / {max(ratios):.2f} |"
             )

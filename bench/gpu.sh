@@ -66,9 +66,8 @@ start=$SECONDS
 if [ "$part" = 1 ]; then
   step probe 140 "$python" bench/gpu_probe.py --device "$device" --part kernels
   step generate 120 "$python" bench/gpu_probe.py --device "$device" --part generate
-  step prefill-auto 70 "$python" bench/attention.py "${layer[@]}" --rounds 3 --lengths "$prefill_lengths" --methods "$methods"
-  step prefill-cudnn 40 "$python" bench/attention.py "${layer[@]}" --rounds 3 --lengths "$prefill_lengths" --methods rope,string,rerope,self_extend --backend "$([ "$device" = cuda ] && echo cuda_cudnn || echo auto)"
-  step decode-auto 40 "$python" bench/attention.py "${layer[@]}" --rounds 10 --lengths "$decode_lengths" --methods "$methods" --decode
+  step prefill-auto 80 "$python" bench/attention.py "${layer[@]}" --rounds 3 --lengths "$prefill_lengths" --methods "$methods"
+  step decode-auto 50 "$python" bench/attention.py "${layer[@]}" --rounds 10 --lengths "$decode_lengths" --methods "$methods" --decode
 else
   # the paths that have never run on a GPU first, in their own process: an illegal address poisons a process
   step tests-new 120 "$python" -m pytest tests/test_cuda.py -q -p no:cacheprovider --junitxml="$out/tests-new.xml" -k "triton or flash or cudnn or bfloat16 or auto_takes"

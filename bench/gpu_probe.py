@@ -30,7 +30,6 @@ Dynamo without Inductor (``backend="eager"``).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import os
@@ -38,12 +37,12 @@ import statistics
 import time
 import traceback
 from pathlib import Path
-from unittest import mock
 
 import torch
 import torch.nn.functional as F
 import transformers
 from model import SHAPE  # bench/model.py: the default model's config, for random weights
+from results import backends_that_ran
 
 import longreach
 from longreach.attention import backends, kernel
@@ -160,27 +159,6 @@ def kernels(device: torch.device) -> None:
                 record("peak_mib", f"string_{backend}_{n}", lambda: _peak(run))
         if cuda:
             torch.cuda.empty_cache()
-
-
-@contextlib.contextmanager
-def backends_that_ran():
-    """The names of the backends whose ``run`` computes the calls made inside, in order: every backend of the registry
-    has its ``run`` wrapped for the while."""
-    ran: list[str] = []
-
-    def noting(backend):
-        run = backend.run
-
-        def noted(*args, **kwargs):
-            ran.append(backend.name)
-            return run(*args, **kwargs)
-
-        return noted
-
-    with contextlib.ExitStack() as wrapped:
-        for backend in backends.REGISTRY.values():
-            wrapped.enter_context(mock.patch.object(backend, "run", noting(backend)))
-        yield ran
 
 
 @torch.no_grad()

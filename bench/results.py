@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import re
 import time
 from datetime import date
 from pathlib import Path
+from unittest import mock
 
 RESULTS = Path(os.environ.get("BENCH_RESULTS") or Path(__file__).with_name("RESULTS.md"))
 """Where sections are written: bench/RESULTS.md, or the file ``$BENCH_RESULTS`` names (``bench/gpu.sh --device
@@ -78,3 +80,26 @@ def machine(device: str) -> str:
     if torch.device(device).type == "cuda":
         return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
     return f"{device} ({platform.processor() or platform.machine()}, {os.cpu_count()} cores), torch {torch.__version__}"
+
+
+@contextlib.contextmanager
+def backends_that_ran():
+    """The names of the backends whose ``run`` computes the calls made inside, in order: every backend of the registry
+    has its ``run`` wrapped for the while."""
+    ran: list[str] = []
+
+    def noting(backend):
+        run = backend.run
+
+        def noted(*args, **kwargs):
+            ran.append(backend.name)
+            return run(*args, **kwargs)
+
+        return noted
+
+    from longreach.attention import backends
+
+    with contextlib.ExitStack() as wrapped:
+        for backend in backends.REGISTRY.values():
+            wrapped.enter_context(mock.patch.object(backend, "run", noting(backend)))
+        yield ran

@@ -36,7 +36,6 @@ def test_both_parts_dry_run_on_the_cpu_and_write_everything_under_out(tmp_path):
         "probe",
         "generate",
         "prefill-auto",
-        "prefill-cudnn",
         "decode-auto",
         "tests-new",
         "tests-kernel",
