@@ -31,13 +31,15 @@ def calls(monkeypatch):
     made = []
 
     def stand_in(q, k, v, causal, scaling):
-        assert q.shape[1] == k.shape[1]  # keys repeated per query head
+        if q.shape[1] != k.shape[1]:  # PyTorch's CPU flash attention takes no grouped heads
+            raise RuntimeError("grouped heads")
         assert not causal or q.shape[2] == k.shape[2]  # causal calls are squares: top-left is bottom-right there
         made.append((q.shape[2], k.shape[2], causal))
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, is_causal=causal, scale=scaling)
 
     monkeypatch.setattr(cuda_cudnn, "cudnn_forward", stand_in)
     monkeypatch.setattr(cuda_cudnn, "available", lambda query, for_auto=False: True)
+    monkeypatch.setattr(cuda_cudnn, "_grouped_heads_refused", [True])  # known here: the stand-in repeats them
     return made
 
 
@@ -86,6 +88,30 @@ def test_dca_is_a_causal_square_and_two_rectangles_per_chunk_equal_to_the_refere
     with pytest.warns(UserWarning, match="key spans at positions other than the keys' indices"):
         kernel.attention(*arguments, scaling=0.3, positions=positions + 5, backend="cuda_cudnn")
     assert calls == []
+
+
+@pytest.mark.parametrize("takes_groups", [True, False])
+def test_grouped_heads_go_as_they_are_until_cudnn_refuses_them(calls, monkeypatch, takes_groups):
+    """Keys and values of 2 heads for 4 query heads: passed as they are where cuDNN takes them (no copy per query
+    head); where it refuses them, the call is made again with them repeated, and every later call repeats them."""
+    grouped = []
+
+    def grouped_stand_in(q, k, v, causal, scaling):
+        grouped.append(k.shape[1])
+        if k.shape[1] != q.shape[1] and not takes_groups:
+            raise RuntimeError("cuDNN Frontend error: grouped heads")
+        k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, is_causal=causal, scale=scaling)
+
+    monkeypatch.setattr(cuda_cudnn, "cudnn_forward", grouped_stand_in)
+    monkeypatch.setattr(cuda_cudnn, "_grouped_heads_refused", [])
+    method = create("string", training_window=120, shift=44, local_window=6)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(120)
+    want, rows = expected(method, q, k, v, positions, padding, inv_freq, 120, scaling=0.3)
+    arguments = (q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float())
+    got = kernel.attention(*arguments, scaling=0.3, positions=positions, backend="cuda_cudnn")
+    assert (got - want)[rows].abs().max() <= 1e-5
+    assert grouped == ([2] * len(grouped) if takes_groups else [2] + [4] * (len(grouped) - 1))
 
 
 def test_string_at_a_third_of_the_window_is_a_few_calls_and_causal_work(calls):

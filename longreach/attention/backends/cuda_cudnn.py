@@ -20,8 +20,8 @@ earlier ones), about ``3n / c`` calls, the work of causal attention.
 
 It declines (the call goes to the next backend ``auto`` would take, with one warning per reason) what would need
 a mask or a gradient: key padding, DPE's per-head pairs, bands narrower than a tile, a chunk whose band meets the
-first key, key spans at positions other than the keys' indices, autograd; and a decoding step. Keys and values are
-repeated per query head (cuDNN's grouped-query support is for the GPU run to establish).
+first key, key spans at positions other than the keys' indices, autograd; and a decoding step. Grouped key/value
+heads go to cuDNN as they are; where it refuses them (once per process), they are repeated per query head.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from ..views import angles, moved_keys
 
 _failure: list[str] = []  # why cuDNN's attention failed in this process, once it has
 _reasons_declined: set[str] = set()  # the kinds of call handed on so far, each said once
+_grouped_heads_refused: list[bool] = []  # cuDNN's attention refused grouped key/value heads in this process
 
 
 def _declined(reason: str) -> None:
@@ -115,8 +116,14 @@ class CudaCudnn(TiledBackend):
         return out.float(), lse.float()
 
     def attend(self, q, k, v, causal: bool, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """One call of cuDNN's attention, keys and values repeated per query head: ``(out [B, Hq, T, D]`` in the
-        input dtype, ``lse [B, Hq, T])``."""
+        """One call of cuDNN's attention: ``(out [B, Hq, T, D]`` in the input dtype, ``lse [B, Hq, T])``. Grouped
+        key/value heads go as they are until cuDNN refuses them once in this process; then, and from then on, they
+        are repeated per query head."""
+        if k.shape[1] != q.shape[1] and not _grouped_heads_refused:
+            try:
+                return cudnn_forward(q, k, v, causal, scaling)
+            except RuntimeError:
+                _grouped_heads_refused.append(True)
         k, v = expand_heads(k, q.shape[1]), expand_heads(v, q.shape[1])  # [B, Hq, K, D]
         try:
             return cudnn_forward(q, k, v, causal, scaling)
