@@ -34,13 +34,23 @@ def _plain_causal(mask_function: Callable | None) -> bool:
 
 
 def key_positions_mask(
-    batch_size, q_length, kv_length, q_offset=0, kv_offset=0, attention_mask=None, mask_function=None, **_
+    batch_size,
+    q_length,
+    kv_length,
+    q_offset=0,
+    kv_offset=0,
+    attention_mask=None,
+    mask_function=None,
+    allow_is_causal_skip=True,
+    **_,
 ) -> torch.Tensor | None:
     """``AttentionMaskInterface`` function: the keys' absolute positions ``[B, 1, 1, Lkv]``, -1 at padding.
 
     Keys at or beyond ``q_offset + q_length`` are empty slots of a static cache: -2. With padding the
     positions count real tokens (``cumsum(mask) - 1``, as ``generate`` does), also when the caller gave
-    no ``position_ids``. ``None`` when every key is real and unpadded.
+    no ``position_ids``. ``None`` when every key is real and unpadded, unless transformers allows no skip (a
+    decoding step with a compileable cache: a full static cache keeps getting positions, so that the compiled
+    step sees the same arguments at every step and compiles once).
     """
     # transformers adds a packed-sequence mask only to calls without a cache (q_length == kv_length); a compiled graph
     # cannot read a mask function's closures, so a compiled call with a cache (a decoding step) trusts it is causal
@@ -57,7 +67,7 @@ def key_positions_mask(
     index = torch.arange(kv_offset, kv_offset + kv_length, device=device)
     empty = index >= end
     if attention_mask is None:
-        if not bool(empty.any()):
+        if not bool(empty.any()) and allow_is_causal_skip:
             return None
         return index.masked_fill(empty, EMPTY).expand(batch_size, -1)[:, None, None, :]
     full = attention_mask.bool()
@@ -66,7 +76,7 @@ def key_positions_mask(
     real = full[:, kv_offset : kv_offset + kv_length] & ~empty
     padded = not bool(full[:, : int(end)].all())
     if not padded:
-        if bool(real.all()):
+        if bool(real.all()) and allow_is_causal_skip:
             return None
         return index.masked_fill(empty, EMPTY).expand(batch_size, -1)[:, None, None, :]
     positions = full.long().cumsum(-1)[:, kv_offset : kv_offset + kv_length] - 1
