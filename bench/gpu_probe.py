@@ -149,6 +149,12 @@ def kernels(device: torch.device) -> None:
 
             for kind in ("FLASH_ATTENTION", "CUDNN_ATTENTION"):
                 record("ms", f"sdpa_{kind.lower()}_{n}", lambda: _forced(kind, sdpa, device, SDPBackend, sdpa_kernel))
+            # what cuda_cudnn calls: cuDNN's causal attention returning its log-sum-exp, keys repeated per query head
+            cudnn = torch.ops.aten._scaled_dot_product_cudnn_attention
+            repeated = [x.repeat_interleave(heads // kv_heads, dim=1) for x in (k, v)]
+            with_lse = functools.partial(cudnn, q, *repeated, None, True, 0.0, True, False)
+            record("ms", f"cudnn_with_lse_{n}", lambda: timed(with_lse, device))
+            del repeated, with_lse
         names = ("auto", "cuda_cudnn", "flex", "cuda_flash", "triton") if cuda else ("auto", "cpu_flash")
         for backend in names:
             run = functools.partial(kernel.attention, q, k, v, parts, inv_freq, backend=backend)
