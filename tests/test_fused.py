@@ -125,6 +125,9 @@ def test_a_static_cache_by_position_with_slots_in_any_order(name, params):
     got = static.attention(q, k, v, method.parts(), inv_freq, positions, backend="triton", **common)
     want = static.attention(q, k, v, method.parts(), inv_freq, positions, backend="math", **common)
     assert (got - want).abs().max() <= 1e-5
+    half = [x.bfloat16() for x in (q, k, v)]  # the model's dtype comes back, whatever the logit scale's
+    got = static.attention(*half, method.parts(), inv_freq, positions, backend="triton", **common)
+    assert got.dtype == torch.bfloat16 and (got.float() - want).abs().max() <= 0.05
 
 
 def test_float64_before_triton_3_5_is_refused_in_one_line(monkeypatch):

@@ -90,11 +90,12 @@ def _fused(query, key, value, cells, inv_freq, positions, scaling, logit_scale) 
     """The step by the fused Triton kernel, called as an operator (:data:`.backends.triton.key_splits`): distances
     from the slots' positions, empty slots and padding masked by them, key angles and moved queries computed here
     for Inductor to fuse (and to compute once for the layers that share them)."""
-    compute = compute_dtype(query.dtype)
+    dtype, compute = query.dtype, compute_dtype(query.dtype)
     q_positions = query_positions(positions, query.shape[2])
-    rotary_dims = 2 * inv_freq.shape[-1]
-    factor = per_sequence(logit_scale, compute, query.device)
-    query = torch.cat((query[..., :rotary_dims] * factor, query[..., rotary_dims:]), dim=-1)
+    if isinstance(logit_scale, torch.Tensor) or logit_scale != 1.0:  # on the rotary dimensions, in the compute dtype
+        rotary_dims = 2 * inv_freq.shape[-1]
+        factor = per_sequence(logit_scale, compute, query.device)
+        query = torch.cat((query[..., :rotary_dims] * factor, query[..., rotary_dims:].to(compute)), dim=-1)
     layout = fused.lay_out(
         cells,
         q_positions,
@@ -116,7 +117,7 @@ def _fused(query, key, value, cells, inv_freq, positions, scaling, logit_scale) 
         q_positions,
         launcher=fused.key_splits,
     )
-    return out.to(query.dtype).transpose(1, 2)
+    return out.to(dtype).transpose(1, 2)
 
 
 def query_positions(positions: torch.Tensor, q_len: int) -> torch.Tensor:

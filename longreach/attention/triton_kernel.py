@@ -44,7 +44,7 @@ if triton is not None:
         distance,
         d_min,
         d_max,
-        scale,
+        SCALE: tl.constexpr,
         COS,
         SIN,
         table_base,
@@ -63,8 +63,8 @@ if triton is not None:
         REST: tl.constexpr,
         ACC: tl.constexpr,
     ):
-        """Cell ``c``'s scores written into ``scores`` at its pairs; skipped when the tile's distances miss its
-        range."""
+        """A cell's scores written into ``scores`` at its pairs ``lo <= d < hi``; skipped when the tile's distances
+        miss that range."""
         if (d_max >= lo) & (d_min < hi):
             if (
                 TABLE >= 0
@@ -85,11 +85,11 @@ if triton is not None:
                 first = tl.load(FIRST + span_base + t, mask=rows_ok, other=0)
                 stop = tl.load(STOP + span_base + t, mask=rows_ok, other=0)
                 inside = inside & (key_at[None, :] >= first[:, None]) & (key_at[None, :] < stop[:, None])
-            scores = tl.where(inside, qk * scale, scores)
+            scores = tl.where(inside, qk * SCALE, scores)
         return scores
 
     @triton.jit
-    def fused(
+    def longreach_fused(
         Q,
         K,
         V,
@@ -141,7 +141,6 @@ if triton is not None:
         hi2,
         lo_min,
         hi_max,
-        scale,
         PAIRS: tl.constexpr,
         PAIRS_P: tl.constexpr,
         REST: tl.constexpr,
@@ -160,9 +159,13 @@ if triton is not None:
         BOUNDED: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
-        ACC: tl.constexpr,
+        SCALE: tl.constexpr,
+        F64: tl.constexpr,
     ):
-        """One program: a tile of query rows (a group's heads packed) against one split of the keys."""
+        """One program: a tile of query rows (a group's heads packed) against one split of the keys. ``SCALE``, the
+        softmax scale, is a compile-time constant (one per model: a float argument would be float32 here and float64
+        under Inductor); ``F64``: accumulate in float64 (float64 inputs), else float32."""
+        ACC: tl.constexpr = tl.float64 if F64 else tl.float32
         # indices in int64: offsets past 2**31 elements (128K rows, batch 2, three cells' queries) must not wrap
         tile, head_of_batch = tl.program_id(0), tl.program_id(1).to(tl.int64)
         split = tl.program_id(2).to(tl.int64)
@@ -230,7 +233,7 @@ if triton is not None:
                 distance,
                 d_min,
                 d_max,
-                scale,
+                SCALE,
                 COS + TABLE0 * stride_tt,
                 SIN + TABLE0 * stride_tt,
                 table_base,
@@ -263,7 +266,7 @@ if triton is not None:
                     distance,
                     d_min,
                     d_max,
-                    scale,
+                    SCALE,
                     COS + TABLE1 * stride_tt,
                     SIN + TABLE1 * stride_tt,
                     table_base,
@@ -296,7 +299,7 @@ if triton is not None:
                     distance,
                     d_min,
                     d_max,
-                    scale,
+                    SCALE,
                     COS + TABLE2 * stride_tt,
                     SIN + TABLE2 * stride_tt,
                     table_base,

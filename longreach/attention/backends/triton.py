@@ -41,7 +41,6 @@ from .base import Backend
 
 try:
     import triton
-    import triton.language as tl
     from torch.library import triton_op, wrap_triton
 except ImportError:  # pragma: no cover - depends on the installed packages
     triton = None
@@ -217,7 +216,7 @@ def launch(
     lse = torch.empty(grid.splits, batch, q_heads, q_len, dtype=accumulate, device=key.device)
     table_of = tables + [-1] * (MAX_CELLS - cells)
     spanned = spanned + [False] * (MAX_CELLS - cells)
-    wrap_triton(triton_kernel.fused)[(grid.m_tiles, batch * kv_heads, grid.splits)](
+    wrap_triton(triton_kernel.longreach_fused)[(grid.m_tiles, batch * kv_heads, grid.splits)](
         query,
         key,
         value,
@@ -254,7 +253,6 @@ def launch(
         his[2],
         lo_min,
         hi_max,
-        scaling,
         PAIRS=pairs,
         PAIRS_P=_pow2(pairs),
         REST=dim - 2 * pairs,
@@ -273,7 +271,8 @@ def launch(
         BOUNDED=hi_max < NO_BOUND,
         BLOCK_M=grid.block_m,
         BLOCK_N=grid.block_n,
-        ACC=tl.float64 if accumulate == torch.float64 else tl.float32,
+        SCALE=scaling,
+        F64=accumulate == torch.float64,
     )
     return out, lse
 
