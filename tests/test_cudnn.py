@@ -114,6 +114,29 @@ def test_grouped_heads_go_as_they_are_until_cudnn_refuses_them(calls, monkeypatc
     assert grouped == ([2] * len(grouped) if takes_groups else [2] + [4] * (len(grouped) - 1))
 
 
+def test_its_triton_kernels_failing_to_compile_leave_the_cudnn_calls_with_one_warning(calls, monkeypatch):
+    """Where the rotation or the merge kernel cannot be compiled (too little shared memory, an old Triton), the blocks
+    are still cuDNN's, turned and merged by torch operations from then on, with one warning: the call is exact."""
+    from triton.runtime.errors import OutOfResources
+
+    def out_of_resources(*args, **kwargs):
+        raise OutOfResources(300000, 232448, "shared memory")
+
+    monkeypatch.setattr(cuda_cudnn, "_kernels_failed", [])
+    monkeypatch.setattr(cudnn_kernels, "merge_into", out_of_resources)
+    method = create("string", training_window=120, shift=44, local_window=6)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(120)
+    want, rows = expected(method, q, k, v, positions, padding, inv_freq, 120, scaling=0.3)
+    arguments = (q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float())
+    with pytest.warns(UserWarning, match="cuda_cudnn's Triton kernels failed to compile .*OutOfResources"):
+        got = kernel.attention(*arguments, scaling=0.3, positions=positions, backend="cuda_cudnn")
+    assert (got - want)[rows].abs().max() <= 1e-5 and calls
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = kernel.attention(*arguments, scaling=0.3, positions=positions, backend="cuda_cudnn")
+    assert (again - want)[rows].abs().max() <= 1e-5
+
+
 def test_string_at_a_third_of_the_window_is_a_few_calls_and_causal_work(calls):
     """STRING with S = n/3: a causal square and a flipped square per chunk of S - 1 rows (a short last chunk adds a
     rectangle), and one far square: 9 calls at n = 150, the work of causal attention."""

@@ -137,11 +137,12 @@ def span_blocks(first: torch.Tensor, stop: torch.Tensor, lo: int, hi: int | None
             if diagonal > key_start:  # a chunk of queries starting inside the span: the keys before it, unmasked
                 found.append(Block(slice(begin, end), slice(key_start, diagonal)))
             found.append(Block(slice(begin, end), slice(diagonal, diagonal + end - begin), causal=True))
-            continue
-        found += [Block(slice(begin + i, begin + j), slice(key_start, int(key_stops[i]))) for i, j in _runs(key_stops)]
-        if len(found) > MAX_SPAN_BLOCKS:
-            return None
-    return found
+        else:
+            stops = _runs(key_stops)
+            if len(found) + len(stops) > MAX_SPAN_BLOCKS:
+                return None
+            found += [Block(slice(begin + i, begin + j), slice(key_start, int(key_stops[i]))) for i, j in stops]
+    return found if len(found) <= MAX_SPAN_BLOCKS else None
 
 
 def _runs(values: torch.Tensor) -> list[tuple[int, int]]:

@@ -39,10 +39,12 @@ from ..plan import MIN_BAND_TILE, SMALL_QUERY, Block, band_clipped, span_blocks
 from ..rotary import compute_dtype
 from ..tiled import TiledBackend
 from ..views import angles, moved_keys
+from . import triton as triton_backend
 
 _failure: list[str] = []  # why cuDNN's attention failed in this process, once it has
 _reasons_declined: set[str] = set()  # the kinds of call handed on so far, each said once
 _grouped_heads_refused: list[bool] = []  # cuDNN's attention refused grouped key/value heads in this process
+_kernels_failed: list[str] = []  # why the Triton rotation and merge failed to compile here, once they have
 
 
 def _declined(reason: str) -> None:
@@ -122,6 +124,8 @@ class CudaCudnn(TiledBackend):
         if k.shape[1] != q.shape[1] and not _grouped_heads_refused:
             try:
                 return cudnn_forward(q, k, v, causal, scaling)
+            except torch.OutOfMemoryError:
+                raise
             except RuntimeError:
                 _grouped_heads_refused.append(True)
         k, v = expand_heads(k, q.shape[1]), expand_heads(v, q.shape[1])  # [B, Hq, K, D]
@@ -163,8 +167,22 @@ class CudaCudnn(TiledBackend):
         """Every block one call of cuDNN's attention on queries and keys moved by :func:`..cudnn_kernels.rotated`,
         merged by :func:`..cudnn_kernels.merge_into`: ``(out, lse)``, ``out`` a ``[B, Hq, Lq, Dv]`` view of a
         ``[B, Lq, Hq, Dv]`` tensor in the query's dtype (the layout and dtype :func:`..kernel.attention` returns)."""
-        if not cudnn_kernels.FUSED:
+        if not cudnn_kernels.FUSED or _kernels_failed:
             return super().run(plans, cells, call)
+        try:
+            return self._run_fused(plans, cells, call)
+        except Exception as error:
+            if not triton_backend.compile_failed(error):
+                raise
+            _kernels_failed.append(f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+            warnings.warn(
+                f"longreach: cuda_cudnn's Triton kernels failed to compile ({_kernels_failed[0]}); its blocks are "
+                "turned and merged by torch operations from now on (slower, the same results)",
+                stacklevel=4,
+            )
+            return super().run(plans, cells, call)
+
+    def _run_fused(self, plans, cells, call) -> tuple[torch.Tensor, torch.Tensor]:
         pieces, keys = [], {}
         for cell, plan in zip(cells, plans):
             if not plan:  # no pair of the cell here: nothing to move
