@@ -8,7 +8,7 @@ import torch
 from test_cudnn import DISTANCE_METHODS
 from test_kernel import case, expected
 
-from longreach.attention import kernel
+from longreach.attention import backends, block_math, kernel
 from longreach.attention.backends import cuda_flash
 from longreach.attention.cells import lower
 from longreach.methods import create
@@ -94,3 +94,33 @@ def test_a_decoding_step_is_unmasked_calls_on_the_keys_of_each_band(calls, name,
     flash_attention(method, q_rot, k_rot, v, inv_freq, positions, n, sliding_window)
     windows = [-1 if cell.hi is None else cell.hi - cell.lo - 1 for cell in cells]
     assert calls == [(n - cell.lo, n - cell.lo, 4, 2, True, window, 0) for cell, window in zip(cells, windows)]
+
+
+@pytest.mark.parametrize("name, params", DISTANCE_METHODS)
+def test_a_chunk_and_the_models_window_are_one_call_per_cell_and_a_padded_batch_goes_to_the_tiled_kernel(
+    calls, monkeypatch, name, params
+):
+    """Five queries against the cache, and the model's sliding window in prefill: one call per cell, no tiles, equal to
+    the reference. FlashAttention takes no mask: a padded batch is the tiled kernel's (``cuda_efficient``, its blocks
+    computed by the math backend on this CPU), with no FlashAttention call."""
+    method = create(name, training_window=120, **params)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(70)
+    for q_len, window in ((5, None), (70, 33)):
+        want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3, window=window)
+        calls.clear()
+        got = flash_attention(method, q_rot, k_rot, v, inv_freq, positions, q_len, window)
+        assert (got - want)[rows].abs().max() <= 1e-5 and len(calls) == len(lower(method.parts(), window))
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(70, pads=(0, 9))
+    want, rows = expected(method, q, k, v, positions, padding, inv_freq, 70, scaling=0.3)
+    monkeypatch.setattr(backends.REGISTRY["cuda_efficient"], "block", block_math.block)
+    calls.clear()
+    got = kernel.attention(
+        *(x.float() for x in (q_rot, k_rot, v)),
+        method.parts(),
+        inv_freq.float(),
+        scaling=0.3,
+        key_padding=padding,
+        positions=positions,
+        backend="cuda_flash",
+    )
+    assert (got - want)[rows].abs().max() <= 1e-5 and not calls

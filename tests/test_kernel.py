@@ -9,7 +9,7 @@ import torch
 from conftest import tiny_model
 
 import longreach
-from longreach.attention import block_math, kernel, merge, plan, reference, shifts, views
+from longreach.attention import kernel, merge, plan, reference, shifts, views
 from longreach.attention.backends import cpu_fused as native
 from longreach.attention.backends import triton as fused
 from longreach.attention.parts import Part
@@ -835,79 +835,6 @@ def test_auto_falls_back_with_one_warning_when_flexattention_fails_to_compile(mo
         ).abs().max() <= 1e-5  # no second warning, no second attempt
     with pytest.raises(BackendCompilerFailed):
         kernel.attention(*arguments, scaling=0.3, backend="flex")
-
-
-def emulated_flash_forward(
-    q, k, v, cum_q, cum_k, max_q, max_k, dropout, causal, debug, *, scale, window_size_left, window_size_right
-):
-    """FlashAttention-2's forward as PyTorch's ``aten._flash_attention_forward`` defines it, on the CPU:
-    ``[B, L, H, D]``
-    tensors, grouped-query heads, the causal mask aligned to the bottom right, left and right windows (-1: none;
-    causal: right 0), and a row with no key reported as ``lse = +inf`` with output 0."""
-    assert dropout == 0.0 and cum_q is None
-    right = 0 if causal else window_size_right
-    q, k, v = (x.transpose(1, 2).double() for x in (q, k, v))
-    k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
-    i = torch.arange(q.shape[2])[:, None] + k.shape[2] - q.shape[2]
-    j = torch.arange(k.shape[2])[None]
-    allowed = ((right < 0) | (j <= i + right)) & ((window_size_left < 0) | (j >= i - window_size_left))
-    scores = (q @ k.transpose(-1, -2) * scale).masked_fill(~allowed, float("-inf"))
-    lse = torch.logsumexp(scores, -1)
-    out = torch.nan_to_num(torch.softmax(scores, -1)) @ v
-    return out.transpose(1, 2).float(), torch.where(torch.isneginf(lse), float("inf"), lse).float(), None, None, None
-
-
-@pytest.mark.parametrize("name, params", [("rope", {}), ("string", {"shift": 20, "local_window": 4}), *BASELINES[:3]])
-def test_the_windowed_flash_backend_computes_each_part_in_one_call(monkeypatch, name, params):
-    """``cuda_flash`` (each part one FlashAttention call with a window, as the official STRING code): its calls, on an
-    emulation of PyTorch's FlashAttention kernel (this machine has no GPU), match the float64 reference -- prefill,
-    decoding, a chunk, the model's sliding window; a padded batch goes to the tiled kernel."""
-    from longreach.attention import backends
-    from longreach.attention.backends import cuda_flash as windows
-
-    calls = []
-    monkeypatch.setattr(windows, "available", lambda query: True)
-    monkeypatch.setattr(
-        windows,
-        "_flash_forward",
-        lambda *a, **kw: calls.append(kw["window_size_left"]) or emulated_flash_forward(*a, **kw),
-    )
-    method = create(name, training_window=60, **params)
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(70)
-    for q_len, window in ((70, None), (1, None), (5, None), (70, 33)):
-        want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3, window=window)
-        calls.clear()
-        got = kernel.attention(
-            q_rot[:, :, -q_len:].float(),
-            k_rot.float(),
-            v.float(),
-            method.parts(),
-            inv_freq.float(),
-            scaling=0.3,
-            positions=positions,
-            backend="cuda_flash",
-            sliding_window=window,
-        )
-        assert (got - want)[rows].abs().max() <= 1e-5, (q_len, window)
-        assert len(calls) == len(method.parts())  # one call per part, no tiles
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(70, pads=(0, 9))
-    want, rows = expected(method, q, k, v, positions, padding, inv_freq, 70, scaling=0.3)
-    monkeypatch.setattr(
-        backends.REGISTRY["cuda_efficient"], "block", block_math.block
-    )  # the tiled kernel's CUDA backend, on the CPU
-    calls.clear()
-    got = kernel.attention(
-        q_rot.float(),
-        k_rot.float(),
-        v.float(),
-        method.parts(),
-        inv_freq.float(),
-        scaling=0.3,
-        key_padding=padding,
-        positions=positions,
-        backend="cuda_flash",
-    )
-    assert (got - want)[rows].abs().max() <= 1e-5 and not calls
 
 
 def test_the_windowed_flash_backend_needs_cuda_and_half_precision():
