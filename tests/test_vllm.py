@@ -2,10 +2,15 @@
 
 A random 2-layer Llama (head dim 64, the CPU kernel's smallest is 32) saved to a folder, token ids in, float32. vLLM
 with the plugin against transformers with ``longreach.apply``: the greedy tokens equal and vLLM's raw logits within
-1e-4, with four concurrent requests, chunked prefill (64 tokens a step) and a second round that hits the prefix cache.
+1e-4, with four concurrent requests, chunked prefill (64 tokens a step) and a second round that hits the prefix cache;
+with two tensor-parallel ranks; through vLLM's OpenAI server.
 """
 
 import random
+import socket
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -127,6 +132,18 @@ def test_every_method_in_vllm_equals_transformers_with_apply(model_dir, prompts,
     assert_equal_runs(rounds, prompts, expected)
 
 
+def test_tensor_parallel_ranks_each_run_their_heads(model_dir, prompts, monkeypatch):
+    """``tensor_parallel_size=2`` (gloo between two CPU workers, one core each): each rank runs the method on its
+    query and key/value heads; STRING equal to transformers."""
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    expected = transformers_runs(model_dir, prompts, "string", METHODS["string"])
+    overrides = plugin.overrides("string", training_window=WINDOW, **METHODS["string"])
+    rounds = vllm_runs(
+        model_dir, prompts, hf_overrides=overrides, tensor_parallel_size=2, distributed_executor_backend="mp"
+    )
+    assert_equal_runs(rounds, prompts, expected)
+
+
 def test_a_model_without_a_record_runs_as_in_stock_vllm(model_dir, prompts):
     """The plugin loaded, no record: vLLM's own kernel, the same as plain transformers."""
     assert_equal_runs(vllm_runs(model_dir, prompts), prompts, transformers_runs(model_dir, prompts))
@@ -175,3 +192,48 @@ def test_a_record_out_of_range_for_the_model_is_refused_by_llm_before_any_engine
 
     with pytest.raises(ValueError, match=r"\bshift=5000 is out of range: local_window < shift < L = 4096\b"):
         LLM(model=model_dir, skip_tokenizer_init=True, dtype="float32", hf_overrides=plugin.overrides(shift=5000))
+
+
+def test_vllm_serve_with_the_record_answers_an_openai_client_as_the_offline_api(model_dir, prompts):
+    """vLLM's OpenAI server (what ``vllm serve`` runs) with ``--hf-overrides '<overrides(...).json>'``, started here on
+    a free local port and asked by the ``openai`` client (token ids in and out: the model has no tokenizer): STRING's
+    tokens equal the offline API's; the server is stopped here."""
+    import openai
+
+    overrides = plugin.overrides("string", training_window=WINDOW, **METHODS["string"])
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    # vllm-cpu 0.32's `vllm` command asks for the distribution "vllm" and fails: the server module `vllm serve` runs
+    server = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--port", str(port),
+         "--host", "127.0.0.1", "--skip-tokenizer-init", "--dtype", "float32", "--enforce-eager", "--max-model-len",
+         "2048", "--gpu-memory-utilization", "0.2", "--hf-overrides", overrides.json],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        deadline = time.monotonic() + 300
+        while True:  # the engine starts: a minute or two on two cores
+            assert server.poll() is None, server.stderr.read()[-3000:]
+            try:
+                client.models.list()
+                break
+            except openai.APIConnectionError:
+                assert time.monotonic() < deadline, "vllm serve did not answer within 300 s"
+                time.sleep(2)
+        served = [
+            client.completions.create(
+                model=model_dir, prompt=ids, max_tokens=STEPS, temperature=0, extra_body={"return_token_ids": True}
+            )
+            .choices[0]
+            .token_ids
+            for ids in prompts[:2]
+        ]
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    offline = vllm_runs(model_dir, prompts[:2], hf_overrides=overrides)[0]
+    assert served == [list(offline[tuple(ids)].outputs[0].token_ids) for ids in prompts[:2]]
