@@ -1,0 +1,116 @@
+"""Throughput in vLLM with longreach's plugin against stock vLLM, in the same run (``make test-vllm``'s environment).
+
+    .venv-vllm/bin/python bench/vllm_throughput.py [--length 8192] [--requests 4] [--new-tokens 32]
+        [--methods string,dca,rerope,self_extend] [--dtype float32] [--rounds 2] [--write]
+
+The default model's shape (bench/smollm2-135m.json) with random weights, saved to a temporary folder; ``--requests``
+prompts of ``--length`` random token ids each, submitted together (vLLM batches them), greedy, ``--new-tokens`` each.
+Per method one engine (the record is read when it loads); stock vLLM before the methods and again after them. Prompt
+throughput is the requests' prompt tokens over the time of a run that generates one token; generated throughput is
+the extra tokens of a full run over its extra time. Ratios are against stock's median, measured in the same process;
+``--write`` puts the table in bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+SHAPE = Path(__file__).with_name("smollm2-135m.json")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--length", type=int, default=8192)
+    parser.add_argument("--requests", type=int, default=4)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--methods", default="string,dca,rerope,self_extend")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--rounds", type=int, default=2, help="timed runs per engine (the median)")
+    parser.add_argument("--write", action="store_true", help="write the table into bench/RESULTS.md")
+    args = parser.parse_args()
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from longreach.integrations.vllm import overrides
+
+    config = LlamaConfig.from_json_file(SHAPE)
+    window = config.max_position_embeddings  # the methods' L: the default model's 8192
+    config.max_position_embeddings = max(window, args.length + args.new_tokens)  # vLLM's limit, not the methods'
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, config.vocab_size) for _ in range(args.length)] for _ in range(args.requests)]
+    rows = ["| engine | prompt tokens / s | / stock | generated tokens / s | / stock |", "|---|---|---|---|---|"]
+    with tempfile.TemporaryDirectory() as folder:
+        torch.manual_seed(0)
+        LlamaForCausalLM(config).save_pretrained(folder)
+        engines = ["stock", *args.methods.split(","), "stock"]
+        measured = {}
+        for engine in engines:
+            record = {} if engine == "stock" else {"hf_overrides": overrides(engine, training_window=window)}
+            measured.setdefault(engine, []).append(throughput(folder, prompts, args, record))
+            gc.collect()  # the engine's processes end with it, before the next one reserves its memory
+            print(engine, measured[engine][-1], flush=True)
+    stock = [statistics.median(values) for values in zip(*measured["stock"])]
+    for engine in dict.fromkeys(engines):
+        prompt, generated = measured[engine][0] if engine != "stock" else stock
+        rows.append(
+            f"| {engine} | {prompt:.0f} | {prompt / stock[0]:.2f}x | {generated:.1f} | {generated / stock[1]:.2f}x |"
+        )
+    table = "\n".join(rows)
+    print(table)
+    if args.write:
+        from results import machine, write_section
+
+        command = (
+            f"`.venv-vllm/bin/python bench/vllm_throughput.py --length {args.length} --requests {args.requests} "
+            f"--new-tokens {args.new_tokens} --methods {args.methods} --dtype {args.dtype} --rounds {args.rounds}`"
+        )
+        header = (
+            f"vLLM {__import__('vllm').__version__} on the CPU backend, the default model's shape with random weights, "
+            f"{args.dtype}, L = {window}, {args.requests} requests of {args.length} tokens together, {args.new_tokens} "
+            f"generated each; "
+            f"{machine('cpu')}. Stock: the median of a run before the methods and one after."
+        )
+        write_section(
+            f"vLLM throughput, {args.requests} x {args.length} tokens, {args.methods}",
+            f"{command}\n\n{header}\n\n{table}",
+        )
+
+
+def throughput(folder: str, prompts: list, args, record: dict) -> tuple[float, float]:
+    """``(prompt tokens / s, generated tokens / s)`` of one engine: medians over ``args.rounds`` timed runs after a
+    warm-up."""
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(
+        model=folder,
+        skip_tokenizer_init=True,
+        dtype=args.dtype,
+        max_model_len=args.length + args.new_tokens,
+        enable_prefix_caching=False,  # every run prefills its prompts again
+        gpu_memory_utilization=0.2,  # on the CPU: the share of memory for the cache (2.4 GiB per 8K x 4 here)
+        seed=0,
+        **record,
+    )
+    inputs = [{"prompt_token_ids": ids} for ids in prompts]
+
+    def seconds(tokens: int) -> float:
+        sampling = SamplingParams(max_tokens=tokens, min_tokens=tokens, temperature=0, detokenize=False)
+        began = time.perf_counter()
+        llm.generate(inputs, sampling, use_tqdm=False)
+        return time.perf_counter() - began
+
+    seconds(1)  # warm-up
+    prefill = statistics.median(seconds(1) for _ in range(args.rounds))
+    full = statistics.median(seconds(args.new_tokens) for _ in range(args.rounds))
+    prompt_tokens = len(prompts) * len(prompts[0])
+    return prompt_tokens / prefill, len(prompts) * (args.new_tokens - 1) / max(full - prefill, 1e-9)
+
+
+if __name__ == "__main__":
+    main()
