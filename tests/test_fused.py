@@ -8,7 +8,7 @@ import pytest
 import torch
 from test_kernel import BASELINES, case, expected
 
-from longreach.attention import backends, kernel
+from longreach.attention import backends, kernel, triton_launch
 from longreach.attention.backends import triton as fused
 from longreach.methods import create
 
@@ -83,10 +83,12 @@ def test_key_splits_merge_to_the_one_pass_result(monkeypatch):
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(200, pads=(0, 90))
     want, rows = expected(method, q, k, v, positions, padding, inv_freq, 3, scaling=0.3)
     launched = []
-    real_combine = fused._combine
-    monkeypatch.setattr(fused, "_combine", lambda out, lse: launched.append(out.shape[0]) or real_combine(out, lse))
+    real_combine = triton_launch._combine
+    monkeypatch.setattr(
+        triton_launch, "_combine", lambda out, lse: launched.append(out.shape[0]) or real_combine(out, lse)
+    )
     for splits in (1, 2, 4):
-        monkeypatch.setattr(fused, "_splits", lambda *args, splits=splits: splits)
+        monkeypatch.setattr(triton_launch, "_splits", lambda *args, splits=splits: splits)
         out = kernel.attention(
             q_rot[:, :, -3:].to(EXACT),
             k_rot.to(EXACT),
