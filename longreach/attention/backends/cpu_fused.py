@@ -39,6 +39,7 @@ from ..views import moved_keys
 from .base import Backend
 
 SOURCE = Path(__file__).parent.parent / "csrc" / "parts.cpp"
+SOURCES = (SOURCE, SOURCE.with_name("tiles.h"))  # the kernel and the header it includes
 
 
 class BuildError(RuntimeError):
@@ -201,22 +202,40 @@ def parts_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel on query views ``[B, Hq, Lq, D]`` and key views ``[B, Hkv, Lkv, D]`` as ``layout`` lays them out;
     query row ``t`` is key index ``t + offset``. Returns ``(out [B, Hq, Lq, Dv], lse [B, Hq, Lq])`` in float32; a row
-    with no key is 0 with ``lse = -inf``."""
+    with no key is 0 with ``lse = -inf``. Each sequence is one block of the kernel's planes (:func:`paged_attention`
+    reads a paged cache)."""
+    batch, q_heads, q_len, _ = queries[0].shape
+    kv_len = value.shape[2]
 
     def as_input(x):
         return x if x.dtype == torch.float32 and x.is_contiguous() else x.to(torch.float32).contiguous()
 
-    return _module().parts_attention(
-        [as_input(q) for q in queries],
+    sequences = torch.stack(
+        [
+            torch.arange(batch) * q_len,
+            torch.full((batch,), q_len),
+            torch.full((batch,), int(offset)),
+            torch.full((batch,), kv_len),
+            layout.first_key,
+        ],
+        dim=1,
+    )
+    no_angles = [torch.empty(0)] * len(keys)
+    out, lse = _module().parts_attention(
+        [as_input(q.transpose(0, 1)).reshape(q_heads, batch * q_len, -1) for q in queries],
         [as_input(k) for k in keys],
+        no_angles,
+        no_angles,
         as_input(value),
+        torch.arange(batch)[:, None],
+        max(kv_len, 1),
+        sequences,
         layout.table,
-        layout.span_first,
-        layout.span_stop,
-        layout.first_key,
-        int(offset),
+        [first.reshape(-1) for first in layout.span_first],
+        [stop.reshape(-1) for stop in layout.span_stop],
         float(scaling),
     )
+    return out.view(q_heads, batch, q_len, -1).transpose(0, 1), lse.view(q_heads, batch, q_len).transpose(0, 1)
 
 
 @functools.lru_cache(maxsize=None)
@@ -275,7 +294,9 @@ def _build_folder() -> Path:
     from torch.utils import cpp_extension
 
     digest = hashlib.sha256(
-        "\n".join([SOURCE.read_text(), torch.__version__, sys.implementation.cache_tag, *_flags()]).encode()
+        "\n".join(
+            [*(path.read_text() for path in SOURCES), torch.__version__, sys.implementation.cache_tag, *_flags()]
+        ).encode()
     )
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
     return Path(root) / f"longreach_parts_{digest.hexdigest()[:12]}"

@@ -1,0 +1,119 @@
+"""A method's attention for many sequences at once over a paged key/value cache (vLLM's), by the CPU kernel.
+
+vLLM hands attention every request of a step together: queries ``[T, Hq, D]`` already rotated at their positions, the
+requests delimited by ``query_start [B + 1]``, request ``b`` holding ``seq_lens[b]`` tokens whose keys and values lie
+in the cache blocks of its ``block_table`` row; its queries are the last of those tokens (a prefill, a chunk of one, a
+decoding step or a prefix-cache hit alike). A token's index in its sequence is its RoPE position (text models).
+
+The kernel (``csrc/parts.cpp``) reads the keys through the block table itself: no per-request gather, no loop over
+requests. Keys a part moves by a per-token shift (ReRoPE, Self-Extend, DCA, DPE) are turned as they are read, by an
+angle table per key index that :class:`KeyAngles` keeps (Su et al. 2021, Eq. 34: a key at ``j`` moved by ``s(j)`` is
+the key turned by ``s(j) theta``), or read from planes of moved keys written once when the keys were cached.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .backends.cpu_fused import _module
+from .cells import Cell, key_views, query_views, view_angles
+from .rotary import apply_rotation
+from .shifts import shift_angles
+
+
+class KeyAngles:
+    """``(cos, sin) [N, P]`` float32 of each per-token key shift at key indices ``0 .. N - 1``, kept and grown by
+    doubling (a shift depends on the key's index alone, so the first ``N`` rows never change)."""
+
+    def __init__(self, inv_freq: torch.Tensor):
+        self.inv_freq = inv_freq
+        self.tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def of(self, shift, keys: int) -> tuple[torch.Tensor, torch.Tensor]:
+        table = self.tables.get(id(shift))
+        if table is None or table[0].shape[0] < keys:
+            size = 1 << max(keys - 1, 1).bit_length()
+            cos, sin = shift_angles(shift, torch.arange(size)[None], self.inv_freq, torch.float32)
+            table = self.tables[id(shift)] = (cos[0, 0].contiguous(), sin[0, 0].contiguous())
+        return table
+
+
+def token_positions(query_start: torch.Tensor, seq_lens: torch.Tensor, tokens: int) -> torch.Tensor:
+    """Each query token's position ``[tokens]`` on the tensors' device, without a host sync: request ``b``'s ``t``-th
+    query is at ``seq_lens[b] - q_len + t``."""
+    q_lens = query_start[1:] - query_start[:-1]
+    request = torch.repeat_interleave(torch.arange(len(q_lens), device=q_lens.device), q_lens, output_size=tokens)
+    index = torch.arange(tokens, device=q_lens.device)
+    return index - query_start[:-1][request] + (seq_lens - q_lens)[request]
+
+
+def paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cells: Sequence[Cell],
+    inv_freq: torch.Tensor,
+    scaling: float,
+    key_angles: KeyAngles,
+    moved_key_caches: Sequence[torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Every request's attention under ``cells`` (:func:`.cells.lower` of a method's parts): ``[T, Hq, Dv]`` float32.
+
+    Args:
+        query: ``[T, Hq, D]``, rotated at :func:`token_positions`.
+        key_cache, value_cache: ``[blocks, Hkv, block size, D]``, dense per head (float32, bfloat16 or float16).
+        block_table: ``[B, blocks per request]``; ``query_start [B + 1]``; ``seq_lens [B]`` (CPU tensors).
+        inv_freq: the rotary frequencies ``[P]``; ``scaling``: the logits' scale.
+        key_angles: the key shifts' angle tables, kept across calls.
+        moved_key_caches: per key shift of :func:`.cells.key_views`, a cache of the keys already moved (laid out
+            as ``key_cache``); ``None``: the kernel turns them as it reads them.
+    """
+    tokens, q_heads, _ = query.shape
+    positions = token_positions(query_start, seq_lens, tokens)[None]  # [1, T]
+    views, view_of = query_views(cells)
+    shifts, key_of = key_views(cells)
+    rows = query.transpose(0, 1).to(torch.float32).contiguous()  # [Hq, T, D]
+    queries = [rows]
+    if views:
+        cos, sin = view_angles(views, positions, inv_freq, torch.float32)  # [V, 1, 1, T, P]
+        queries += [moved.contiguous() for moved in apply_rotation(rows[None], cos[:, 0], sin[:, 0])]
+    longest = int(seq_lens.max()) if len(seq_lens) else 1
+    if moved_key_caches is None:
+        tables = [key_angles.of(shift, longest) for shift in shifts]
+        planes, key_cos, key_sin = [key_cache] * (1 + len(shifts)), [t[0] for t in tables], [t[1] for t in tables]
+    else:
+        planes, key_cos, key_sin = [key_cache, *moved_key_caches], [], []
+    none = torch.empty(0)
+    table, span_first, span_stop = [], [], []
+    for cell, query_view, key_view in zip(cells, view_of, key_of):
+        span = -1
+        if cell.part.key_span is not None:  # key positions are key indices: clamped to the keys there are
+            first, stop = (bound.clamp(0, longest).to(torch.int64)[0].contiguous() for bound in cell.span(positions))
+            span_first.append(first)
+            span_stop.append(stop)
+            span = len(span_first) - 1
+        table.append((query_view, key_view, cell.lo, -1 if cell.hi is None else cell.hi, span))
+    q_lens = query_start[1:] - query_start[:-1]
+    sequences = torch.stack(
+        [query_start[:-1], q_lens, seq_lens - q_lens, seq_lens, torch.zeros_like(seq_lens)], dim=1
+    ).to(torch.int64)
+    out, _ = _module().parts_attention(
+        queries,
+        planes,
+        [none, *key_cos] if key_cos else [none] * len(planes),
+        [none, *key_sin] if key_sin else [none] * len(planes),
+        value_cache,
+        block_table.to(torch.int64).contiguous(),
+        key_cache.shape[2],
+        sequences.contiguous(),
+        torch.tensor(table, dtype=torch.int64).reshape(-1, 5),
+        span_first,
+        span_stop,
+        float(scaling),
+    )
+    return out.transpose(0, 1)[:tokens]

@@ -1,0 +1,149 @@
+"""The CPU kernel over a paged cache (longreach.attention.paged, vLLM's layout) against the float64 dense reference:
+requests of different lengths in one call, prefill, chunks, prefix hits and decoding together, blocks in any order."""
+
+import pytest
+import torch
+from test_kernel import inv_freq_for
+
+from longreach.attention import reference
+from longreach.attention.backends import cpu_fused as native
+from longreach.attention.cells import key_views, lower
+from longreach.attention.paged import KeyAngles, paged_attention, token_positions
+from longreach.attention.rotary import apply_rotation, rotate
+from longreach.attention.shifts import shift_angles
+from longreach.methods import create
+
+pytestmark = pytest.mark.skipif(not native.available("cpu"), reason="needs a C++ compiler")
+
+METHODS = [
+    ("rope", {}),
+    ("string", {"shift": 300, "local_window": 30}),
+    ("rerope", {"window": 50}),
+    ("rerope", {"window": 50, "leak": 4.0}),
+    ("self_extend", {"group_size": 3, "neighbor_window": 40}),
+    ("dca", {"chunk_size": 200, "local_window": 20}),
+    ("dca", {"chunk_size": 90, "local_window": 7}),
+    ("dpe", {"group_scales": (2, 3, 1, 4), "local_window": 40, "top_k": None}),
+]
+
+# (keys, queries) per request: a prefill over several blocks and key tiles, a chunk, a prefix hit, decoding steps
+REQUESTS = [(700, 700), (1300, 37), (520, 1), (90, 90), (1100, 1), (33, 5)]
+
+
+def paged_case(block_size, dtype, q_heads=4, kv_heads=2, dim=16, seed=0):
+    """Raw q/k/v per request, the rotated queries concatenated, and a cache whose blocks are shuffled."""
+    g = torch.Generator().manual_seed(seed)
+    inv_freq = inv_freq_for(dim)
+    raw, rotated_queries, tables = [], [], []
+    blocks_needed = [-(-n // block_size) for n, _ in REQUESTS]
+    order = torch.randperm(sum(blocks_needed) + 3, generator=g)  # 3 blocks no request owns
+    cache = torch.randn(len(order), 2, kv_heads, block_size, dim, generator=g, dtype=torch.float64)
+    used = 0
+    for (n, q_len), count in zip(REQUESTS, blocks_needed):
+        q, k, v = (torch.randn(h, n, dim, generator=g, dtype=torch.float64) for h in (q_heads, kv_heads, kv_heads))
+        positions = torch.arange(n, dtype=torch.float64)
+        k_rot = rotate(k[None], positions[None, None], inv_freq)[0]
+        rotated_queries.append(rotate(q[None], positions[None, None], inv_freq)[0, :, -q_len:].transpose(0, 1))
+        blocks = order[used : used + count]
+        used += count
+        for index, block in enumerate(blocks.tolist()):  # the tail of the last block keeps its noise
+            keys = slice(index * block_size, min(n, (index + 1) * block_size))
+            width = keys.stop - keys.start
+            cache[block, 0, :, :width] = k_rot[:, keys]
+            cache[block, 1, :, :width] = v[:, keys]
+        tables.append(blocks)
+        raw.append((q, k, v))
+    block_table = torch.zeros(len(REQUESTS), max(blocks_needed), dtype=torch.int32)
+    for row, blocks in enumerate(tables):
+        block_table[row, : len(blocks)] = blocks
+    query_start = torch.tensor([0, *torch.tensor([q for _, q in REQUESTS]).cumsum(0).tolist()])
+    seq_lens = torch.tensor([n for n, _ in REQUESTS])
+    key_cache, value_cache = (cache[:, side].to(dtype) for side in (0, 1))
+    query = torch.cat(rotated_queries).to(dtype)
+    return raw, query, key_cache, value_cache, block_table, query_start, seq_lens, inv_freq
+
+
+def expected(method, raw, inv_freq, scaling):
+    """Each request's last queries by the dense reference, concatenated: ``[T, Hq, D]``."""
+    outs = []
+    for (q, k, v), (n, q_len) in zip(raw, REQUESTS):
+        positions = torch.arange(n)
+        P = method.layer_positions(positions[None, -q_len:, None], positions[None, None, :], 0)
+        out = reference.dense_attention(q[None, :, -q_len:], k[None], v[None], P, inv_freq, scaling)
+        outs.append(out[0])  # [Lq, Hq, D]
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("name, params", METHODS)
+@pytest.mark.parametrize("moved", ["turned as read", "planes"])
+def test_every_method_matches_the_reference_for_a_mixed_batch(name, params, moved):
+    """Block size 128 (vLLM's CPU default), GQA 4:2, six requests of every kind in one call; moved keys turned by the
+    kernel or read from planes of keys moved once."""
+    method = create(name, training_window=600, **params)
+    raw, query, key_cache, value_cache, block_table, query_start, seq_lens, inv_freq = paged_case(128, torch.float32)
+    cells = lower(method.parts(), None)
+    angles = KeyAngles(inv_freq.float())
+    planes = None
+    if moved == "planes":
+        planes = [_moved_plane(key_cache, block_table, seq_lens, shift, inv_freq) for shift in key_views(cells)[0]]
+    got = paged_attention(
+        query, key_cache, value_cache, block_table, query_start, seq_lens, cells, inv_freq.float(), 0.3, angles, planes
+    )
+    assert got.shape == query.shape and got.dtype == torch.float32
+    assert (got - expected(method, raw, inv_freq, 0.3)).abs().max() <= 2e-5
+
+
+@pytest.mark.parametrize("block_size, dtype, tolerance", [(16, torch.float32, 2e-5), (32, torch.bfloat16, 3e-2)])
+def test_small_blocks_and_a_bfloat16_cache(block_size, dtype, tolerance):
+    """Blocks narrower than the kernel's key tiles and edges; a cache in bfloat16 read as float32."""
+    method = create("dca", training_window=600, chunk_size=200, local_window=20)
+    raw, query, key_cache, value_cache, block_table, query_start, seq_lens, inv_freq = paged_case(block_size, dtype)
+    got = paged_attention(
+        query, key_cache, value_cache, block_table, query_start, seq_lens, lower(method.parts(), None),
+        inv_freq.float(), 0.3, KeyAngles(inv_freq.float()),
+    )  # fmt: skip
+    assert (got - expected(method, raw, inv_freq, 0.3)).abs().max() <= tolerance
+
+
+def test_a_sliding_window_cuts_every_part():
+    """The model's sliding window of 100 keys under STRING (S = 300): only the near band's rows under 100 remain."""
+    method = create("string", training_window=600, shift=300, local_window=30)
+    raw, query, key_cache, value_cache, block_table, query_start, seq_lens, inv_freq = paged_case(128, torch.float32)
+    got = paged_attention(
+        query, key_cache, value_cache, block_table, query_start, seq_lens, lower(method.parts(), 100),
+        inv_freq.float(), 0.3, KeyAngles(inv_freq.float()),
+    )  # fmt: skip
+    windowed = create("rope", training_window=600)
+    want = []
+    for (q, k, v), (n, q_len) in zip(raw, REQUESTS):
+        positions = torch.arange(n)
+        distance = positions[-q_len:, None] - positions[None, :]
+        P = windowed.layer_positions(positions[-q_len:, None], positions[None, :], 0)
+        P = torch.where(distance < 100, P, torch.nan)[None]
+        want.append(reference.dense_attention(q[None, :, -q_len:], k[None], v[None], P, inv_freq, 0.3)[0])
+    assert (got - torch.cat(want)).abs().max() <= 2e-5
+
+
+def test_token_positions_are_the_last_of_each_request():
+    assert token_positions(torch.tensor([0, 3, 4, 6]), torch.tensor([3, 10, 5]), 6).tolist() == [0, 1, 2, 9, 3, 4]
+
+
+def test_key_angles_grow_and_keep_their_rows():
+    angles = KeyAngles(inv_freq_for(8).float())
+    shift = next(p.key_shift for p in create("rerope", training_window=600, window=50).parts() if callable(p.key_shift))
+    small = angles.of(shift, 100)[0].clone()
+    large = angles.of(shift, 1000)[0]
+    assert small.shape[0] == 128 and large.shape[0] == 1024 and torch.equal(large[:128], small)
+
+
+def _moved_plane(key_cache, block_table, seq_lens, shift, inv_freq):
+    """The cache with every request's keys moved by ``shift`` at their positions, as a plane written once would be."""
+    moved = key_cache.clone()
+    block_size = key_cache.shape[2]
+    for row, n in enumerate(seq_lens.tolist()):
+        for index in range(-(-n // block_size)):
+            block = int(block_table[row, index])
+            positions = torch.arange(index * block_size, (index + 1) * block_size)
+            cos, sin = (side[0, 0] for side in shift_angles(shift, positions[None], inv_freq.float(), torch.float32))
+            moved[block] = apply_rotation(key_cache[block], cos, sin)
+    return moved
