@@ -1,0 +1,117 @@
+"""A method's attention over vLLM's paged cache by FlashAttention: one ``flash_attn_varlen_func`` call per cell, the
+calls merged by ``merge_attn_states`` (the two functions vLLM's CUDA backend calls, handed in).
+
+A cell's pairs ``lo <= i - j < hi`` are one causal call: with ``seqused_k = max(seq_len - lo, 0)`` keys, the causal
+mask aligned to the bottom right lets query ``i`` (key index ``i``) reach the keys ``j <= i - lo``, and the window
+``(hi - 1 - lo, 0)`` cuts them at ``j > i - hi`` (FlashAttention's window: ``[i + K - Q - left, i + K - Q + right]``
+for ``K`` keys and ``Q`` queries). STRING is thus two calls and one merge: the band with the window ``(S - 1, 0)``,
+and the far part with the query turned by ``-(S - W)`` and ``seqused_k = max(seq_len - S, 0)`` (An et al. 2025, Eq.
+3). A part that moves its query (Self-Extend's groups, ReRoPE's fixed far position) has its query turned here at
+each token's position; a part that moves its keys by a per-token shift reads planes of moved keys the caller keeps
+(:func:`write_moved_keys`). A row with no key comes back empty (FlashAttention's log-sum-exp +inf or -inf, both read
+as empty by the merge). No host sync: CUDA graphs can capture it. DCA's key spans are no distance bounds, so not here.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+from .cells import Cell, key_views, query_views, view_angles
+from .paged import token_positions
+from .rotary import apply_rotation
+from .shifts import shift_angles
+
+
+def spans_problem(cells: Sequence[Cell]) -> str | None:
+    """Why FlashAttention's calls cannot compute ``cells`` (one line), or ``None``."""
+    if any(not cell.by_distance_alone for cell in cells):
+        return (
+            "a part with key spans (DCA) or per-head rotary pairs is no distance bound: FlashAttention's calls cannot"
+        )
+    return None
+
+
+def moved_queries(query: torch.Tensor, cells: Sequence[Cell], positions: torch.Tensor, inv_freq: torch.Tensor):
+    """The query views the cells read, ``[query, *moved]`` (``[T, Hq, D]`` each), and each cell's index among them."""
+    views, view_of = query_views(cells)
+    if not views:
+        return [query], view_of
+    cos, sin = view_angles(views, positions[None], inv_freq.to(query.device), torch.float32)  # [V, 1, 1, T, P]
+    moved = apply_rotation(query[None], cos[:, 0, 0, :, None], sin[:, 0, 0, :, None])  # [V, T, Hq, D]
+    return [query, *moved], view_of
+
+
+def write_moved_keys(
+    planes: Sequence[torch.Tensor], key: torch.Tensor, slots: torch.Tensor, cells: Sequence[Cell], positions, inv_freq
+) -> None:
+    """The new tokens' keys ``key [T, Hkv, D]`` (rotated at ``positions [T]``), moved by each per-token key shift of
+    the cells, written to their slots of that shift's plane ``[slots + 1, Hkv, D]`` (a slot of -1, a padding token,
+    writes the last row, which no block holds)."""
+    shifts, _ = key_views(cells)
+    rows = torch.where(slots < 0, planes[0].shape[0] - 1, slots) if shifts else None
+    for plane, shift in zip(planes, shifts):
+        cos, sin = shift_angles(shift, positions[None], inv_freq.to(key.device), torch.float32)  # [1, 1, T, P]
+        plane.index_copy_(0, rows, apply_rotation(key, cos[0, 0, :, None], sin[0, 0, :, None]).to(plane.dtype))
+
+
+def flash_cells(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    moved_key_caches: Sequence[torch.Tensor],
+    block_table: torch.Tensor,
+    query_start: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_query_len: int,
+    max_seq_len: int,
+    cells: Sequence[Cell],
+    inv_freq: torch.Tensor,
+    scale: float,
+    varlen: Callable,
+    merge: Callable,
+    output: torch.Tensor,
+) -> torch.Tensor:
+    """Every request's attention under ``cells``, written into ``output [T, Hq, D]``.
+
+    Args:
+        query: ``[T, Hq, D]``, rotated at :func:`token_positions`.
+        key_cache, value_cache: ``[blocks, block size, Hkv, D]``, FlashAttention's paged layout.
+        moved_key_caches: per key shift of :func:`.cells.key_views`, its plane of moved keys, laid out as
+            ``key_cache``.
+        block_table, query_start, seq_lens, max_query_len, max_seq_len: vLLM's attention metadata.
+        varlen: ``flash_attn_varlen_func``; merge: ``merge_attn_states``.
+    """
+    positions = token_positions(query_start, seq_lens, query.shape[0])
+    queries, view_of = moved_queries(query, cells, positions, inv_freq)
+    _, key_of = key_views(cells)
+    results = []
+    for cell, query_view, key_view in zip(cells, view_of, key_of):
+        results.append(
+            varlen(
+                q=queries[query_view],
+                k=key_cache if key_view == 0 else moved_key_caches[key_view - 1],
+                v=value_cache,
+                max_seqlen_q=max_query_len,
+                cu_seqlens_q=query_start,
+                max_seqlen_k=max_seq_len,
+                seqused_k=(seq_lens - cell.lo).clamp(min=0).to(seq_lens.dtype),
+                softmax_scale=scale,
+                causal=True,
+                window_size=[-1 if cell.hi is None else cell.hi - 1 - cell.lo, 0],
+                block_table=block_table,
+                return_softmax_lse=True,
+            )
+        )
+    if len(results) == 1:
+        output.copy_(results[0][0])
+        return output
+    out, lse = results[0]
+    for index, (cell_out, cell_lse) in enumerate(results[1:], start=2):
+        last = index == len(results)
+        merged = output if last else torch.empty_like(cell_out)
+        merged_lse = None if last else torch.empty_like(cell_lse)
+        merge(merged, out, lse, cell_out, cell_lse, output_lse=merged_lse)
+        out, lse = merged, merged_lse
+    return output

@@ -1,0 +1,71 @@
+"""The CUDA backend's algorithm (longreach.attention.paged_flash: a FlashAttention call per cell, merged) against the
+float64 dense reference, its two vLLM functions emulated on the CPU (tests/flash_emulation.py): the same mixed batch
+of requests as the CPU kernel's tests, keys moved into planes written as vLLM caches them. It has not run on a GPU."""
+
+import flash_emulation
+import pytest
+import torch
+from test_paged import METHODS, REQUESTS, expected, paged_case
+
+from longreach.attention.cells import key_views, lower
+from longreach.attention.paged_flash import flash_cells, spans_problem, write_moved_keys
+from longreach.methods import create
+
+
+def run(method, dtype=torch.float32, window=None):
+    raw, query, key_cache, value_cache, block_table, query_start, seq_lens, inv_freq = paged_case(128, dtype)
+    key_cache, value_cache = key_cache.transpose(1, 2), value_cache.transpose(1, 2)  # FlashAttention's layout
+    cells = lower(method.parts(), window)
+    blocks, block_size, kv_heads, dim = key_cache.shape
+    planes = [torch.zeros(blocks * block_size + 1, kv_heads, dim, dtype=dtype) for _ in key_views(cells)[0]]
+    for row, n in enumerate(seq_lens.tolist()):  # every key as vLLM caches it: its slot, its position
+        positions = torch.arange(n)
+        slots = block_table[row].long()[positions // block_size] * block_size + positions % block_size
+        keys = key_cache.reshape(-1, kv_heads, dim)[slots]
+        write_moved_keys(planes, keys, slots, cells, positions, inv_freq.float())
+    write_moved_keys(planes, keys[:2], torch.tensor([-1, -1]), cells, positions[:2], inv_freq.float())  # padding
+    output = torch.full_like(query, float("nan"))
+    flash_cells(
+        query, key_cache, value_cache, [plane[:-1].view(key_cache.shape) for plane in planes], block_table.int(),
+        query_start.int(), seq_lens.int(), max(q for _, q in REQUESTS), int(seq_lens.max()), cells, inv_freq.float(),
+        0.3, flash_emulation.flash_attn_varlen_func, flash_emulation.merge_attn_states, output,
+    )  # fmt: skip
+    return output, expected(method, raw, inv_freq, 0.3), cells
+
+
+@pytest.mark.parametrize("name, params", [(n, p) for n, p in METHODS if n != "dca"])
+def test_every_distance_method_matches_the_reference_through_flash_attention_calls(name, params):
+    method = create(name, training_window=600, **params)
+    got, want, cells = run(method)
+    assert spans_problem(cells) is None
+    assert (got - want).abs().max() <= 2e-5
+
+
+def test_string_is_two_calls_and_one_merge(monkeypatch):
+    """The band with the window (S - 1, 0), the far part on S fewer keys, the query turned back by S - W."""
+    calls = []
+    real = flash_emulation.flash_attn_varlen_func
+
+    def counted(**kwargs):
+        calls.append((kwargs["window_size"], kwargs["seqused_k"].tolist()))
+        return real(**kwargs)
+
+    monkeypatch.setattr(flash_emulation, "flash_attn_varlen_func", counted)
+    got, want, _ = run(create("string", training_window=600, shift=300, local_window=30))
+    lengths = [n for n, _ in REQUESTS]
+    assert sorted(calls) == sorted([([299, 0], lengths), ([-1, 0], [max(n - 300, 0) for n in lengths])])
+    assert (got - want).abs().max() <= 2e-5
+
+
+def test_bfloat16_and_the_models_sliding_window():
+    method = create("rerope", training_window=600, window=50)
+    got, want, _ = run(method, torch.bfloat16)
+    assert (got.double() - want).abs().max() <= 3e-2
+    got, _, _ = run(create("string", training_window=600, shift=300, local_window=30), window=100)
+    windowed, _, _ = run(create("rope", training_window=600), window=100)
+    assert (got - windowed).abs().max() <= 2e-5  # STRING's far part lies beyond a window of 100
+
+
+def test_dca_is_refused_where_its_spans_are_no_distance_bound():
+    cells = lower(create("dca", training_window=600, chunk_size=200, local_window=20).parts(), None)
+    assert "DCA" in spans_problem(cells)
