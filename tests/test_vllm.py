@@ -7,6 +7,7 @@ with two tensor-parallel ranks; through vLLM's OpenAI server.
 """
 
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -27,6 +28,11 @@ METHODS = {
     "rerope": {"window": 128},
     "self_extend": {"group_size": 4, "neighbor_window": 128},
     "dca": {"chunk_size": 384, "local_window": 64},
+    "dpe": {"group_scales": (2, 3, 1, 4), "local_window": 64, "top_k": None},
+    # frequency methods: the model's rope_parameters, vLLM's own rotary embedding and attention
+    "pi": {"factor": 2.0},
+    "ntk": {"factor": 2.0},
+    "yarn": {"factor": 2.0},
 }
 
 
@@ -167,8 +173,13 @@ def test_a_saved_applied_model_is_served_without_arguments(model_dir, prompts, t
             lambda: plugin.overrides("string", training_window=WINDOW, shift=-3),
             r"^shift=-3 is out of range: .* L = 512$",
         ),
-        (lambda: plugin.overrides("yarn", factor=2.0), r"^method='yarn' \(frequency\) does not run in vLLM"),
-        (lambda: plugin.overrides("dpe"), r"^method='dpe' \(position\) does not run in vLLM"),
+        (lambda: plugin.overrides("drop"), r"^method='drop' \(drop\) does not run in vLLM"),
+        (lambda: plugin.overrides("dynamic", factor=2.0), r"^method='dynamic': vLLM's dynamic NTK fixes its factor"),
+        (
+            lambda: plugin.overrides("dpe", group_scales=(2, 3, 1, 4), top_k=None, dimensions=[[[True, False] * 16]]),
+            r"^dimensions=<per-head pairs>: DPE's per-head rotary pairs do not run in vLLM",
+        ),
+        (lambda: plugin.overrides("yarn", factor=2.0).json, r"^method='yarn' is the model's rope_parameters"),
         (lambda: plugin.overrides("strng"), r"strng"),
         (lambda: plugin.overrides("dca", mscale=True), r"^mscale=True: a logit scale does not run in vLLM"),
     ],
@@ -177,6 +188,37 @@ def test_a_record_vllm_cannot_run_is_refused_in_one_line_before_any_engine(call,
     with pytest.raises(ValueError, match=message) as refused:
         call()
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"kv_lora_rank": 512}, r"^kv_lora_rank: models with multi-head latent attention \(MLA\)"),
+        ({"rope_parameters": {"rope_type": "default", "mrope_section": [16, 24, 24]}}, r"^rope_parameters.mrope_sec"),
+        ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0}}, r"^rope_type='llama3': longreach's methods"),
+    ],
+)
+def test_a_model_vllm_cannot_run_a_method_on_is_refused_in_one_line(config, message):
+    from types import SimpleNamespace
+
+    with pytest.raises(ValueError, match=message):
+        plugin.overrides("string")(SimpleNamespace(max_position_embeddings=4096, **config))
+
+
+@pytest.mark.parametrize(
+    "dtype, parallel, message",
+    [
+        ("fp8_e4m3", {}, r"^kv_cache_dtype='fp8_e4m3': longreach's methods read an unquantised KV cache"),
+        ("auto", {"decode_context_parallel_size": 2}, r"^decode_context_parallel_size=2: context parallelism"),
+        ("auto", {"prefill_context_parallel_size": 2}, r"^prefill_context_parallel_size=2: context parallelism"),
+    ],
+)
+def test_an_engine_vllm_cannot_run_a_method_in_is_refused_in_one_line(dtype, parallel, message):
+    from types import SimpleNamespace
+
+    engine = SimpleNamespace(parallel_config=SimpleNamespace(**parallel))
+    assert re.match(message, plugin.engine_problem(engine, dtype))
+    assert plugin.engine_problem(SimpleNamespace(parallel_config=SimpleNamespace()), "auto") is None
 
 
 def test_the_overrides_are_the_json_of_vllm_serve():
@@ -237,3 +279,21 @@ def test_vllm_serve_with_the_record_answers_an_openai_client_as_the_offline_api(
         server.wait(timeout=60)
     offline = vllm_runs(model_dir, prompts[:2], hf_overrides=overrides)[0]
     assert served == [list(offline[tuple(ids)].outputs[0].token_ids) for ids in prompts[:2]]
+
+
+def test_the_cuda_backends_calls_merged_by_vllms_own_merge_match_the_reference():
+    """The CUDA backend imports against vLLM's FlashAttention classes; its algorithm with vLLM's real
+    ``merge_attn_states`` (its CPU path) and the emulated FlashAttention call equals the float64 reference (STRING:
+    two calls, one merge; Self-Extend: moved keys and queries, three cells)."""
+    import flash_emulation
+    from test_paged_flash import run
+    from vllm.v1.attention.ops.merge_attn_states import merge_attn_states
+
+    from longreach.integrations import vllm_cuda
+
+    assert issubclass(vllm_cuda.LongreachFlashAttentionBackend.get_impl_cls(), vllm_cuda.FlashAttentionImpl)
+    for name, params in [("string", {"shift": 300, "local_window": 30}), ("self_extend", {"group_size": 3})]:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(flash_emulation, "merge_attn_states", merge_attn_states)
+            got, want, _ = run(longreach.methods.create(name, training_window=600, **params))
+        assert (got - want).abs().max() <= 2e-5, name

@@ -2,14 +2,18 @@
 
 The entry point (``vllm.general_plugins``, pyproject.toml) is :func:`register`, which vLLM calls in its main, engine
 and worker processes: it puts :mod:`.vllm_cpu`'s backend in place of vLLM's CPU attention backend (on the CPU the
-platform always takes ``CPU_ATTN``). That backend is vLLM's own for every model without a record. A record comes
+platform always takes ``CPU_ATTN``) and :mod:`.vllm_cuda`'s in place of FlashAttention's. Each is vLLM's own for every
+model without a record. A record comes
 from :func:`overrides` (``LLM(model, hf_overrides=longreach.integrations.vllm.overrides("string"))``, or the same
 JSON for ``vllm serve --hf-overrides``) or from a model folder saved after ``longreach.apply``, whose config holds
 it already (:meth:`.transformers.Applied.record`). A record given as JSON (``vllm serve``) is checked where the
 engine starts; one from :func:`overrides` in the main process, against the model's config, before any engine.
 
-Not yet here (each refused in one line): frequency methods (PI, NTK, YaRN, llama3: give vLLM ``rope_parameters``),
-drop methods, DPE's per-head pairs, a logit scale (``mscale``); a CUDA backend.
+A frequency method (PI, NTK, YaRN, llama3) is the model's ``rope_parameters``, written as in the transformers path
+(:meth:`.methods.scaling.Scaling.rope_parameters`): vLLM's own rotary embedding computes it, and attention stays
+vLLM's. Refused in one line: Dynamic NTK (vLLM fixes its factor at the window; longreach grows it per forward), drop
+methods, compositions, DPE's per-head pairs, a logit scale (``mscale``), a model whose RoPE is scaled already, MLA,
+M-RoPE (:func:`model_problem`), and in the engine an fp8 KV cache or context parallelism (:mod:`.vllm_cpu`).
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from .. import methods
 from ..methods.base import PositionMethod
 from .transformers import CONFIG_KEY
 
-SUPPORTED = ("rope", "string", "rerope", "self_extend", "dca")  # position methods whose parts are the same per layer
+# position methods whose parts are the same per layer
+SUPPORTED = ("rope", "string", "rerope", "self_extend", "dca", "dpe")
+FREQUENCY = ("pi", "ntk", "yarn", "llama3")  # frequency methods: the model's rope_parameters, vLLM's own rotary
 
 
 class Overrides:
@@ -35,25 +41,39 @@ class Overrides:
 
     @property
     def json(self) -> str:
-        """``{"longreach": record}`` as JSON."""
+        """``{"longreach": record}`` as JSON (a frequency method needs the model's own ``rope_parameters``: none)."""
+        if _frequency(self.record["method"]):
+            raise ValueError(
+                f"method={self.record['method']!r} is the model's rope_parameters, which vllm serve --hf-overrides "
+                'replaces whole: give them whole, \'{"rope_parameters": {"rope_theta": ..., "rope_type": ...}}\''
+            )
         return json.dumps({CONFIG_KEY: self.record})
 
     def __call__(self, hf_config):
         text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
-        if hasattr(text, "max_position_embeddings"):  # vLLM also calls this on configs that are not the model's
-            check(self.record, int(text.max_position_embeddings))
-        setattr(hf_config, CONFIG_KEY, self.record)
+        if not hasattr(text, "max_position_embeddings"):  # vLLM also calls this on configs that are not the model's
+            return hf_config
+        problem = model_problem(text)
+        if problem:
+            raise ValueError(problem)
+        method = check(self.record, int(text.max_position_embeddings))
+        if _frequency(self.record["method"]):
+            text.rope_parameters = method.rope_parameters(dict(text.rope_parameters), _rotary_dims(text))
+        else:
+            setattr(hf_config, CONFIG_KEY, self.record)
         return hf_config
 
     def __repr__(self) -> str:
-        return f"longreach.integrations.vllm.Overrides({self.json})"
+        return f"longreach.integrations.vllm.Overrides({json.dumps({CONFIG_KEY: self.record})})"
 
 
 def overrides(method: str = "string", *, training_window: int | None = None, **params) -> Overrides:
     """vLLM's ``hf_overrides`` that run ``method`` with ``params``: ``LLM(model, hf_overrides=overrides("string"))``.
 
     Args:
-        method: a position method vLLM runs with longreach: ``rope``, ``string``, ``rerope``, ``self_extend``, ``dca``.
+        method: a position method vLLM runs with longreach (``rope``, ``string``, ``rerope``, ``self_extend``,
+            ``dca``, ``dpe``), or a frequency method vLLM's rotary embedding computes (``pi``, ``ntk``, ``yarn``,
+            ``llama3``).
         training_window: ``L``; default: the model's ``max_position_embeddings``.
         **params: the method's parameters, as for ``longreach.apply``.
 
@@ -79,19 +99,65 @@ def check(record: dict, window: int) -> PositionMethod:
     return methods.create(record["method"], training_window=int(record.get("training_window") or window), **params)
 
 
+def model_problem(text_config) -> str | None:
+    """Why a model cannot run a longreach method in vLLM (one line), or ``None``."""
+    rope = dict(getattr(text_config, "rope_parameters", None) or {})
+    if getattr(text_config, "kv_lora_rank", None):
+        return "kv_lora_rank: models with multi-head latent attention (MLA) do not run longreach methods in vLLM yet"
+    if "mrope_section" in rope or rope.get("rope_type") == "mrope":
+        return "rope_parameters.mrope_section: multimodal RoPE (M-RoPE) does not run longreach methods in vLLM yet"
+    if rope.get("rope_type", "default") != "default":
+        return (
+            f"rope_type={rope['rope_type']!r}: longreach's methods run in vLLM on models with plain RoPE only, for now"
+        )
+    return None
+
+
+def engine_problem(vllm_config, kv_cache_dtype: str) -> str | None:
+    """Why an engine cannot run a longreach method (one line), or ``None``."""
+    if str(kv_cache_dtype).startswith("fp8"):
+        return f"kv_cache_dtype={kv_cache_dtype!r}: longreach's methods read an unquantised KV cache; use 'auto'"
+    parallel = vllm_config.parallel_config
+    for name in ("prefill_context_parallel_size", "decode_context_parallel_size"):
+        if getattr(parallel, name, 1) > 1:
+            return f"{name}={getattr(parallel, name)}: context parallelism does not run longreach methods yet; use 1"
+    return None
+
+
+def _frequency(name: str) -> bool:
+    return methods.kind_of(name) == "frequency"
+
+
+def _rotary_dims(text_config) -> int:
+    rope = dict(getattr(text_config, "rope_parameters", None) or {})
+    head = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
+    return int(head * rope.get("partial_rotary_factor", getattr(text_config, "partial_rotary_factor", 1.0)))
+
+
 def _runs_in_vllm(record: dict) -> None:
     """A one-line ``ValueError`` unless vLLM runs what the record asks for."""
     if not isinstance(record, dict) or not isinstance(record.get("method"), str):
         raise ValueError(f"{CONFIG_KEY}={record!r} must be a record such as {{'method': 'string', 'params': {{}}}}")
     name = record["method"]
-    if name not in SUPPORTED:
+    if name == "dynamic":
+        raise ValueError(
+            "method='dynamic': vLLM's dynamic NTK fixes its factor at the model's window, longreach's grows it with "
+            "each forward pass; use ntk"
+        )
+    if name not in SUPPORTED + FREQUENCY:
         kind = methods.kind_of(name)  # an unknown name: its own one-line error
         raise ValueError(
-            f"method={name!r} ({kind}) does not run in vLLM with longreach yet; supported: {', '.join(SUPPORTED)}"
+            f"method={name!r} ({kind}) does not run in vLLM with longreach yet; supported: "
+            f"{', '.join(SUPPORTED + FREQUENCY)}"
         )
     for composed in ("scaling", "drop"):
         if record.get(composed):
             raise ValueError(f"{composed}={record[composed]!r}: composed methods do not run in vLLM yet")
+    if (record.get("params") or {}).get("dimensions") is not None:
+        raise ValueError(
+            "dimensions=<per-head pairs>: DPE's per-head rotary pairs do not run in vLLM yet; without dimensions "
+            "(top_k=None: every pair) it does"
+        )
     if (record.get("params") or {}).get("mscale"):
         raise ValueError("mscale=True: a logit scale does not run in vLLM with longreach yet")
 
@@ -104,18 +170,20 @@ def _window(hf_config) -> int:
 def method_of(hf_config) -> PositionMethod | None:
     """The method a model's config records (``None``: the model runs as in stock vLLM)."""
     record = getattr(hf_config, CONFIG_KEY, None)
-    return check(record, _window(hf_config)) if record else None
+    if not record:
+        return None
+    method = check(record, _window(hf_config))
+    return None if _frequency(record["method"]) else method  # a frequency method is the config's rope_parameters
 
 
 def inverse_frequencies(hf_config, head_size: int) -> torch.Tensor:
     """The rotary pairs' frequencies ``[P]`` (float32), as transformers computes them for the model (Su et al. 2021,
     Eq. 15: ``theta_k = base^(-2k / d)`` over the rotary dimensions ``d``), which vLLM's ``get_rope`` matches."""
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    problem = model_problem(text)
+    if problem:
+        raise ValueError(problem)
     rope = dict(getattr(text, "rope_parameters", None) or {})
-    if rope.get("rope_type", "default") != "default":
-        raise ValueError(
-            f"rope_type={rope['rope_type']!r}: longreach's methods run in vLLM on models with plain RoPE only, for now"
-        )
     partial = rope.get("partial_rotary_factor", getattr(text, "partial_rotary_factor", 1.0))
     dims = int(head_size * partial)
     base = float(rope.get("rope_theta", getattr(text, "rope_theta", 10000.0)))
@@ -123,8 +191,9 @@ def inverse_frequencies(hf_config, head_size: int) -> torch.Tensor:
 
 
 def register() -> None:
-    """The ``vllm.general_plugins`` entry point: longreach's CPU backend in place of ``CPU_ATTN`` (cheap, idempotent,
-    safe in every process)."""
+    """The ``vllm.general_plugins`` entry point: longreach's backends in place of ``CPU_ATTN`` (:mod:`.vllm_cpu`) and
+    ``FLASH_ATTN`` (:mod:`.vllm_cuda`, not run on a GPU yet); cheap, idempotent, safe in every process."""
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
     register_backend(AttentionBackendEnum.CPU_ATTN, "longreach.integrations.vllm_cpu.LongreachCPUBackend")
+    register_backend(AttentionBackendEnum.FLASH_ATTN, "longreach.integrations.vllm_cuda.LongreachFlashAttentionBackend")

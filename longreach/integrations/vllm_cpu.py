@@ -1,14 +1,10 @@
 """vLLM's CPU attention backend, with longreach's kernel where the model's config records a method (:mod:`.vllm`).
 
-vLLM hands a layer every request of a step at once: ``query [tokens, Hq, D]`` already rotated, requests delimited by
-``query_start_loc``, request ``r`` holding ``seq_lens[r]`` tokens whose keys lie in the paged cache blocks of its
-``block_table`` row; its queries are the last of those tokens (prefill, a chunk of a chunked prefill, a decoding step
-or a prefix-cache hit alike), at positions ``seq_len - q_len + t``. With a method, this backend writes keys and values
-into the cache in a plain ``[block, kv head, slot, D]`` layout (vLLM's CPU kernels may interleave theirs), reads each
-request's keys back in order and calls :func:`longreach.attention.kernel.attention` with positions ``0 .. seq_len - 1``.
-
-For correctness first: one call per request, its keys gathered from their blocks (a copy per layer and step). Without
-a method, every call is vLLM's own.
+vLLM hands a layer every request of a step at once (:mod:`longreach.attention.paged` says how they are laid out).
+With a method, this backend writes keys and values into the cache in a plain ``[block, kv head, slot, D]`` layout
+(vLLM's CPU kernels may interleave theirs), and one call of longreach's CPU kernel computes every request's attention,
+reading the keys through the block table and turning the keys a part moves as it reads them. Without a method, every
+call is vLLM's own.
 """
 
 from __future__ import annotations
@@ -18,8 +14,9 @@ from vllm.config import get_current_vllm_config
 from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 
-from ..attention import kernel
-from .vllm import inverse_frequencies, method_of
+from ..attention.cells import lower
+from ..attention.paged import KeyAngles, paged_attention
+from .vllm import engine_problem, inverse_frequencies, method_of
 
 
 class LongreachCPUImpl(CPUAttentionBackendImpl):
@@ -27,11 +24,17 @@ class LongreachCPUImpl(CPUAttentionBackendImpl):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        hf_config = get_current_vllm_config().model_config.hf_config
+        vllm_config = get_current_vllm_config()
+        hf_config = vllm_config.model_config.hf_config
         self.method = method_of(hf_config) if self.attn_type == AttentionType.DECODER else None
         if self.method is not None:
-            self.parts = self.method.parts()
+            problem = engine_problem(vllm_config, self.kv_cache_dtype)
+            if problem:
+                raise ValueError(problem)
+            window = None if self.sliding_window in (None, -1) else int(self.sliding_window)
+            self.cells = lower(self.method.parts(), window)
             self.inv_freq = inverse_frequencies(hf_config, self.head_size)
+            self.key_angles = KeyAngles(self.inv_freq)
 
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
         """Keys and values into their slots (``slot_mapping``; -1: a padding token), in the plain layout."""
@@ -47,31 +50,24 @@ class LongreachCPUImpl(CPUAttentionBackendImpl):
         value_cache[blocks, :, offsets] = value[: len(written)][written].to(value_cache.dtype)
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None, **kwargs):
-        """Each request's attention by longreach's kernel over its keys in order (vLLM's own without a method, or in
-        the profiling run, which has no metadata)."""
+        """Every request's attention by one call of longreach's kernel on the paged cache (vLLM's own without a
+        method, or in the profiling run, which has no metadata)."""
         if self.method is None or attn_metadata is None:
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale, **kwargs)
         key_cache, value_cache = _planes(kv_cache)
-        block_size = key_cache.shape[2]
-        window = None if self.sliding_window in (None, -1) else int(self.sliding_window)
-        starts = attn_metadata.query_start_loc.tolist()
-        for request, seq_len in enumerate(attn_metadata.seq_lens.tolist()):
-            first, stop = starts[request], starts[request + 1]
-            if stop <= first or seq_len == 0:
-                continue
-            blocks = attn_metadata.block_table[request, : -(-seq_len // block_size)].to(torch.int64)
-            k, v = (_in_order(cache, blocks, seq_len) for cache in (key_cache, value_cache))  # [Hkv, seq_len, D]
-            out = kernel.attention(
-                query[first:stop].transpose(0, 1)[None],  # [1, Hq, q_len, D]
-                k[None],
-                v[None],
-                self.parts,
-                self.inv_freq,
-                scaling=self.scale,
-                sliding_window=window,
-                positions=torch.arange(seq_len)[None],  # text models: a token's index is its RoPE position
-            )
-            output[first:stop] = out[0].to(output.dtype)  # [q_len, Hq, D]
+        tokens, requests = attn_metadata.num_actual_tokens, len(attn_metadata.query_start_loc) - 1
+        output[:tokens] = paged_attention(
+            query[:tokens],
+            key_cache,
+            value_cache,
+            attn_metadata.block_table[:requests],
+            attn_metadata.query_start_loc,
+            attn_metadata.seq_lens[:requests],
+            self.cells,
+            self.inv_freq,
+            self.scale,
+            self.key_angles,
+        ).to(output.dtype)
         return output
 
 
@@ -80,12 +76,6 @@ def _planes(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     D]``."""
     blocks, kv_heads, block_size, _ = kv_cache.shape
     return kv_cache.view(blocks, kv_heads, 2 * block_size, -1).chunk(2, dim=2)
-
-
-def _in_order(cache: torch.Tensor, blocks: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """A request's ``seq_len`` keys (or values) from its blocks, in order: ``[Hkv, seq_len, D]``."""
-    kv_heads, head_size = cache.shape[1], cache.shape[3]
-    return cache[blocks].transpose(0, 1).reshape(kv_heads, -1, head_size)[:, :seq_len]
 
 
 class LongreachCPUBackend(CPUAttentionBackend):

@@ -1,0 +1,107 @@
+"""vLLM's CUDA attention backend (FlashAttention), with longreach's method where the model's config records one.
+
+**Not run on a GPU yet** (no GPU machine here has vLLM): its algorithm, :func:`longreach.attention.paged_flash.
+flash_cells`, is checked on the CPU against the float64 reference through an emulation of the two vLLM functions it
+calls (``tests/flash_emulation.py``). Per layer and step: one ``flash_attn_varlen_func`` call per cell of the method on
+the paged cache (STRING: two), merged by ``merge_attn_states``, with no host sync, so that vLLM's CUDA graphs can
+capture it. Keys a part moves by a per-token shift (ReRoPE, Self-Extend, DPE) are written moved, once, into a plane
+per shift that this backend keeps beside vLLM's cache: as large as the layer's key cache, memory vLLM's block manager
+does not count (one warning says how much). DCA, whose key spans are no distance bounds, is refused here in one line.
+Without a method, every call is vLLM's own.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+from vllm.config import get_current_vllm_config
+from vllm.v1.attention.backend import AttentionType
+from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend, FlashAttentionImpl
+from vllm.v1.attention.ops.merge_attn_states import merge_attn_states
+
+from ..attention.cells import key_views, lower
+from ..attention.paged import token_positions
+from ..attention.paged_flash import flash_cells, spans_problem, write_moved_keys
+from .vllm import engine_problem, inverse_frequencies, method_of
+
+
+class LongreachFlashAttentionImpl(FlashAttentionImpl):
+    """vLLM's FlashAttention, or a longreach method's calls of it when the model's config records one."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        vllm_config = get_current_vllm_config()
+        hf_config = vllm_config.model_config.hf_config
+        self.method = method_of(hf_config) if self.attn_type == AttentionType.DECODER else None
+        if self.method is None:
+            return
+        left = self.sliding_window[0]  # FlashAttention's (window - 1, 0), or (-1, -1)
+        self.cells = lower(self.method.parts(), None if left < 0 else left + 1)
+        problem = engine_problem(vllm_config, self.kv_cache_dtype) or spans_problem(self.cells)
+        if problem:
+            raise ValueError(f"{self.method.name} on vLLM's CUDA backend: {problem}")
+        self.inv_freq = inverse_frequencies(hf_config, self.head_size)
+        self.planes: list[torch.Tensor] | None = None
+
+    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None, **kwargs):
+        """The method's calls (vLLM's own without a method, or in the profiling run, which has no metadata)."""
+        if self.method is None or attn_metadata is None:
+            return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale, **kwargs)
+        key_cache, value_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)  # [blocks, slot, Hkv, D]
+        tokens = attn_metadata.num_actual_tokens
+        planes = self._planes(key_cache)
+        if planes:
+            positions = token_positions(attn_metadata.query_start_loc, attn_metadata.seq_lens, tokens)
+            write_moved_keys(
+                planes, key[:tokens], attn_metadata.slot_mapping[:tokens], self.cells, positions, self.inv_freq
+            )
+        flash_cells(
+            query[:tokens],
+            key_cache,
+            value_cache,
+            [plane[:-1].view(key_cache.shape) for plane in planes],
+            attn_metadata.block_table,
+            attn_metadata.query_start_loc,
+            attn_metadata.seq_lens,
+            attn_metadata.max_query_len,
+            attn_metadata.max_seq_len,
+            self.cells,
+            self.inv_freq,
+            self.scale,
+            functools.partial(_flash_attn_varlen_func(), fa_version=self.vllm_flash_attn_version),
+            merge_attn_states,
+            output[:tokens],
+        )
+        return output
+
+    def _planes(self, key_cache: torch.Tensor) -> list[torch.Tensor]:
+        """The planes of moved keys ``[slots + 1, Hkv, D]``, one per per-token key shift, made on first use."""
+        if self.planes is None:
+            blocks, block_size, kv_heads, dim = key_cache.shape
+            shape = (blocks * block_size + 1, kv_heads, dim)
+            self.planes = [key_cache.new_zeros(shape) for _ in key_views(self.cells)[0]]
+            if self.planes:
+                size = sum(plane.numel() * plane.element_size() for plane in self.planes) / 2**20
+                warnings.warn(
+                    f"longreach: {self.method.name} keeps moved keys beside vLLM's cache, {size:.0f} MiB per layer "
+                    "that vLLM's memory budget does not count; lower gpu_memory_utilization by as much",
+                    stacklevel=2,
+                )
+        return self.planes
+
+
+def _flash_attn_varlen_func():
+    from vllm.v1.attention.backends.fa_utils import flash_attn_varlen_func  # CUDA builds only
+
+    return flash_attn_varlen_func
+
+
+class LongreachFlashAttentionBackend(FlashAttentionBackend):
+    """vLLM's FlashAttention backend, whose implementation runs a longreach method where the model's config records
+    one."""
+
+    @staticmethod
+    def get_impl_cls():
+        return LongreachFlashAttentionImpl
