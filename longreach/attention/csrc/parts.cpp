@@ -124,7 +124,12 @@ void attend_cell(Rows& rows, const Cell& cell, const float* q, const Plane& key,
     whole_high = std::min(whole_high, rows.stop[r]);
   }
   if (!contiguous || whole_high <= whole_low) whole_low = whole_high = high;  // no key every row reaches
-  auto stop_of = [&](int64_t s, int64_t to, int64_t step) { return std::min({to, s + step, (s / keys.block_size + 1) * keys.block_size}); };
+  // a product stays in one block where few rows share it (decoding: the keys read in place), else it takes KV_TILE keys
+  // gathered from their blocks (a gather is cheap against a tile's products, which narrow blocks would make many)
+  const bool in_place = used_to - used_from < SMALL_QUERY * 4;
+  auto stop_of = [&](int64_t s, int64_t to, int64_t step) {
+    return std::min({to, s + step, in_place ? (s / keys.block_size + 1) * keys.block_size : to});
+  };
   auto edge = [&](int64_t from, int64_t to) {
     for (int64_t s = from, e; s < to; s = e) {
       e = stop_of(s, to, EDGE);

@@ -85,19 +85,25 @@ void to_float(const T* x, float* y, int64_t n) {
   at::vec::convert(x, y, n);
 }
 
-// Rows [s, e) of one head of a plane, all in one block of block_size slots, as float32 rows of the plane's width: a
-// pointer into the plane where nothing is converted or rotated, else into `buffer`.
+// Rows [s, e) of one head of a plane as float32 rows of the plane's width: a pointer into the plane where they lie in
+// one block and nothing is converted or rotated, else into `buffer`, gathered block by block.
 inline const float* rows_of(const Plane& plane, const int64_t* blocks, int64_t block_size, int64_t head, int64_t s, int64_t e,
                             float* buffer) {
-  const int64_t at = blocks[s / block_size] * plane.block_stride + head * plane.head_stride + (s % block_size) * plane.width;
-  const int64_t n = (e - s) * plane.width;
-  if (plane.dtype == at::kFloat && plane.cos == nullptr) return static_cast<const float*>(plane.data) + at;
-  if (plane.dtype == at::kFloat) {
-    std::copy_n(static_cast<const float*>(plane.data) + at, n, buffer);
-  } else if (plane.dtype == at::kBFloat16) {
-    to_float(static_cast<const at::BFloat16*>(plane.data) + at, buffer, n);
-  } else {
-    to_float(static_cast<const at::Half*>(plane.data) + at, buffer, n);
+  auto at = [&](int64_t j) { return blocks[j / block_size] * plane.block_stride + head * plane.head_stride + (j % block_size) * plane.width; };
+  if (plane.dtype == at::kFloat && plane.cos == nullptr && s / block_size == (e - 1) / block_size) {
+    return static_cast<const float*>(plane.data) + at(s);
+  }
+  for (int64_t j = s, stop; j < e; j = stop) {
+    stop = std::min(e, (j / block_size + 1) * block_size);
+    float* to = buffer + (j - s) * plane.width;
+    const int64_t n = (stop - j) * plane.width;
+    if (plane.dtype == at::kFloat) {
+      std::copy_n(static_cast<const float*>(plane.data) + at(j), n, to);
+    } else if (plane.dtype == at::kBFloat16) {
+      to_float(static_cast<const at::BFloat16*>(plane.data) + at(j), to, n);
+    } else {
+      to_float(static_cast<const at::Half*>(plane.data) + at(j), to, n);
+    }
   }
   if (plane.cos != nullptr) {
     const int64_t pairs = plane.pairs, lanes = pairs - pairs % Vec::size();
