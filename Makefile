@@ -42,7 +42,7 @@ TRANSFORMERS_OLDEST := 5.4.0
 TORCH_NEWEST := 2.15.0
 TRANSFORMERS_NEWEST := 5.24.0
 COMPAT_TESTS := tests/test_kernel.py tests/test_caches_and_calls.py tests/test_transformers.py tests/test_user_errors.py \
-	tests/test_lm_eval.py tests/test_compat.py tests/test_native.py tests/test_kept_keys.py
+	tests/test_lm_eval.py tests/test_compat.py tests/test_native.py tests/test_kept_keys.py tests/test_paged.py
 # Pinned by torch or transformers themselves, so left to them in the compat environments.
 COMPAT_FREE := torch|transformers|triton|sympy|mpmath|nvidia-[a-z0-9-]*|huggingface[-_]hub|tokenizers|hf[-_]xet
 

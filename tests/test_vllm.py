@@ -33,6 +33,7 @@ METHODS = {
     "pi": {"factor": 2.0},
     "ntk": {"factor": 2.0},
     "yarn": {"factor": 2.0},
+    "llama3": {"factor": 2.0},
 }
 
 

@@ -3,10 +3,10 @@
 The entry point (``vllm.general_plugins``, pyproject.toml) is :func:`register`, which vLLM calls in its main, engine
 and worker processes: it puts :mod:`.vllm_cpu`'s backend in place of vLLM's CPU attention backend (on the CPU the
 platform always takes ``CPU_ATTN``) and :mod:`.vllm_cuda`'s in place of FlashAttention's. Each is vLLM's own for every
-model without a record. A record comes
-from :func:`overrides` (``LLM(model, hf_overrides=longreach.integrations.vllm.overrides("string"))``, or the same
-JSON for ``vllm serve --hf-overrides``) or from a model folder saved after ``longreach.apply``, whose config holds
-it already (:meth:`.transformers.Applied.record`). A record given as JSON (``vllm serve``) is checked where the
+model without a record. A record comes from :func:`overrides` (``LLM(model,
+hf_overrides=longreach.integrations.vllm.overrides("string"))``, or the same JSON for ``vllm serve --hf-overrides``)
+or from a model folder saved after ``longreach.apply``, whose config holds it already
+(:meth:`.transformers.Applied.record`). A record given as JSON (``vllm serve``) is checked where the
 engine starts; one from :func:`overrides` in the main process, against the model's config, before any engine.
 
 A frequency method (PI, NTK, YaRN, llama3) is the model's ``rope_parameters``, written as in the transformers path
