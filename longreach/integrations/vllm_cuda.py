@@ -49,6 +49,8 @@ class LongreachFlashAttentionImpl(FlashAttentionImpl):
         """The method's calls (vLLM's own without a method, or in the profiling run, which has no metadata)."""
         if self.method is None or attn_metadata is None:
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale, **kwargs)
+        if output_scale is not None or kwargs.get("output_block_scale") is not None:
+            raise NotImplementedError("longreach's methods on vLLM's CUDA backend: no fused output quantization")
         key_cache, value_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)  # [blocks, slot, Hkv, D]
         tokens = attn_metadata.num_actual_tokens
         planes = self._planes(key_cache)
