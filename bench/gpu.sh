@@ -35,7 +35,7 @@ if [ -z "$python" ]; then
 fi
 out="${OUT:-bench/out}"
 mkdir -p "$out"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" BENCH_RESULTS="$out/RESULTS.md" PYTHONUNBUFFERED=1 OUT="$out"
+export LONGREACH_CACHE="${LONGREACH_CACHE:-$out/cache}" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" BENCH_RESULTS="$out/RESULTS.md" PYTHONUNBUFFERED=1 OUT="$out"
 methods=rope,string,rerope,self_extend,dca
 
 if [ "$device" = cuda ]; then
@@ -71,7 +71,7 @@ if [ "$part" = 1 ]; then
 else
   # the paths that have never run on a GPU first, in their own process: an illegal address poisons a process
   step tests-new 120 "$python" -m pytest tests/test_cuda.py -q -p no:cacheprovider --junitxml="$out/tests-new.xml" -k "triton or flash or cudnn or bfloat16 or auto_takes"
-  step tests-kernel 110 "$python" -m pytest tests/test_cuda.py -q -p no:cacheprovider --junitxml="$out/tests-kernel.xml" -k "not (triton or flash or cudnn or bfloat16 or auto_takes or models)"
+  step tests-kernel 150 "$python" -m pytest tests/test_cuda.py -q -p no:cacheprovider --junitxml="$out/tests-kernel.xml" -k "not (triton or flash or cudnn or bfloat16 or auto_takes or models)"
   step tests-models 100 "$python" -m pytest tests/test_cuda.py -q -p no:cacheprovider --junitxml="$out/tests-models.xml" -k models
   step model 70 "$python" bench/model.py "${model[@]}" --methods "$methods"
 fi

@@ -126,7 +126,8 @@ def kernels(device: torch.device) -> None:
         parts = create(name, training_window=small).parts()
         want = kernel.attention(q.float(), k.float(), v.float(), parts, inv_freq, backend="math")
         on_cpu = ["auto", "cpu_fused", "cpu_flash", "flex", "math"]
-        names = [b for b in backends.names() if b != "triton"] + ["triton"] if cuda else on_cpu  # Triton last
+        on_cuda = [b for b in backends.names() if b not in ("triton", "cpu_fused", "cpu_flash")] + ["triton"]
+        names = on_cuda if cuda else on_cpu  # Triton last
         for backend in names:
             record("checks", f"{name}_{backend}_max_error", lambda: max_error(q, k, v, parts, inv_freq, backend, want))
     for what, length in (("prefill", 4096), ("decoding step", 1)):

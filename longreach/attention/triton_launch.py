@@ -20,7 +20,9 @@ except ImportError:  # pragma: no cover - depends on the installed packages
     triton = None
 
 MAX_CELLS = 3  # DCA's three parts; every other method has one or two
-NO_BOUND = 1 << 62  # a cell without an upper distance bound
+# A cell without an upper distance bound. int32's largest: a Python int above it breaks Inductor's code for a
+# user-defined kernel in torch 2.11 (``expr_fits_within_32bit`` asks a shape environment for a plain int's hint).
+NO_BOUND = (1 << 31) - 1
 
 
 @dataclass(frozen=True)
