@@ -19,10 +19,13 @@ M-RoPE (:func:`model_problem`), and in the engine an fp8 KV cache or context par
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from .. import methods
+from ..attention.cells import Cell, lower
 from ..methods.base import PositionMethod
 from .transformers import CONFIG_KEY
 
@@ -174,6 +177,37 @@ def method_of(hf_config) -> PositionMethod | None:
         return None
     method = check(record, _window(hf_config))
     return None if _frequency(record["method"]) else method  # a frequency method is the config's rope_parameters
+
+
+@dataclass(frozen=True)
+class LayerMethod:
+    """What a backend's attention layer runs: the method, its cells for the layer's window (:func:`.cells.lower`), and
+    the rotary frequencies ``[P]``."""
+
+    method: PositionMethod
+    cells: list[Cell]
+    inv_freq: torch.Tensor
+
+
+def layer_method(impl, window: int | None, problem_of: Callable[[list[Cell]], str | None] | None = None):
+    """The method the engine's model config records, for the backend layer ``impl`` (vLLM's attention implementation:
+    its ``attn_type``, ``kv_cache_dtype``, ``head_size``) with sliding ``window`` (``None``: none); ``None`` where
+    the layer runs as in stock vLLM (no record, a frequency method, or not a decoder layer). A one-line ``ValueError``
+    where the engine, or the backend's ``problem_of`` the cells, cannot run it."""
+    from vllm.config import get_current_vllm_config
+
+    vllm_config = get_current_vllm_config()
+    hf_config = vllm_config.model_config.hf_config
+    method = method_of(hf_config) if impl.attn_type == "decoder" else None
+    if method is None:
+        return None
+    cells = lower(method.parts(), window)
+    problem = engine_problem(vllm_config, impl.kv_cache_dtype)
+    if problem is None and problem_of is not None and problem_of(cells):
+        problem = f"{method.name} on {type(impl).__name__}: {problem_of(cells)}"
+    if problem:
+        raise ValueError(problem)
+    return LayerMethod(method, cells, inverse_frequencies(hf_config, impl.head_size))
 
 
 def inverse_frequencies(hf_config, head_size: int) -> torch.Tensor:

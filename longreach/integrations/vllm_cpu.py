@@ -10,13 +10,10 @@ call is vLLM's own.
 from __future__ import annotations
 
 import torch
-from vllm.config import get_current_vllm_config
-from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 
-from ..attention.cells import lower
 from ..attention.paged import KeyAngles, paged_attention
-from .vllm import engine_problem, inverse_frequencies, method_of
+from .vllm import layer_method
 
 
 class LongreachCPUImpl(CPUAttentionBackendImpl):
@@ -24,21 +21,14 @@ class LongreachCPUImpl(CPUAttentionBackendImpl):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        vllm_config = get_current_vllm_config()
-        hf_config = vllm_config.model_config.hf_config
-        self.method = method_of(hf_config) if self.attn_type == AttentionType.DECODER else None
-        if self.method is not None:
-            problem = engine_problem(vllm_config, self.kv_cache_dtype)
-            if problem:
-                raise ValueError(problem)
-            window = None if self.sliding_window in (None, -1) else int(self.sliding_window)
-            self.cells = lower(self.method.parts(), window)
-            self.inv_freq = inverse_frequencies(hf_config, self.head_size)
-            self.key_angles = KeyAngles(self.inv_freq)
+        window = None if self.sliding_window in (None, -1) else int(self.sliding_window)
+        self.layer = layer_method(self, window)
+        if self.layer is not None:
+            self.key_angles = KeyAngles(self.layer.inv_freq)
 
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
         """Keys and values into their slots (``slot_mapping``; -1: a padding token), in the plain layout."""
-        if self.method is None:
+        if self.layer is None:
             return super().do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)
         key_cache, value_cache = _planes(kv_cache)
         block_size = key_cache.shape[2]
@@ -52,7 +42,7 @@ class LongreachCPUImpl(CPUAttentionBackendImpl):
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None, **kwargs):
         """Every request's attention by one call of longreach's kernel on the paged cache (vLLM's own without a
         method, or in the profiling run, which has no metadata)."""
-        if self.method is None or attn_metadata is None:
+        if self.layer is None or attn_metadata is None:
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale, **kwargs)
         key_cache, value_cache = _planes(kv_cache)
         tokens, requests = attn_metadata.num_actual_tokens, len(attn_metadata.query_start_loc) - 1
@@ -63,8 +53,8 @@ class LongreachCPUImpl(CPUAttentionBackendImpl):
             attn_metadata.block_table[:requests],
             attn_metadata.query_start_loc,
             attn_metadata.seq_lens[:requests],
-            self.cells,
-            self.inv_freq,
+            self.layer.cells,
+            self.layer.inv_freq,
             self.scale,
             self.key_angles,
         ).to(output.dtype)

@@ -16,15 +16,13 @@ import functools
 import warnings
 
 import torch
-from vllm.config import get_current_vllm_config
-from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend, FlashAttentionImpl
 from vllm.v1.attention.ops.merge_attn_states import merge_attn_states
 
-from ..attention.cells import key_views, lower
+from ..attention.cells import key_views
 from ..attention.paged import token_positions
 from ..attention.paged_flash import flash_cells, spans_problem, write_moved_keys
-from .vllm import engine_problem, inverse_frequencies, method_of
+from .vllm import layer_method
 
 
 class LongreachFlashAttentionImpl(FlashAttentionImpl):
@@ -32,22 +30,13 @@ class LongreachFlashAttentionImpl(FlashAttentionImpl):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        vllm_config = get_current_vllm_config()
-        hf_config = vllm_config.model_config.hf_config
-        self.method = method_of(hf_config) if self.attn_type == AttentionType.DECODER else None
-        if self.method is None:
-            return
         left = self.sliding_window[0]  # FlashAttention's (window - 1, 0), or (-1, -1)
-        self.cells = lower(self.method.parts(), None if left < 0 else left + 1)
-        problem = engine_problem(vllm_config, self.kv_cache_dtype) or spans_problem(self.cells)
-        if problem:
-            raise ValueError(f"{self.method.name} on vLLM's CUDA backend: {problem}")
-        self.inv_freq = inverse_frequencies(hf_config, self.head_size)
+        self.layer = layer_method(self, None if left < 0 else left + 1, spans_problem)
         self.planes: list[torch.Tensor] | None = None
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None, **kwargs):
         """The method's calls (vLLM's own without a method, or in the profiling run, which has no metadata)."""
-        if self.method is None or attn_metadata is None:
+        if self.layer is None or attn_metadata is None:
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale, **kwargs)
         if output_scale is not None or kwargs.get("output_block_scale") is not None:
             raise NotImplementedError("longreach's methods on vLLM's CUDA backend: no fused output quantization")
@@ -57,7 +46,12 @@ class LongreachFlashAttentionImpl(FlashAttentionImpl):
         if planes:
             positions = token_positions(attn_metadata.query_start_loc, attn_metadata.seq_lens, tokens)
             write_moved_keys(
-                planes, key[:tokens], attn_metadata.slot_mapping[:tokens], self.cells, positions, self.inv_freq
+                planes,
+                key[:tokens],
+                attn_metadata.slot_mapping[:tokens],
+                self.layer.cells,
+                positions,
+                self.layer.inv_freq,
             )
         flash_cells(
             query[:tokens],
@@ -69,8 +63,8 @@ class LongreachFlashAttentionImpl(FlashAttentionImpl):
             attn_metadata.seq_lens,
             attn_metadata.max_query_len,
             attn_metadata.max_seq_len,
-            self.cells,
-            self.inv_freq,
+            self.layer.cells,
+            self.layer.inv_freq,
             self.scale,
             functools.partial(_flash_attn_varlen_func(), fa_version=self.vllm_flash_attn_version),
             merge_attn_states,
@@ -83,12 +77,12 @@ class LongreachFlashAttentionImpl(FlashAttentionImpl):
         if self.planes is None:
             blocks, block_size, kv_heads, dim = key_cache.shape
             shape = (blocks * block_size + 1, kv_heads, dim)
-            self.planes = [key_cache.new_zeros(shape) for _ in key_views(self.cells)[0]]
+            self.planes = [key_cache.new_zeros(shape) for _ in key_views(self.layer.cells)[0]]
             if self.planes:
                 size = sum(plane.numel() * plane.element_size() for plane in self.planes) / 2**20
                 warnings.warn(
-                    f"longreach: {self.method.name} keeps moved keys beside vLLM's cache, {size:.0f} MiB per layer "
-                    "that vLLM's memory budget does not count; lower gpu_memory_utilization by as much",
+                    f"longreach: {self.layer.method.name} keeps moved keys beside vLLM's cache, {size:.0f} MiB per "
+                    "layer that vLLM's memory budget does not count; lower gpu_memory_utilization by as much",
                     stacklevel=2,
                 )
         return self.planes

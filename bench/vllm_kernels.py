@@ -1,0 +1,157 @@
+"""One layer's attention on vLLM's paged CPU cache: longreach's kernel for each method against vLLM's own CPU kernel.
+
+    .venv-vllm/bin/python bench/vllm_kernels.py [--length 8192] [--requests 4] [--chunk 4096] [--layers 30]
+        [--methods rope,string,dca,rerope,self_extend] [--rounds 9] [--write]
+
+Where bench/vllm_throughput.py times a whole engine, this times the one call a layer makes, as the backends make it:
+vLLM's ``cpu_attention_with_kv_cache`` on a cache its ``cpu_attn_reshape_and_cache`` wrote (its own layout), and
+:func:`longreach.attention.paged.paged_attention` on the plain layout our backend writes (the call's Python
+included). The default model's shape (bench/smollm2-135m.json: 9 query heads, 3 key/value heads, head dim 64), float32,
+blocks of 128 in a shuffled order. Two steps: a decoding step (one query for each of ``--requests`` sequences of
+``--length`` keys) and a prefill chunk (the last ``--chunk`` queries of one sequence). ``--layers`` caches, one per
+layer, are taken in turn, so that the keys come from memory as they do in a model, not from the last call's caches
+(``--layers 1``: warm). Interleaved rounds, medians; the ratios are against vLLM's kernel in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+SHAPE = json.loads(Path(__file__).with_name("smollm2-135m.json").read_text())
+BLOCK = 128
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--length", type=int, default=8192)
+    parser.add_argument("--requests", type=int, default=4)
+    parser.add_argument("--chunk", type=int, default=4096)
+    parser.add_argument("--layers", type=int, default=30)
+    parser.add_argument("--methods", default="rope,string,dca,rerope,self_extend")
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--write", action="store_true", help="write the table into bench/RESULTS.md")
+    args = parser.parse_args()
+    q_heads, kv_heads = SHAPE["num_attention_heads"], SHAPE["num_key_value_heads"]
+    dim = SHAPE["hidden_size"] // q_heads
+    per_request = -(-args.length // BLOCK)
+    blocks = args.requests * per_request
+    g = torch.Generator().manual_seed(0)
+    block_table = torch.randperm(blocks, generator=g).view(args.requests, per_request).to(torch.int32)
+    keys = [torch.randn(args.requests * args.length, kv_heads, dim, generator=g) for _ in range(2)]
+    slots = (block_table.long()[:, :, None] * BLOCK + torch.arange(BLOCK)).view(args.requests, -1)[:, : args.length]
+    ours, stock = _caches(args.layers, blocks, kv_heads, dim, keys, slots.reshape(-1))
+    steps = {
+        "decoding step": (args.requests, torch.arange(args.requests + 1), torch.full((args.requests,), args.length)),
+        f"prefill of {args.chunk}": (args.chunk, torch.tensor([0, args.chunk]), torch.tensor([args.length])),
+    }
+    rows = ["| step | method | vLLM's kernel (ms) | longreach (ms) | / vLLM's |", "|---|---|---|---|---|"]
+    for step, (tokens, query_start, seq_lens) in steps.items():
+        query = torch.randn(tokens, q_heads, dim, generator=g)
+        table = block_table[: len(seq_lens)].contiguous()
+        calls = {"vllm": _vllm_call(query, table, query_start.int(), seq_lens.int(), q_heads, kv_heads, dim)}
+        for name in args.methods.split(","):
+            calls[name] = _longreach_call(name, query, table, query_start, seq_lens, dim)
+        if "rope" in calls:  # the same attention from the same keys: the two caches hold what they should
+            difference = (calls["rope"](*ours[0]) - calls["vllm"](*stock[0])).abs().max().item()
+            print(f"{step}: rope against vLLM's kernel, largest difference {difference:.1e}", flush=True)
+        times = {name: [] for name in calls}
+        layers = args.layers if tokens < 64 else min(args.layers, 2)  # a prefill chunk reads its keys many times
+        for round in range(args.rounds + 1):  # the first: a warm-up
+            for name, call in calls.items():
+                caches = stock if name == "vllm" else ours
+                start = time.perf_counter()
+                for layer in range(layers):
+                    call(*caches[layer])
+                if round:
+                    times[name].append((time.perf_counter() - start) / layers)
+        base = statistics.median(times["vllm"]) * 1e3
+        for name in calls:
+            if name != "vllm":
+                median = statistics.median(times[name]) * 1e3
+                rows.append(f"| {step} | {name} | {base:.2f} | {median:.2f} | {median / base:.2f}x |")
+        print("\n".join(rows[-len(calls) + 1 :]), flush=True)
+    table = "\n".join(rows)
+    print(table)
+    if args.write:
+        from results import machine, write_section
+
+        command = (
+            f"`.venv-vllm/bin/python bench/vllm_kernels.py --length {args.length} --requests {args.requests} "
+            f"--chunk {args.chunk} --layers {args.layers} --methods {args.methods} --rounds {args.rounds}`"
+        )
+        header = (
+            f"vLLM {__import__('vllm').__version__}; one layer of the default model's shape, float32, blocks of "
+            f"{BLOCK}; {args.layers} layers' caches taken in turn; {machine('cpu')}, {torch.get_num_threads()} threads."
+        )
+        write_section(
+            f"vLLM's CPU kernel against longreach's, {args.requests} x {args.length}",
+            f"{command}\n\n{header}\n\n{table}",
+        )
+
+
+def _caches(layers, blocks, kv_heads, dim, keys, slots):
+    """Per layer, ``(key, value)`` planes of the plain layout (ours) and of vLLM's, holding the same keys and values."""
+    from vllm import _custom_ops as ops
+
+    ours, stock = [], []
+    for _ in range(layers):
+        plain = torch.zeros(blocks, kv_heads, BLOCK, 2 * dim)
+        key, value = plain.view(blocks, kv_heads, 2 * BLOCK, dim).chunk(2, dim=2)
+        key[slots // BLOCK, :, slots % BLOCK] = keys[0]
+        value[slots // BLOCK, :, slots % BLOCK] = keys[1]
+        ours.append((key, value))
+        theirs = torch.zeros_like(plain)
+        key, value = theirs.view(blocks, kv_heads, 2 * BLOCK, dim).chunk(2, dim=2)
+        ops.cpu_attn_reshape_and_cache(keys[0], keys[1], key, value, slots, "vec")
+        stock.append((key, value))
+    return ours, stock
+
+
+def _vllm_call(query, block_table, query_start, seq_lens, q_heads, kv_heads, dim):
+    from vllm import _custom_ops as ops
+
+    schedule = ops.cpu_attn_get_scheduler_metadata(
+        num_reqs=len(seq_lens), num_heads=q_heads, num_kv_heads=kv_heads, head_dim=dim, seq_lens=seq_lens,
+        dtype=torch.float32, query_start_loc=query_start, causal=True, sliding_window_size=-1, isa="vec",
+        enable_kv_split=True,
+    )  # fmt: skip
+    output = torch.empty_like(query)
+
+    def call(key_cache, value_cache):
+        ops.cpu_attention_with_kv_cache(
+            query=query, key_cache=key_cache, value_cache=value_cache, output=output, query_start_loc=query_start,
+            seq_lens=seq_lens, scale=dim**-0.5, causal=True, alibi_slopes=None, sliding_window=-1,
+            block_table=block_table, softcap=0.0, scheduler_metadata=schedule, s_aux=None,
+        )  # fmt: skip
+        return output
+
+    return call
+
+
+def _longreach_call(name, query, block_table, query_start, seq_lens, dim):
+    from longreach.attention.cells import lower
+    from longreach.attention.paged import KeyAngles, paged_attention
+    from longreach.methods import create
+
+    inv_freq = 1.0 / (SHAPE["rope_parameters"]["rope_theta"] ** (torch.arange(0, dim, 2).float() / dim))
+    cells = lower(create(name, training_window=SHAPE["max_position_embeddings"]).parts(), None)
+    angles = KeyAngles(inv_freq)
+    output = torch.empty_like(query)
+
+    def call(key_cache, value_cache):
+        output[:] = paged_attention(
+            query, key_cache, value_cache, block_table, query_start, seq_lens, cells, inv_freq, dim**-0.5, angles
+        )
+        return output
+
+    return call
+
+
+if __name__ == "__main__":
+    main()
