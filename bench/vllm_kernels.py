@@ -5,12 +5,13 @@
 
 Where bench/vllm_throughput.py times a whole engine, this times the one call a layer makes, as the backends make it:
 vLLM's ``cpu_attention_with_kv_cache`` on a cache its ``cpu_attn_reshape_and_cache`` wrote (its own layout), and
-:func:`longreach.attention.paged.paged_attention` on the plain layout our backend writes (the call's Python
-included). The default model's shape (bench/smollm2-135m.json: 9 query heads, 3 key/value heads, head dim 64), float32,
-blocks of 128 in a shuffled order. Two steps: a decoding step (one query for each of ``--requests`` sequences of
-``--length`` keys) and a prefill chunk (the last ``--chunk`` queries of one sequence). ``--layers`` caches, one per
-layer, are taken in turn, so that the keys come from memory as they do in a model, not from the last call's caches
-(``--layers 1``: warm). Interleaved rounds, medians; the ratios are against vLLM's kernel in the same run.
+:mod:`longreach.attention.paged` on the plain layout our backend writes (the call's Python included, and the step's
+layout, built once per step as the backend does). The default model's shape (bench/smollm2-135m.json: 9 query heads,
+3 key/value heads, head dim 64), float32, blocks of 128 in a shuffled order. Two steps: a decoding step (one query for
+each of ``--requests`` sequences of ``--length`` keys) and a prefill chunk (the last ``--chunk`` queries of one
+sequence). ``--layers`` caches, one per layer, are taken in turn, so that the keys come from memory as they do in a
+model, not from the last call's caches (``--layers 1``: warm). Interleaved rounds, medians; the ratios are against
+vLLM's kernel in the same run.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def main() -> None:
                 caches = stock if name == "vllm" else ours
                 start = time.perf_counter()
                 for layer in range(layers):
-                    call(*caches[layer])
+                    call(*caches[layer]) if name == "vllm" else call(*caches[layer], layer == 0)
                 if round:
                     times[name].append((time.perf_counter() - start) / layers)
         base = statistics.median(times["vllm"]) * 1e3
@@ -136,18 +137,19 @@ def _vllm_call(query, block_table, query_start, seq_lens, q_heads, kv_heads, dim
 
 def _longreach_call(name, query, block_table, query_start, seq_lens, dim):
     from longreach.attention.cells import lower
-    from longreach.attention.paged import KeyAngles, paged_attention
+    from longreach.attention.paged import KeyAngles, attend, step_layout
     from longreach.methods import create
 
     inv_freq = 1.0 / (SHAPE["rope_parameters"]["rope_theta"] ** (torch.arange(0, dim, 2).float() / dim))
     cells = lower(create(name, training_window=SHAPE["max_position_embeddings"]).parts(), None)
     angles = KeyAngles(inv_freq)
     output = torch.empty_like(query)
+    step = []
 
-    def call(key_cache, value_cache):
-        output[:] = paged_attention(
-            query, key_cache, value_cache, block_table, query_start, seq_lens, cells, inv_freq, dim**-0.5, angles
-        )
+    def call(key_cache, value_cache, first_layer=True):
+        if first_layer:  # the step's layout, which the backend builds once for the layers of a step
+            step[:] = [step_layout(block_table, query_start, seq_lens, len(query), cells, inv_freq, angles)]
+        output[:] = attend(query, key_cache, value_cache, step[0], dim**-0.5)
         return output
 
     return call

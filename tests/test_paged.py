@@ -8,7 +8,7 @@ from test_kernel import inv_freq_for
 from longreach.attention import reference
 from longreach.attention.backends import cpu_fused as native
 from longreach.attention.cells import key_views, lower
-from longreach.attention.paged import KeyAngles, paged_attention, token_positions
+from longreach.attention.paged import KeyAngles, attend, paged_attention, step_layout, token_positions
 from longreach.attention.rotary import apply_rotation, rotate
 from longreach.attention.shifts import shift_angles
 from longreach.methods import create
@@ -91,6 +91,21 @@ def test_every_method_matches_the_reference_for_a_mixed_batch(name, params, move
     )
     assert got.shape == query.shape and got.dtype == torch.float32
     assert (got - expected(method, raw, inv_freq, 0.3)).abs().max() <= 2e-5
+
+
+def test_one_step_layout_serves_every_layer():
+    """A step's layout holds nothing of a layer: two layers' caches and queries through one layout (as vLLM's layers
+    share a step's metadata) give what each gives alone, and its moved queries and key spans are exercised (DCA)."""
+    method = create("dca", training_window=600, chunk_size=200, local_window=20)
+    cells = lower(method.parts(), None)
+    raw, query, key_cache, value_cache, block_table, query_start, seq_lens, inv_freq = paged_case(128, torch.float32)
+    second = [(q * 0.5, k * 2, -v) for q, k, v in raw]  # another layer: rotation is linear, so its cache is scaled
+    layers = [(raw, query, key_cache, value_cache), (second, query * 0.5, key_cache * 2, -value_cache)]
+    angles = KeyAngles(inv_freq.float())
+    step = step_layout(block_table, query_start, seq_lens, int(query_start[-1]), cells, inv_freq.float(), angles)
+    for raw, query, key_cache, value_cache in layers:
+        got = attend(query, key_cache, value_cache, step, 0.3)
+        assert (got - expected(method, raw, inv_freq, 0.3)).abs().max() <= 2e-5
 
 
 @pytest.mark.parametrize("block_size, dtype, tolerance", [(16, torch.float32, 2e-5), (32, torch.bfloat16, 3e-2)])

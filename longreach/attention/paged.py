@@ -13,6 +13,7 @@ the key turned by ``s(j) theta``), or read from planes of moved keys written onc
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -49,6 +50,106 @@ def token_positions(query_start: torch.Tensor, seq_lens: torch.Tensor, tokens: i
     return index - query_start[:-1][request] + (seq_lens - q_lens)[request]
 
 
+@dataclass(frozen=True)
+class Step:
+    """What a call takes that depends on the step's requests and the method, not on the layer, built once by
+    :func:`step_layout` and shared by every layer of the step (vLLM hands them the same metadata)."""
+
+    views: int  # moved query views
+    view_cos: torch.Tensor | None  # [V, 1, T, P] float32
+    view_sin: torch.Tensor | None
+    key_cos: list[torch.Tensor]  # per key plane but the first: the angle table [N, P] its keys turn by, or empty
+    key_sin: list[torch.Tensor]
+    cell_table: torch.Tensor  # [cells, 5]: query view, key plane, lo, hi (-1: none), span (-1: none)
+    span_first: list[torch.Tensor]  # [T] key indices per span
+    span_stop: list[torch.Tensor]
+    sequences: torch.Tensor  # [B, 5]: q_start, q_len, offset, kv_len, first key
+    block_table: torch.Tensor  # [B, blocks per request] int64
+
+
+def step_layout(
+    block_table: torch.Tensor,
+    query_start: torch.Tensor,
+    seq_lens: torch.Tensor,
+    tokens: int,
+    cells: Sequence[Cell],
+    inv_freq: torch.Tensor,
+    key_angles: KeyAngles,
+    moved_keys: bool = False,
+) -> Step:
+    """The :class:`Step` of requests ``query_start``/``seq_lens`` (``tokens`` queries) under ``cells``; the keys a
+    part moves are turned by :class:`KeyAngles` tables as read, or read from planes of moved keys (``moved_keys``)."""
+    positions = token_positions(query_start, seq_lens, tokens)[None]  # [1, T]
+    views, view_of = query_views(cells)
+    shifts, key_of = key_views(cells)
+    view_cos = view_sin = None
+    if views:
+        cos, sin = view_angles(views, positions, inv_freq, torch.float32)  # [V, 1, 1, T, P]
+        view_cos, view_sin = cos[:, 0], sin[:, 0]
+    longest = int(seq_lens.max()) if len(seq_lens) else 1
+    none = torch.empty(0)
+    tables = [] if moved_keys else [key_angles.of(shift, longest) for shift in shifts]
+    key_cos = [t[0] for t in tables] if tables else [none] * len(shifts)
+    key_sin = [t[1] for t in tables] if tables else [none] * len(shifts)
+    table, span_first, span_stop = [], [], []
+    for cell, query_view, key_view in zip(cells, view_of, key_of):
+        span = -1
+        if cell.part.key_span is not None:  # key positions are key indices: clamped to the keys there are
+            first, stop = (bound.clamp(0, longest).to(torch.int64)[0].contiguous() for bound in cell.span(positions))
+            span_first.append(first)
+            span_stop.append(stop)
+            span = len(span_first) - 1
+        table.append((query_view, key_view, cell.lo, -1 if cell.hi is None else cell.hi, span))
+    q_lens = query_start[1:] - query_start[:-1]
+    sequences = torch.stack([query_start[:-1], q_lens, seq_lens - q_lens, seq_lens, torch.zeros_like(seq_lens)], dim=1)
+    return Step(
+        len(views),
+        view_cos,
+        view_sin,
+        key_cos,
+        key_sin,
+        torch.tensor(table, dtype=torch.int64).reshape(-1, 5),
+        span_first,
+        span_stop,
+        sequences.to(torch.int64).contiguous(),
+        block_table.to(torch.int64).contiguous(),
+    )
+
+
+def attend(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    step: Step,
+    scaling: float,
+    moved_key_caches: Sequence[torch.Tensor] = (),
+) -> torch.Tensor:
+    """One layer's attention of a step laid out by :func:`step_layout`: ``[T, Hq, Dv]`` float32 (see
+    :func:`paged_attention` for the arguments)."""
+    tokens = query.shape[0]
+    rows = query.transpose(0, 1).to(torch.float32).contiguous()  # [Hq, T, D]
+    queries = [rows]
+    if step.views:
+        queries += [moved.contiguous() for moved in apply_rotation(rows[None], step.view_cos, step.view_sin)]
+    none = torch.empty(0)
+    planes = [key_cache, *moved_key_caches] if moved_key_caches else [key_cache] * (1 + len(step.key_cos))
+    out, _ = _module().parts_attention(
+        queries,
+        planes,
+        [none, *step.key_cos],
+        [none, *step.key_sin],
+        value_cache,
+        step.block_table,
+        key_cache.shape[2],
+        step.sequences,
+        step.cell_table,
+        step.span_first,
+        step.span_stop,
+        float(scaling),
+    )
+    return out.transpose(0, 1)[:tokens]
+
+
 def paged_attention(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -62,7 +163,8 @@ def paged_attention(
     key_angles: KeyAngles,
     moved_key_caches: Sequence[torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Every request's attention under ``cells`` (:func:`.cells.lower` of a method's parts): ``[T, Hq, Dv]`` float32.
+    """Every request's attention under ``cells`` (:func:`.cells.lower` of a method's parts): ``[T, Hq, Dv]`` float32;
+    :func:`step_layout` then :func:`attend`, which a model's layers call with one layout per step.
 
     Args:
         query: ``[T, Hq, D]``, rotated at :func:`token_positions`.
@@ -73,47 +175,6 @@ def paged_attention(
         moved_key_caches: per key shift of :func:`.cells.key_views`, a cache of the keys already moved (laid out
             as ``key_cache``); ``None``: the kernel turns them as it reads them.
     """
-    tokens, q_heads, _ = query.shape
-    positions = token_positions(query_start, seq_lens, tokens)[None]  # [1, T]
-    views, view_of = query_views(cells)
-    shifts, key_of = key_views(cells)
-    rows = query.transpose(0, 1).to(torch.float32).contiguous()  # [Hq, T, D]
-    queries = [rows]
-    if views:
-        cos, sin = view_angles(views, positions, inv_freq, torch.float32)  # [V, 1, 1, T, P]
-        queries += [moved.contiguous() for moved in apply_rotation(rows[None], cos[:, 0], sin[:, 0])]
-    longest = int(seq_lens.max()) if len(seq_lens) else 1
-    if moved_key_caches is None:
-        tables = [key_angles.of(shift, longest) for shift in shifts]
-        planes, key_cos, key_sin = [key_cache] * (1 + len(shifts)), [t[0] for t in tables], [t[1] for t in tables]
-    else:
-        planes, key_cos, key_sin = [key_cache, *moved_key_caches], [], []
-    none = torch.empty(0)
-    table, span_first, span_stop = [], [], []
-    for cell, query_view, key_view in zip(cells, view_of, key_of):
-        span = -1
-        if cell.part.key_span is not None:  # key positions are key indices: clamped to the keys there are
-            first, stop = (bound.clamp(0, longest).to(torch.int64)[0].contiguous() for bound in cell.span(positions))
-            span_first.append(first)
-            span_stop.append(stop)
-            span = len(span_first) - 1
-        table.append((query_view, key_view, cell.lo, -1 if cell.hi is None else cell.hi, span))
-    q_lens = query_start[1:] - query_start[:-1]
-    sequences = torch.stack(
-        [query_start[:-1], q_lens, seq_lens - q_lens, seq_lens, torch.zeros_like(seq_lens)], dim=1
-    ).to(torch.int64)
-    out, _ = _module().parts_attention(
-        queries,
-        planes,
-        [none, *key_cos] if key_cos else [none] * len(planes),
-        [none, *key_sin] if key_sin else [none] * len(planes),
-        value_cache,
-        block_table.to(torch.int64).contiguous(),
-        key_cache.shape[2],
-        sequences.contiguous(),
-        torch.tensor(table, dtype=torch.int64).reshape(-1, 5),
-        span_first,
-        span_stop,
-        float(scaling),
-    )
-    return out.transpose(0, 1)[:tokens]
+    moved = moved_key_caches is not None
+    step = step_layout(block_table, query_start, seq_lens, query.shape[0], cells, inv_freq, key_angles, moved)
+    return attend(query, key_cache, value_cache, step, scaling, moved_key_caches or ())

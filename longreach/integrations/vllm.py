@@ -187,6 +187,7 @@ class LayerMethod:
     method: PositionMethod
     cells: list[Cell]
     inv_freq: torch.Tensor
+    signature: str  # equal for the layers whose record, window and head size are equal: they compute alike
 
 
 def layer_method(impl, window: int | None, problem_of: Callable[[list[Cell]], str | None] | None = None):
@@ -207,7 +208,9 @@ def layer_method(impl, window: int | None, problem_of: Callable[[list[Cell]], st
         problem = f"{method.name} on {type(impl).__name__}: {problem_of(cells)}"
     if problem:
         raise ValueError(problem)
-    return LayerMethod(method, cells, inverse_frequencies(hf_config, impl.head_size))
+    record = json.dumps(getattr(hf_config, CONFIG_KEY), sort_keys=True, default=str)
+    signature = f"{record} window={window} head_size={impl.head_size}"
+    return LayerMethod(method, cells, inverse_frequencies(hf_config, impl.head_size), signature)
 
 
 def inverse_frequencies(hf_config, head_size: int) -> torch.Tensor:

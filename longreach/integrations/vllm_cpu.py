@@ -3,8 +3,9 @@
 vLLM hands a layer every request of a step at once (:mod:`longreach.attention.paged` says how they are laid out).
 With a method, this backend writes keys and values into the cache in a plain ``[block, kv head, slot, D]`` layout
 (vLLM's CPU kernels may interleave theirs), and one call of longreach's CPU kernel computes every request's attention,
-reading the keys through the block table and turning the keys a part moves as it reads them. Without a method, every
-call is vLLM's own.
+reading the keys through the block table and turning the keys a part moves as it reads them. What a call needs from
+the step's requests alone (positions, the moved queries' angles, key spans, the kernel's tables) is laid out once per
+step and shared by the layers. Without a method, every call is vLLM's own.
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ from __future__ import annotations
 import torch
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 
-from ..attention.paged import KeyAngles, paged_attention
+from ..attention.paged import KeyAngles, Step, attend, step_layout
 from .vllm import layer_method
+
+# per layer signature (:class:`.vllm.LayerMethod`), the step in progress: its metadata and layout, shared by its layers
+STEPS: dict[str, tuple[object, Step]] = {}
 
 
 class LongreachCPUImpl(CPUAttentionBackendImpl):
@@ -45,20 +49,29 @@ class LongreachCPUImpl(CPUAttentionBackendImpl):
         if self.layer is None or attn_metadata is None:
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale, **kwargs)
         key_cache, value_cache = _planes(kv_cache)
-        tokens, requests = attn_metadata.num_actual_tokens, len(attn_metadata.query_start_loc) - 1
-        output[:tokens] = paged_attention(
-            query[:tokens],
-            key_cache,
-            value_cache,
-            attn_metadata.block_table[:requests],
-            attn_metadata.query_start_loc,
-            attn_metadata.seq_lens[:requests],
-            self.layer.cells,
-            self.layer.inv_freq,
-            self.scale,
-            self.key_angles,
-        ).to(output.dtype)
+        tokens = attn_metadata.num_actual_tokens
+        output[:tokens] = attend(query[:tokens], key_cache, value_cache, self._step(attn_metadata), self.scale).to(
+            output.dtype
+        )
         return output
+
+    def _step(self, attn_metadata) -> Step:
+        """The step's layout, built by the first layer of a step that computes alike and reused by the others (vLLM
+        hands every layer of a step the same metadata object; the last one is held, so its identity is not reused)."""
+        held = STEPS.get(self.layer.signature)
+        if held is None or held[0] is not attn_metadata:
+            requests = len(attn_metadata.query_start_loc) - 1
+            step = step_layout(
+                attn_metadata.block_table[:requests],
+                attn_metadata.query_start_loc,
+                attn_metadata.seq_lens[:requests],
+                attn_metadata.num_actual_tokens,
+                self.layer.cells,
+                self.layer.inv_freq,
+                self.key_angles,
+            )
+            held = STEPS[self.layer.signature] = (attn_metadata, step)
+        return held[1]
 
 
 def _planes(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
