@@ -55,8 +55,7 @@ class Step:
     """What a call takes that depends on the step's requests and the method, not on the layer, built once by
     :func:`step_layout` and shared by every layer of the step (vLLM hands them the same metadata)."""
 
-    views: int  # moved query views
-    view_cos: torch.Tensor | None  # [V, 1, T, P] float32
+    view_cos: torch.Tensor | None  # [V, 1, T, P] float32, the moved query views' angles (None: no view)
     view_sin: torch.Tensor | None
     key_cos: list[torch.Tensor]  # per key plane but the first: the angle table [N, P] its keys turn by, or empty
     key_sin: list[torch.Tensor]
@@ -103,7 +102,6 @@ def step_layout(
     q_lens = query_start[1:] - query_start[:-1]
     sequences = torch.stack([query_start[:-1], q_lens, seq_lens - q_lens, seq_lens, torch.zeros_like(seq_lens)], dim=1)
     return Step(
-        len(views),
         view_cos,
         view_sin,
         key_cos,
@@ -129,7 +127,7 @@ def attend(
     tokens = query.shape[0]
     rows = query.transpose(0, 1).to(torch.float32).contiguous()  # [Hq, T, D]
     queries = [rows]
-    if step.views:
+    if step.view_cos is not None:
         queries += [moved.contiguous() for moved in apply_rotation(rows[None], step.view_cos, step.view_sin)]
     none = torch.empty(0)
     planes = [key_cache, *moved_key_caches] if moved_key_caches else [key_cache] * (1 + len(step.key_cos))

@@ -204,8 +204,9 @@ def layer_method(impl, window: int | None, problem_of: Callable[[list[Cell]], st
         return None
     cells = lower(method.parts(), window)
     problem = engine_problem(vllm_config, impl.kv_cache_dtype)
-    if problem is None and problem_of is not None and problem_of(cells):
-        problem = f"{method.name} on {type(impl).__name__}: {problem_of(cells)}"
+    cells_problem = None if problem or problem_of is None else problem_of(cells)
+    if cells_problem:
+        problem = f"{method.name} on {type(impl).__name__}: {cells_problem}"
     if problem:
         raise ValueError(problem)
     record = json.dumps(getattr(hf_config, CONFIG_KEY), sort_keys=True, default=str)
