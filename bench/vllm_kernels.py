@@ -1,17 +1,18 @@
 """One layer's attention on vLLM's paged CPU cache: longreach's kernel for each method against vLLM's own CPU kernel.
 
     .venv-vllm/bin/python bench/vllm_kernels.py [--length 8192] [--requests 4] [--chunk 4096] [--layers 30]
-        [--methods rope,string,dca,rerope,self_extend] [--rounds 9] [--write]
+        [--methods rope,string,dca,rerope,self_extend] [--rounds 9] [--keys vllm|plain] [--write]
 
 Where bench/vllm_throughput.py times a whole engine, this times the one call a layer makes, as the backends make it:
-vLLM's ``cpu_attention_with_kv_cache`` on a cache its ``cpu_attn_reshape_and_cache`` wrote (its own layout), and
-:mod:`longreach.attention.paged` on the plain layout our backend writes (the call's Python included, and the step's
-layout, built once per step as the backend does). The default model's shape (bench/smollm2-135m.json: 9 query heads,
-3 key/value heads, head dim 64), float32, blocks of 128 in a shuffled order. Two steps: a decoding step (one query for
-each of ``--requests`` sequences of ``--length`` keys) and a prefill chunk (the last ``--chunk`` queries of one
-sequence). ``--layers`` caches, one per layer, are taken in turn, so that the keys come from memory as they do in a
-model, not from the last call's caches (``--layers 1``: warm). Interleaved rounds, medians; the ratios are against
-vLLM's kernel in the same run.
+vLLM's ``cpu_attention_with_kv_cache`` on a cache its ``cpu_attn_reshape_and_cache`` wrote (its "vec" layout: keys
+transposed per block), and :mod:`longreach.attention.paged` on the same cache, as our backend reads it in float32
+(``--keys plain``: on the plain layout it writes where vLLM's layout interleaves, as for bfloat16 on AMX), the call's
+Python included, and the step's layout, built once per step as the backend does. The default model's shape
+(bench/smollm2-135m.json: 9 query heads, 3 key/value heads, head dim 64), float32, blocks of 128 in a shuffled order.
+Two steps: a decoding step (one query for each of ``--requests`` sequences of ``--length`` keys) and a prefill chunk
+(the last ``--chunk`` queries of one sequence). ``--layers`` caches, one per layer, are taken in turn, so that the
+keys come from memory as they do in a model, not from the last call's caches (``--layers 1``: warm). Interleaved
+rounds, medians; the ratios are against vLLM's kernel in the same run.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--methods", default="rope,string,dca,rerope,self_extend")
     parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--keys", choices=["vllm", "plain"], default="vllm", help="the key layout longreach reads")
     parser.add_argument("--write", action="store_true", help="write the table into bench/RESULTS.md")
     args = parser.parse_args()
     q_heads, kv_heads = SHAPE["num_attention_heads"], SHAPE["num_key_value_heads"]
@@ -46,7 +48,9 @@ def main() -> None:
     block_table = torch.randperm(blocks, generator=g).view(args.requests, per_request).to(torch.int32)
     keys = [torch.randn(args.requests * args.length, kv_heads, dim, generator=g) for _ in range(2)]
     slots = (block_table.long()[:, :, None] * BLOCK + torch.arange(BLOCK)).view(args.requests, -1)[:, : args.length]
-    ours, stock = _caches(args.layers, blocks, kv_heads, dim, keys, slots.reshape(-1))
+    plain, stock = _caches(args.layers, blocks, kv_heads, dim, keys, slots.reshape(-1))
+    transposed = args.keys == "vllm"
+    ours = [(key.view(blocks, kv_heads, dim, BLOCK), value) for key, value in stock] if transposed else plain
     steps = {
         "decoding step": (args.requests, torch.arange(args.requests + 1), torch.full((args.requests,), args.length)),
         f"prefill of {args.chunk}": (args.chunk, torch.tensor([0, args.chunk]), torch.tensor([args.length])),
@@ -57,7 +61,7 @@ def main() -> None:
         table = block_table[: len(seq_lens)].contiguous()
         calls = {"vllm": _vllm_call(query, table, query_start.int(), seq_lens.int(), q_heads, kv_heads, dim)}
         for name in args.methods.split(","):
-            calls[name] = _longreach_call(name, query, table, query_start, seq_lens, dim)
+            calls[name] = _longreach_call(name, query, table, query_start, seq_lens, dim, transposed)
         if "rope" in calls:  # the same attention from the same keys: the two caches hold what they should
             difference = (calls["rope"](*ours[0]) - calls["vllm"](*stock[0])).abs().max().item()
             print(f"{step}: rope against vLLM's kernel, largest difference {difference:.1e}", flush=True)
@@ -84,34 +88,36 @@ def main() -> None:
 
         command = (
             f"`.venv-vllm/bin/python bench/vllm_kernels.py --length {args.length} --requests {args.requests} "
-            f"--chunk {args.chunk} --layers {args.layers} --methods {args.methods} --rounds {args.rounds}`"
+            f"--chunk {args.chunk} --layers {args.layers} --methods {args.methods} --rounds {args.rounds} "
+            f"--keys {args.keys}`"
         )
         header = (
             f"vLLM {__import__('vllm').__version__}; one layer of the default model's shape, float32, blocks of "
-            f"{BLOCK}; {args.layers} layers' caches taken in turn; {machine('cpu')}, {torch.get_num_threads()} threads."
+            f"{BLOCK}; longreach reads {'vLLM' if transposed else 'the plain'} layout; {args.layers} layers' caches "
+            f"taken in turn; {machine('cpu')}, {torch.get_num_threads()} threads."
         )
         write_section(
-            f"vLLM's CPU kernel against longreach's, {args.requests} x {args.length}",
+            f"vLLM's CPU kernel against longreach's, {args.requests} x {args.length}, {args.keys} keys",
             f"{command}\n\n{header}\n\n{table}",
         )
 
 
 def _caches(layers, blocks, kv_heads, dim, keys, slots):
-    """Per layer, ``(key, value)`` planes of the plain layout (ours) and of vLLM's, holding the same keys and values."""
+    """Per layer, ``(key, value)`` planes of the plain layout and of vLLM's, holding the same keys and values."""
     from vllm import _custom_ops as ops
 
-    ours, stock = [], []
+    plain, stock = [], []
     for _ in range(layers):
-        plain = torch.zeros(blocks, kv_heads, BLOCK, 2 * dim)
-        key, value = plain.view(blocks, kv_heads, 2 * BLOCK, dim).chunk(2, dim=2)
+        ours = torch.zeros(blocks, kv_heads, BLOCK, 2 * dim)
+        key, value = ours.view(blocks, kv_heads, 2 * BLOCK, dim).chunk(2, dim=2)
         key[slots // BLOCK, :, slots % BLOCK] = keys[0]
         value[slots // BLOCK, :, slots % BLOCK] = keys[1]
-        ours.append((key, value))
-        theirs = torch.zeros_like(plain)
+        plain.append((key, value))
+        theirs = torch.zeros_like(ours)
         key, value = theirs.view(blocks, kv_heads, 2 * BLOCK, dim).chunk(2, dim=2)
         ops.cpu_attn_reshape_and_cache(keys[0], keys[1], key, value, slots, "vec")
         stock.append((key, value))
-    return ours, stock
+    return plain, stock
 
 
 def _vllm_call(query, block_table, query_start, seq_lens, q_heads, kv_heads, dim):
@@ -135,7 +141,7 @@ def _vllm_call(query, block_table, query_start, seq_lens, q_heads, kv_heads, dim
     return call
 
 
-def _longreach_call(name, query, block_table, query_start, seq_lens, dim):
+def _longreach_call(name, query, block_table, query_start, seq_lens, dim, transposed):
     from longreach.attention.cells import lower
     from longreach.attention.paged import KeyAngles, attend, step_layout
     from longreach.methods import create
@@ -148,7 +154,11 @@ def _longreach_call(name, query, block_table, query_start, seq_lens, dim):
 
     def call(key_cache, value_cache, first_layer=True):
         if first_layer:  # the step's layout, which the backend builds once for the layers of a step
-            step[:] = [step_layout(block_table, query_start, seq_lens, len(query), cells, inv_freq, angles)]
+            step[:] = [
+                step_layout(
+                    block_table, query_start, seq_lens, len(query), cells, inv_freq, angles, keys_transposed=transposed
+                )
+            ]
         output[:] = attend(query, key_cache, value_cache, step[0], dim**-0.5)
         return output
 

@@ -30,10 +30,10 @@ METHODS = [
 REQUESTS = [(700, 700), (1300, 37), (520, 1), (90, 90), (1100, 1), (33, 5)]
 
 
-def paged_case(block_size, dtype, q_heads=4, kv_heads=2, dim=16, seed=0):
+def paged_case(block_size, dtype, q_heads=4, kv_heads=2, dim=16, rotary_dims=16, seed=0):
     """Raw q/k/v per request, the rotated queries concatenated, and a cache whose blocks are shuffled."""
     g = torch.Generator().manual_seed(seed)
-    inv_freq = inv_freq_for(dim)
+    inv_freq = inv_freq_for(rotary_dims)
     raw, rotated_queries, tables = [], [], []
     blocks_needed = [-(-n // block_size) for n, _ in REQUESTS]
     order = torch.randperm(sum(blocks_needed) + 3, generator=g)  # 3 blocks no request owns
@@ -76,9 +76,10 @@ def expected(method, raw, inv_freq, scaling):
 
 @pytest.mark.parametrize("name, params", METHODS)
 @pytest.mark.parametrize("moved", ["turned as read", "planes"])
-def test_every_method_matches_the_reference_for_a_mixed_batch(name, params, moved):
+@pytest.mark.parametrize("keys", ["plain", "transposed"])
+def test_every_method_matches_the_reference_for_a_mixed_batch(name, params, moved, keys):
     """Block size 128 (vLLM's CPU default), GQA 4:2, six requests of every kind in one call; moved keys turned by the
-    kernel or read from planes of keys moved once."""
+    kernel or read from planes of keys moved once; the key cache plain or transposed (vLLM's "vec" layout)."""
     method = create(name, training_window=600, **params)
     raw, query, key_cache, value_cache, block_table, query_start, seq_lens, inv_freq = paged_case(128, torch.float32)
     cells = lower(method.parts(), None)
@@ -86,9 +87,13 @@ def test_every_method_matches_the_reference_for_a_mixed_batch(name, params, move
     planes = None
     if moved == "planes":
         planes = [_moved_plane(key_cache, block_table, seq_lens, shift, inv_freq) for shift in key_views(cells)[0]]
+    transposed = keys == "transposed"
+    if transposed:
+        key_cache = key_cache.transpose(2, 3).contiguous()
     got = paged_attention(
-        query, key_cache, value_cache, block_table, query_start, seq_lens, cells, inv_freq.float(), 0.3, angles, planes
-    )
+        query, key_cache, value_cache, block_table, query_start, seq_lens, cells, inv_freq.float(), 0.3, angles, planes,
+        transposed,
+    )  # fmt: skip
     assert got.shape == query.shape and got.dtype == torch.float32
     assert (got - expected(method, raw, inv_freq, 0.3)).abs().max() <= 2e-5
 
@@ -109,13 +114,34 @@ def test_one_step_layout_serves_every_layer():
 
 
 @pytest.mark.parametrize("block_size, dtype, tolerance", [(16, torch.float32, 2e-5), (32, torch.bfloat16, 3e-2)])
-def test_small_blocks_and_a_bfloat16_cache(block_size, dtype, tolerance):
-    """Blocks narrower than the kernel's key tiles and edges; a cache in bfloat16 read as float32."""
+@pytest.mark.parametrize("transposed", [False, True])
+def test_small_blocks_and_a_bfloat16_cache(block_size, dtype, tolerance, transposed):
+    """Blocks narrower than the kernel's key tiles and edges; a cache in bfloat16 read as float32; plain or
+    transposed keys."""
     method = create("dca", training_window=600, chunk_size=200, local_window=20)
     raw, query, key_cache, value_cache, block_table, query_start, seq_lens, inv_freq = paged_case(block_size, dtype)
+    if transposed:
+        key_cache = key_cache.transpose(2, 3).contiguous()
     got = paged_attention(
         query, key_cache, value_cache, block_table, query_start, seq_lens, lower(method.parts(), None),
-        inv_freq.float(), 0.3, KeyAngles(inv_freq.float()),
+        inv_freq.float(), 0.3, KeyAngles(inv_freq.float()), None, transposed,
+    )  # fmt: skip
+    assert (got - expected(method, raw, inv_freq, 0.3)).abs().max() <= tolerance
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 2e-5), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_turned_keys_keep_the_dimensions_past_the_rotary_pairs(dtype, tolerance, transposed):
+    """Partial rotary (8 of 16 dimensions turn): a key turned as it is read keeps its other 8 as they are."""
+    method = create("self_extend", training_window=600, group_size=3, neighbor_window=40)
+    raw, query, key_cache, value_cache, block_table, query_start, seq_lens, inv_freq = paged_case(
+        128, dtype, rotary_dims=8
+    )
+    if transposed:
+        key_cache = key_cache.transpose(2, 3).contiguous()
+    got = paged_attention(
+        query, key_cache, value_cache, block_table, query_start, seq_lens, lower(method.parts(), None),
+        inv_freq.float(), 0.3, KeyAngles(inv_freq.float()), None, transposed,
     )  # fmt: skip
     assert (got - expected(method, raw, inv_freq, 0.3)).abs().max() <= tolerance
 
@@ -149,6 +175,8 @@ def test_key_angles_grow_and_keep_their_rows():
     small = angles.of(shift, 100)[0].clone()
     large = angles.of(shift, 1000)[0]
     assert small.shape[0] == 128 and large.shape[0] == 1024 and torch.equal(large[:128], small)
+    transposed = angles.of(shift, 1000, transposed=True)[0]
+    assert transposed.is_contiguous() and torch.equal(transposed, large.T)
 
 
 def _moved_plane(key_cache, block_table, seq_lens, shift, inv_freq):

@@ -9,6 +9,9 @@ The kernel (``csrc/parts.cpp``) reads the keys through the block table itself: n
 requests. Keys a part moves by a per-token shift (ReRoPE, Self-Extend, DCA, DPE) are turned as they are read, by an
 angle table per key index that :class:`KeyAngles` keeps (Su et al. 2021, Eq. 34: a key at ``j`` moved by ``s(j)`` is
 the key turned by ``s(j) theta``), or read from planes of moved keys written once when the keys were cached.
+
+The key cache is ``[blocks, Hkv, block size, D]``, or *transposed*, ``[blocks, Hkv, D, block size]``: vLLM's CPU
+cache for its "vec" kernels, which its own writer fills, and whose key blocks the kernel multiplies in place.
 """
 
 from __future__ import annotations
@@ -25,19 +28,21 @@ from .shifts import shift_angles
 
 
 class KeyAngles:
-    """``(cos, sin) [N, P]`` float32 of each per-token key shift at key indices ``0 .. N - 1``, kept and grown by
-    doubling (a shift depends on the key's index alone, so the first ``N`` rows never change)."""
+    """``(cos, sin) [N, P]`` float32 of each per-token key shift at key indices ``0 .. N - 1`` (``[P, N]`` for a
+    transposed cache), kept and grown by doubling (a shift depends on the key's index alone, so the first ``N`` keys'
+    angles never change)."""
 
     def __init__(self, inv_freq: torch.Tensor):
         self.inv_freq = inv_freq
-        self.tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.tables: dict[tuple[int, bool], tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def of(self, shift, keys: int) -> tuple[torch.Tensor, torch.Tensor]:
-        table = self.tables.get(id(shift))
-        if table is None or table[0].shape[0] < keys:
+    def of(self, shift, keys: int, transposed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        table = self.tables.get((id(shift), transposed))
+        if table is None or table[0].shape[-1 if transposed else 0] < keys:
             size = 1 << max(keys - 1, 1).bit_length()
             cos, sin = shift_angles(shift, torch.arange(size)[None], self.inv_freq, torch.float32)
-            table = self.tables[id(shift)] = (cos[0, 0].contiguous(), sin[0, 0].contiguous())
+            cos, sin = (x[0, 0].T if transposed else x[0, 0] for x in (cos, sin))
+            table = self.tables[id(shift), transposed] = (cos.contiguous(), sin.contiguous())
         return table
 
 
@@ -64,6 +69,7 @@ class Step:
     span_stop: list[torch.Tensor]
     sequences: torch.Tensor  # [B, 5]: q_start, q_len, offset, kv_len, first key
     block_table: torch.Tensor  # [B, blocks per request] int64
+    keys_transposed: bool  # the key cache is [blocks, Hkv, D, block size]
 
 
 def step_layout(
@@ -75,9 +81,11 @@ def step_layout(
     inv_freq: torch.Tensor,
     key_angles: KeyAngles,
     moved_keys: bool = False,
+    keys_transposed: bool = False,
 ) -> Step:
     """The :class:`Step` of requests ``query_start``/``seq_lens`` (``tokens`` queries) under ``cells``; the keys a
-    part moves are turned by :class:`KeyAngles` tables as read, or read from planes of moved keys (``moved_keys``)."""
+    part moves are turned by :class:`KeyAngles` tables as read, or read from planes of moved keys (``moved_keys``);
+    ``keys_transposed``: the key cache the layers hand :func:`attend` is transposed."""
     positions = token_positions(query_start, seq_lens, tokens)[None]  # [1, T]
     views, view_of = query_views(cells)
     shifts, key_of = key_views(cells)
@@ -87,7 +95,7 @@ def step_layout(
         view_cos, view_sin = cos[:, 0], sin[:, 0]
     longest = int(seq_lens.max()) if len(seq_lens) else 1
     none = torch.empty(0)
-    tables = [] if moved_keys else [key_angles.of(shift, longest) for shift in shifts]
+    tables = [] if moved_keys else [key_angles.of(shift, longest, keys_transposed) for shift in shifts]
     key_cos = [t[0] for t in tables] if tables else [none] * len(shifts)
     key_sin = [t[1] for t in tables] if tables else [none] * len(shifts)
     table, span_first, span_stop = [], [], []
@@ -111,6 +119,7 @@ def step_layout(
         span_stop,
         sequences.to(torch.int64).contiguous(),
         block_table.to(torch.int64).contiguous(),
+        keys_transposed,
     )
 
 
@@ -130,15 +139,18 @@ def attend(
     if step.view_cos is not None:
         queries += [moved.contiguous() for moved in apply_rotation(rows[None], step.view_cos, step.view_sin)]
     none = torch.empty(0)
-    planes = [key_cache, *moved_key_caches] if moved_key_caches else [key_cache] * (1 + len(step.key_cos))
+    moved = len(moved_key_caches)
+    planes = [key_cache, *moved_key_caches] if moved else [key_cache] * (1 + len(step.key_cos))
+    transposed = [step.keys_transposed] + [step.keys_transposed and not moved] * (len(planes) - 1)
     out, _ = _module().parts_attention(
         queries,
         planes,
+        transposed,
         [none, *step.key_cos],
         [none, *step.key_sin],
         value_cache,
         step.block_table,
-        key_cache.shape[2],
+        value_cache.shape[2],
         step.sequences,
         step.cell_table,
         step.span_first,
@@ -160,19 +172,23 @@ def paged_attention(
     scaling: float,
     key_angles: KeyAngles,
     moved_key_caches: Sequence[torch.Tensor] | None = None,
+    keys_transposed: bool = False,
 ) -> torch.Tensor:
     """Every request's attention under ``cells`` (:func:`.cells.lower` of a method's parts): ``[T, Hq, Dv]`` float32;
     :func:`step_layout` then :func:`attend`, which a model's layers call with one layout per step.
 
     Args:
         query: ``[T, Hq, D]``, rotated at :func:`token_positions`.
-        key_cache, value_cache: ``[blocks, Hkv, block size, D]``, dense per head (float32, bfloat16 or float16).
+        key_cache, value_cache: ``[blocks, Hkv, block size, D]``, dense per head (float32, bfloat16 or float16);
+            the key cache ``[blocks, Hkv, D, block size]`` where ``keys_transposed``.
         block_table: ``[B, blocks per request]``; ``query_start [B + 1]``; ``seq_lens [B]`` (CPU tensors).
         inv_freq: the rotary frequencies ``[P]``; ``scaling``: the logits' scale.
         key_angles: the key shifts' angle tables, kept across calls.
         moved_key_caches: per key shift of :func:`.cells.key_views`, a cache of the keys already moved (laid out
-            as ``key_cache``); ``None``: the kernel turns them as it reads them.
+            as ``value_cache``, not transposed); ``None``: the kernel turns them as it reads them.
     """
     moved = moved_key_caches is not None
-    step = step_layout(block_table, query_start, seq_lens, query.shape[0], cells, inv_freq, key_angles, moved)
+    step = step_layout(
+        block_table, query_start, seq_lens, query.shape[0], cells, inv_freq, key_angles, moved, keys_transposed
+    )
     return attend(query, key_cache, value_cache, step, scaling, moved_key_caches or ())

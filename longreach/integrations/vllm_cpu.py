@@ -1,11 +1,13 @@
 """vLLM's CPU attention backend, with longreach's kernel where the model's config records a method (:mod:`.vllm`).
 
 vLLM hands a layer every request of a step at once (:mod:`longreach.attention.paged` says how they are laid out).
-With a method, this backend writes keys and values into the cache in a plain ``[block, kv head, slot, D]`` layout
-(vLLM's CPU kernels may interleave theirs), and one call of longreach's CPU kernel computes every request's attention,
-reading the keys through the block table and turning the keys a part moves as it reads them. What a call needs from
-the step's requests alone (positions, the moved queries' angles, key spans, the kernel's tables) is laid out once per
-step and shared by the layers. Without a method, every call is vLLM's own.
+With a method, one call of longreach's CPU kernel computes every request's attention, reading the keys through the
+block table and turning the keys a part moves as it reads them. The cache keeps vLLM's layout where the kernel reads it:
+with vLLM's "vec" kernels (float32, and any dtype on a CPU without AMX) each block's keys are stored transposed and its
+values plain, and vLLM's own writer fills it. Its other layouts (AMX's for bfloat16, Arm's, ...) interleave keys or
+values, so there this backend writes both in the plain ``[block, kv head, slot, D]`` layout. What a call needs from the
+step's requests alone (positions, the moved queries' angles, key spans, the kernel's tables) is laid out once per step
+and shared by the layers. Without a method, every call is vLLM's own.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentio
 from ..attention.paged import KeyAngles, Step, attend, step_layout
 from .vllm import layer_method
 
-# per layer signature (:class:`.vllm.LayerMethod`), the step in progress: its metadata and layout, shared by its layers
-STEPS: dict[str, tuple[object, Step]] = {}
+# per layer signature (:class:`.vllm.LayerMethod`) and key layout, the step in progress: its metadata and layout
+STEPS: dict[tuple[str, bool], tuple[object, Step]] = {}
+# vLLM's CPU kernels whose cache layout the kernel reads: keys transposed per block, values plain
+TRANSPOSED_KEYS = ("vec", "vec16")
 
 
 class LongreachCPUImpl(CPUAttentionBackendImpl):
@@ -31,8 +35,9 @@ class LongreachCPUImpl(CPUAttentionBackendImpl):
             self.key_angles = KeyAngles(self.layer.inv_freq)
 
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
-        """Keys and values into their slots (``slot_mapping``; -1: a padding token), in the plain layout."""
-        if self.layer is None:
+        """Keys and values into their slots (``slot_mapping``; -1: a padding token): by vLLM where the kernel reads its
+        layout, else in the plain layout."""
+        if self.layer is None or layer.isa in TRANSPOSED_KEYS:
             return super().do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)
         key_cache, value_cache = _planes(kv_cache)
         block_size = key_cache.shape[2]
@@ -49,16 +54,18 @@ class LongreachCPUImpl(CPUAttentionBackendImpl):
         if self.layer is None or attn_metadata is None:
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale, **kwargs)
         key_cache, value_cache = _planes(kv_cache)
+        transposed = layer.isa in TRANSPOSED_KEYS
+        if transposed:
+            key_cache = key_cache.view(*key_cache.shape[:2], key_cache.shape[3], key_cache.shape[2])
         tokens = attn_metadata.num_actual_tokens
-        output[:tokens] = attend(query[:tokens], key_cache, value_cache, self._step(attn_metadata), self.scale).to(
-            output.dtype
-        )
+        step = self._step(attn_metadata, transposed)
+        output[:tokens] = attend(query[:tokens], key_cache, value_cache, step, self.scale).to(output.dtype)
         return output
 
-    def _step(self, attn_metadata) -> Step:
+    def _step(self, attn_metadata, keys_transposed: bool) -> Step:
         """The step's layout, built by the first layer of a step that computes alike and reused by the others (vLLM
         hands every layer of a step the same metadata object; the last one is held, so its identity is not reused)."""
-        held = STEPS.get(self.layer.signature)
+        held = STEPS.get((self.layer.signature, keys_transposed))
         if held is None or held[0] is not attn_metadata:
             requests = len(attn_metadata.query_start_loc) - 1
             step = step_layout(
@@ -69,14 +76,15 @@ class LongreachCPUImpl(CPUAttentionBackendImpl):
                 self.layer.cells,
                 self.layer.inv_freq,
                 self.key_angles,
+                keys_transposed=keys_transposed,
             )
-            held = STEPS[self.layer.signature] = (attn_metadata, step)
+            held = STEPS[self.layer.signature, keys_transposed] = (attn_metadata, step)
         return held[1]
 
 
 def _planes(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """vLLM's CPU cache ``[blocks, kv heads, block size, ...]`` as its key and value planes ``[blocks, Hkv, slot,
-    D]``."""
+    D]`` (vLLM's own view; a transposed key plane's memory is ``[blocks, Hkv, D, slot]``)."""
     blocks, kv_heads, block_size, _ = kv_cache.shape
     return kv_cache.view(blocks, kv_heads, 2 * block_size, -1).chunk(2, dim=2)
 

@@ -224,6 +224,7 @@ def parts_attention(
     out, lse = _module().parts_attention(
         [as_input(q.transpose(0, 1)).reshape(q_heads, batch * q_len, -1) for q in queries],
         [as_input(k) for k in keys],
+        [False] * len(keys),
         no_angles,
         no_angles,
         as_input(value),

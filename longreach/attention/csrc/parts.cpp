@@ -66,8 +66,8 @@ void attend(Rows& rows, const float* q, const Plane& key, const Plane& value, co
             int64_t s, int64_t e, bool cut) {
   const int64_t height = r1 - r0, width = e - s, d = key.width, dv = value.width;
   float* scores = rows.scores.data();
-  const float* k = rows_of(key, keys.blocks, keys.block_size, keys.head, s, e, rows.keys.data());
-  gemm('T', 'N', width, height, d, scale, k, d, q + r0 * d, d, 0.f, scores, width);  // row-major [height, width]
+  const Tile k = rows_of(key, keys.blocks, keys.block_size, keys.head, s, e, rows.keys.data());
+  gemm(k.transposed ? 'N' : 'T', 'N', width, height, d, scale, k.data, k.ld, q + r0 * d, d, 0.f, scores, width);  // row-major [height, width]
   for (int64_t r = 0; r < height; ++r) {
     float* row = scores + r * width;
     const int64_t t = r0 + r;
@@ -88,8 +88,8 @@ void attend(Rows& rows, const float* q, const Plane& key, const Plane& value, co
       for (int64_t c = 0; c < dv; ++c) out[c] *= rescale;
     }
   }
-  const float* v = rows_of(value, keys.blocks, keys.block_size, keys.head, s, e, rows.values.data());
-  gemm('N', 'N', dv, height, width, 1.f, v, dv, scores, width, 1.f, rows.out.data() + r0 * dv, dv);
+  const Tile v = rows_of(value, keys.blocks, keys.block_size, keys.head, s, e, rows.values.data());
+  gemm('N', 'N', dv, height, width, 1.f, v.data, v.ld, scores, width, 1.f, rows.out.data() + r0 * dv, dv);
 }
 
 // One cell for one task's tile: each row's keys (distance bounds, span, padding, the task's split of the keys), then
@@ -182,23 +182,26 @@ struct Task {
   bool packed;
 };
 
-Plane plane_of(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+// A plane [blocks, heads, slots, width] dense per head, or [blocks, heads, width, slots] where transposed; its angle
+// table (none: empty) is [N, P], or [P, N] where transposed.
+Plane plane_of(const at::Tensor& x, bool transposed, const at::Tensor& cos, const at::Tensor& sin) {
   TORCH_CHECK(x.dim() == 4 && x.stride(3) == 1 && x.stride(2) == x.size(3), "a plane is [blocks, heads, slots, width], dense per head");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf, "planes are float32, bfloat16 or float16");
-  Plane plane{x.data_ptr(), x.scalar_type(), x.stride(0), x.stride(1), x.size(3)};
+  Plane plane{x.data_ptr(), x.scalar_type(), x.stride(0), x.stride(1), x.size(transposed ? 2 : 3), transposed};
   if (cos.defined() && cos.numel() > 0) {
     plane.cos = cos.data_ptr<float>();
     plane.sin = sin.data_ptr<float>();
-    plane.pairs = cos.size(1);
+    plane.pairs = cos.size(transposed ? 0 : 1);
+    plane.angle_stride = cos.size(1);
   }
   return plane;
 }
 
 // cell_table [cells, 5]: query view, key view, lo, hi (-1: none), span (-1: none; else an index of span_first, span_stop).
-// key_cos, key_sin: per key plane, its angle table [N, P] or an empty tensor. sequences [B, 5]: q_start, q_len, offset,
-// kv_len, first_key.
+// keys_transposed: per key plane, whether it is transposed (plane_of); key_cos, key_sin: per key plane, its angle table
+// or an empty tensor. The value plane is never transposed. sequences [B, 5]: q_start, q_len, offset, kv_len, first_key.
 std::vector<at::Tensor> parts_attention(const std::vector<at::Tensor>& queries, const std::vector<at::Tensor>& keys,
-                                        const std::vector<at::Tensor>& key_cos, const std::vector<at::Tensor>& key_sin, const at::Tensor& value,
+                                        const std::vector<bool>& keys_transposed, const std::vector<at::Tensor>& key_cos, const std::vector<at::Tensor>& key_sin, const at::Tensor& value,
                                         const at::Tensor& block_table, int64_t block_size, const at::Tensor& sequences,
                                         const at::Tensor& cell_table, const std::vector<at::Tensor>& span_first,
                                         const std::vector<at::Tensor>& span_stop, double scaling) {
@@ -215,8 +218,8 @@ std::vector<at::Tensor> parts_attention(const std::vector<at::Tensor>& queries, 
   std::vector<const float*> q_data;
   for (const auto& q : queries) q_data.push_back(q.data_ptr<float>());
   std::vector<Plane> key_planes;
-  for (size_t p = 0; p < keys.size(); ++p) key_planes.push_back(plane_of(keys[p], key_cos.at(p), key_sin.at(p)));
-  const Plane value_plane = plane_of(value, at::Tensor(), at::Tensor());
+  for (size_t p = 0; p < keys.size(); ++p) key_planes.push_back(plane_of(keys[p], keys_transposed.at(p), key_cos.at(p), key_sin.at(p)));
+  const Plane value_plane = plane_of(value, false, at::Tensor(), at::Tensor());
   const int64_t* blocks = block_table.data_ptr<int64_t>();
   const int64_t blocks_per_sequence = block_table.size(1), batch = sequences.size(0);
   auto sequence = sequences.accessor<int64_t, 2>();

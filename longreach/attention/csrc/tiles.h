@@ -68,16 +68,26 @@ inline float exponentiate(float* x, int64_t n, float shift) {
 }
 
 // A plane of keys or values, [blocks, heads, slots, width] with the last two dense (a paged cache such as vLLM's, or
-// one block per sequence), in float32, bfloat16 or float16, read through a sequence's block table. A key plane may
-// carry an angle table, cos and sin [N, P] per key index: its keys are then rotated as they are read (a per-token key
-// shift, Su et al. 2021, Eq. 34: the pairs (x_c, x_{c+P}) turned by the key's angles), instead of stored moved.
+// one block per sequence), in float32, bfloat16 or float16, read through a sequence's block table. A *transposed*
+// plane holds each block's keys as [width, slots] (vLLM's CPU cache for its "vec" kernels), so that a key block's
+// scores are one product with no copy. A key plane may carry an angle table, cos and sin per key index and pair
+// ([N, P]; [P, N] for a transposed plane): its keys are then rotated as they are read (a per-token key shift, Su et
+// al. 2021, Eq. 34: the pairs (x_c, x_{c+P}) turned by the key's angles), instead of stored moved.
 struct Plane {
   const void* data;
   at::ScalarType dtype;
   int64_t block_stride, head_stride, width;
+  bool transposed = false;
   const float* cos = nullptr;
   const float* sin = nullptr;
-  int64_t pairs = 0;
+  int64_t pairs = 0, angle_stride = 0;  // angle_stride: between pairs of a transposed plane's table, else between keys
+};
+
+// Rows of a plane read as float32: key j's column c at data[j * ld + c], or at data[c * ld + j] where transposed.
+struct Tile {
+  const float* data;
+  int64_t ld;
+  bool transposed;
 };
 
 template <typename T>
@@ -85,46 +95,80 @@ void to_float(const T* x, float* y, int64_t n) {
   at::vec::convert(x, y, n);
 }
 
-// Rows [s, e) of one head of a plane as float32 rows of the plane's width: a pointer into the plane where they lie in
-// one block and nothing is converted or rotated, else into `buffer`, gathered block by block.
-inline const float* rows_of(const Plane& plane, const int64_t* blocks, int64_t block_size, int64_t head, int64_t s, int64_t e,
-                            float* buffer) {
-  auto at = [&](int64_t j) { return blocks[j / block_size] * plane.block_stride + head * plane.head_stride + (j % block_size) * plane.width; };
-  if (plane.dtype == at::kFloat && plane.cos == nullptr && s / block_size == (e - 1) / block_size) {
-    return static_cast<const float*>(plane.data) + at(s);
+inline void copy_float(const Plane& plane, int64_t from, float* to, int64_t n) {
+  if (plane.dtype == at::kFloat) {
+    std::copy_n(static_cast<const float*>(plane.data) + from, n, to);
+  } else if (plane.dtype == at::kBFloat16) {
+    to_float(static_cast<const at::BFloat16*>(plane.data) + from, to, n);
+  } else {
+    to_float(static_cast<const at::Half*>(plane.data) + from, to, n);
   }
+}
+
+// (a, b) turned by the angles, into (to_a, to_b), over n lanes: one rotation pair of several keys, or several pairs of
+// one key (to_a may be a, to_b b).
+inline void turn(const float* a_lanes, const float* b_lanes, float* to_a, float* to_b, const float* cos, const float* sin, int64_t n) {
+  const int64_t lanes = n - n % Vec::size();
+  for (int64_t c = 0; c < lanes; c += Vec::size()) {
+    const Vec a = Vec::loadu(a_lanes + c), b = Vec::loadu(b_lanes + c), cs = Vec::loadu(cos + c), sn = Vec::loadu(sin + c);
+    (a * cs - b * sn).store(to_a + c);
+    (b * cs + a * sn).store(to_b + c);
+  }
+  for (int64_t c = lanes; c < n; ++c) {
+    const float a = a_lanes[c], b = b_lanes[c];
+    to_a[c] = a * cos[c] - b * sin[c];
+    to_b[c] = b * cos[c] + a * sin[c];
+  }
+}
+
+// Rows [s, e) of one head of a plane as float32, laid out as the plane lays them: in place where they lie in one block
+// and nothing is converted or rotated, else in `buffer`, gathered block by block ([e - s, width], or [width, e - s]
+// for a transposed plane).
+inline Tile rows_of(const Plane& plane, const int64_t* blocks, int64_t block_size, int64_t head, int64_t s, int64_t e, float* buffer) {
+  const int64_t n = e - s, width = plane.width;
+  auto block_at = [&](int64_t j) { return blocks[j / block_size] * plane.block_stride + head * plane.head_stride; };
+  if (plane.dtype == at::kFloat && plane.cos == nullptr && s / block_size == (e - 1) / block_size) {
+    const float* data = static_cast<const float*>(plane.data) + block_at(s);
+    return plane.transposed ? Tile{data + s % block_size, block_size, true} : Tile{data + (s % block_size) * width, width, false};
+  }
+  const int64_t pairs = plane.pairs;
+  const bool turned = plane.cos != nullptr, fused = turned && plane.dtype == at::kFloat;  // float32: turned as copied
+  const float* source = static_cast<const float*>(plane.data);
   for (int64_t j = s, stop; j < e; j = stop) {
     stop = std::min(e, (j / block_size + 1) * block_size);
-    float* to = buffer + (j - s) * plane.width;
-    const int64_t n = (stop - j) * plane.width;
-    if (plane.dtype == at::kFloat) {
-      std::copy_n(static_cast<const float*>(plane.data) + at(j), n, to);
-    } else if (plane.dtype == at::kBFloat16) {
-      to_float(static_cast<const at::BFloat16*>(plane.data) + at(j), to, n);
+    const int64_t from = block_at(j), keys = stop - j;
+    if (plane.transposed && fused) {  // pair c of these keys: rows c and c + P, their angles contiguous
+      for (int64_t c = 0; c < pairs; ++c) {
+        const float* a = source + from + c * block_size + j % block_size;
+        const int64_t angle = c * plane.angle_stride + j;
+        turn(a, a + pairs * block_size, buffer + c * n + (j - s), buffer + (c + pairs) * n + (j - s), plane.cos + angle, plane.sin + angle, keys);
+      }
+    }
+    if (plane.transposed) {  // the columns not turned here (past the rotary pairs, or all)
+      for (int64_t c = fused ? 2 * pairs : 0; c < width; ++c) copy_float(plane, from + c * block_size + j % block_size, buffer + c * n + (j - s), keys);
+    } else if (fused) {  // key i's pairs: the two halves of its row
+      for (int64_t i = j; i < stop; ++i) {
+        const float* a = source + from + (i % block_size) * width;
+        float* to = buffer + (i - s) * width;
+        turn(a, a + pairs, to, to + pairs, plane.cos + i * plane.angle_stride, plane.sin + i * plane.angle_stride, pairs);
+        std::copy(a + 2 * pairs, a + width, to + 2 * pairs);
+      }
     } else {
-      to_float(static_cast<const at::Half*>(plane.data) + at(j), to, n);
+      copy_float(plane, from + (j % block_size) * width, buffer + (j - s) * width, keys * width);
     }
   }
-  if (plane.cos != nullptr) {
-    const int64_t pairs = plane.pairs, lanes = pairs - pairs % Vec::size();
-    for (int64_t j = s; j < e; ++j) {
-      float* x1 = buffer + (j - s) * plane.width;
-      float* x2 = x1 + pairs;
-      const float* cos = plane.cos + j * pairs;
-      const float* sin = plane.sin + j * pairs;
-      for (int64_t c = 0; c < lanes; c += Vec::size()) {
-        const Vec a = Vec::loadu(x1 + c), b = Vec::loadu(x2 + c), cs = Vec::loadu(cos + c), sn = Vec::loadu(sin + c);
-        (a * cs - b * sn).store(x1 + c);
-        (b * cs + a * sn).store(x2 + c);
-      }
-      for (int64_t c = lanes; c < pairs; ++c) {
-        const float a = x1[c], b = x2[c];
-        x1[c] = a * cos[c] - b * sin[c];
-        x2[c] = b * cos[c] + a * sin[c];
-      }
+  if (turned && !fused && plane.transposed) {
+    for (int64_t c = 0; c < pairs; ++c) {
+      float *a = buffer + c * n, *b = buffer + (c + pairs) * n;
+      turn(a, b, a, b, plane.cos + c * plane.angle_stride + s, plane.sin + c * plane.angle_stride + s, n);
+    }
+  } else if (turned && !fused) {
+    for (int64_t i = s; i < e; ++i) {
+      float* row = buffer + (i - s) * width;
+      turn(row, row + pairs, row, row + pairs, plane.cos + i * plane.angle_stride, plane.sin + i * plane.angle_stride, pairs);
     }
   }
-  return buffer;
+  return Tile{buffer, plane.transposed ? n : width, plane.transposed};
 }
 
 }  // namespace longreach
