@@ -218,7 +218,10 @@ std::vector<at::Tensor> parts_attention(const std::vector<at::Tensor>& queries, 
   std::vector<const float*> q_data;
   for (const auto& q : queries) q_data.push_back(q.data_ptr<float>());
   std::vector<Plane> key_planes;
-  for (size_t p = 0; p < keys.size(); ++p) key_planes.push_back(plane_of(keys[p], keys_transposed.at(p), key_cos.at(p), key_sin.at(p)));
+  for (size_t p = 0; p < keys.size(); ++p) {
+    TORCH_CHECK(!keys_transposed.at(p) || keys[p].size(3) == block_size, "a transposed key plane is [blocks, heads, width, block_size]");
+    key_planes.push_back(plane_of(keys[p], keys_transposed.at(p), key_cos.at(p), key_sin.at(p)));
+  }
   const Plane value_plane = plane_of(value, false, at::Tensor(), at::Tensor());
   const int64_t* blocks = block_table.data_ptr<int64_t>();
   const int64_t blocks_per_sequence = block_table.size(1), batch = sequences.size(0);
