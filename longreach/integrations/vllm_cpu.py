@@ -2,12 +2,12 @@
 
 vLLM hands a layer every request of a step at once (:mod:`longreach.attention.paged` says how they are laid out).
 With a method, one call of longreach's CPU kernel computes every request's attention, reading the keys through the
-block table and turning the keys a part moves as it reads them. The cache keeps vLLM's layout where the kernel reads it:
-with vLLM's "vec" kernels (float32, and any dtype on a CPU without AMX) each block's keys are stored transposed and its
-values plain, and vLLM's own writer fills it. Its other layouts (AMX's for bfloat16, Arm's, ...) interleave keys or
-values, so there this backend writes both in the plain ``[block, kv head, slot, D]`` layout. What a call needs from the
-step's requests alone (positions, the moved queries' angles, key spans, the kernel's tables) is laid out once per step
-and shared by the layers. Without a method, every call is vLLM's own.
+block table and turning the keys a part moves as it reads them. The cache keeps vLLM's layout where the kernel reads
+it: with vLLM's "vec" kernels (on x86: float32 and float16, and bfloat16 without AMX) each block's keys are stored
+transposed and its values plain, and vLLM's own writer fills it. Its other layouts (AMX's for bfloat16, Arm's, ...)
+interleave keys or values, so there this backend writes both in the plain ``[block, kv head, slot, D]`` layout. What a
+call needs from the step's requests alone (positions, the moved queries' angles, key spans, the kernel's tables) is
+laid out once per step and shared by the layers. Without a method, every call is vLLM's own.
 """
 
 from __future__ import annotations
