@@ -53,10 +53,8 @@ class LongreachCPUImpl(CPUAttentionBackendImpl):
         method, or in the profiling run, which has no metadata)."""
         if self.layer is None or attn_metadata is None:
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale, **kwargs)
-        key_cache, value_cache = _planes(kv_cache)
         transposed = layer.isa in TRANSPOSED_KEYS
-        if transposed:
-            key_cache = key_cache.view(*key_cache.shape[:2], key_cache.shape[3], key_cache.shape[2])
+        key_cache, value_cache = _planes(kv_cache, transposed)
         tokens = attn_metadata.num_actual_tokens
         step = self._step(attn_metadata, transposed)
         output[:tokens] = attend(query[:tokens], key_cache, value_cache, step, self.scale).to(output.dtype)
@@ -82,11 +80,14 @@ class LongreachCPUImpl(CPUAttentionBackendImpl):
         return held[1]
 
 
-def _planes(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _planes(kv_cache: torch.Tensor, keys_transposed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """vLLM's CPU cache ``[blocks, kv heads, block size, ...]`` as its key and value planes ``[blocks, Hkv, slot,
-    D]`` (vLLM's own view; a transposed key plane's memory is ``[blocks, Hkv, D, slot]``)."""
+    D]``, the key plane ``[blocks, Hkv, D, slot]`` where its keys are transposed."""
     blocks, kv_heads, block_size, _ = kv_cache.shape
-    return kv_cache.view(blocks, kv_heads, 2 * block_size, -1).chunk(2, dim=2)
+    key_cache, value_cache = kv_cache.view(blocks, kv_heads, 2 * block_size, -1).chunk(2, dim=2)
+    if keys_transposed:
+        key_cache = key_cache.view(blocks, kv_heads, -1, block_size)
+    return key_cache, value_cache
 
 
 class LongreachCPUBackend(CPUAttentionBackend):

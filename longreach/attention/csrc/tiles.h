@@ -133,39 +133,33 @@ inline Tile rows_of(const Plane& plane, const int64_t* blocks, int64_t block_siz
   }
   const int64_t pairs = plane.pairs;
   const bool turned = plane.cos != nullptr, fused = turned && plane.dtype == at::kFloat;  // float32: turned as copied
-  const float* source = static_cast<const float*>(plane.data);
+  const int64_t copied = fused ? 2 * pairs : 0;  // the first column copied as it is
   for (int64_t j = s, stop; j < e; j = stop) {
     stop = std::min(e, (j / block_size + 1) * block_size);
     const int64_t from = block_at(j), keys = stop - j;
-    if (plane.transposed && fused) {  // pair c of these keys: rows c and c + P, their angles contiguous
-      for (int64_t c = 0; c < pairs; ++c) {
-        const float* a = source + from + c * block_size + j % block_size;
-        const int64_t angle = c * plane.angle_stride + j;
-        turn(a, a + pairs * block_size, buffer + c * n + (j - s), buffer + (c + pairs) * n + (j - s), plane.cos + angle, plane.sin + angle, keys);
-      }
-    }
-    if (plane.transposed) {  // the columns not turned here (past the rotary pairs, or all)
-      for (int64_t c = fused ? 2 * pairs : 0; c < width; ++c) copy_float(plane, from + c * block_size + j % block_size, buffer + c * n + (j - s), keys);
-    } else if (fused) {  // key i's pairs: the two halves of its row
-      for (int64_t i = j; i < stop; ++i) {
-        const float* a = source + from + (i % block_size) * width;
-        float* to = buffer + (i - s) * width;
-        turn(a, a + pairs, to, to + pairs, plane.cos + i * plane.angle_stride, plane.sin + i * plane.angle_stride, pairs);
-        std::copy(a + 2 * pairs, a + width, to + 2 * pairs);
-      }
-    } else {
+    if (plane.transposed) {
+      for (int64_t c = copied; c < width; ++c) copy_float(plane, from + c * block_size + j % block_size, buffer + c * n + (j - s), keys);
+    } else if (copied == 0) {
       copy_float(plane, from + (j % block_size) * width, buffer + (j - s) * width, keys * width);
+    } else {
+      for (int64_t i = j; i < stop; ++i) copy_float(plane, from + (i % block_size) * width + copied, buffer + (i - s) * width + copied, width - copied);
     }
-  }
-  if (turned && !fused && plane.transposed) {
-    for (int64_t c = 0; c < pairs; ++c) {
-      float *a = buffer + c * n, *b = buffer + (c + pairs) * n;
-      turn(a, b, a, b, plane.cos + c * plane.angle_stride + s, plane.sin + c * plane.angle_stride + s, n);
-    }
-  } else if (turned && !fused) {
-    for (int64_t i = s; i < e; ++i) {
-      float* row = buffer + (i - s) * width;
-      turn(row, row + pairs, row, row + pairs, plane.cos + i * plane.angle_stride, plane.sin + i * plane.angle_stride, pairs);
+    if (!turned) continue;
+    // the pairs (x_c, x_{c+P}) turned: from the plane where fused, else in the buffer
+    const float* source = static_cast<const float*>(plane.data);
+    if (plane.transposed) {  // pair c of these keys: rows c and c + P, their angles contiguous
+      for (int64_t c = 0; c < pairs; ++c) {
+        float* to = buffer + c * n + (j - s);
+        const float* a = fused ? source + from + c * block_size + j % block_size : to;
+        const int64_t angle = c * plane.angle_stride + j;
+        turn(a, a + pairs * (fused ? block_size : n), to, to + pairs * n, plane.cos + angle, plane.sin + angle, keys);
+      }
+    } else {  // key i's pairs: the two halves of its row
+      for (int64_t i = j; i < stop; ++i) {
+        float* to = buffer + (i - s) * width;
+        const float* a = fused ? source + from + (i % block_size) * width : to;
+        turn(a, a + pairs, to, to + pairs, plane.cos + i * plane.angle_stride, plane.sin + i * plane.angle_stride, pairs);
+      }
     }
   }
   return Tile{buffer, plane.transposed ? n : width, plane.transposed};
