@@ -8,14 +8,14 @@ prompts of ``--length`` random token ids each, submitted together (vLLM batches 
 Per method one engine (the record is read when it loads); stock vLLM before the methods and again after them. Prompt
 throughput: fresh prompts' tokens over the time of a run that generates one token. Generated throughput: the tokens
 of a run of ``--new-tokens`` over its time, on prompts the prefix cache holds already (only their last, partial
-block is computed again), so that the time is decoding's. Ratios are against stock's median, measured in the same
-process; ``--write`` puts the table in bench/RESULTS.md.
+block is computed again), so that the time is decoding's. The cache holds every set of prompts at once (its size is
+set, not a share of the memory), and each engine is shut down before the next starts. Ratios are against stock's
+median, measured in the same process; ``--write`` puts the table in bench/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import random
 import statistics
@@ -60,7 +60,6 @@ def main() -> None:
         for engine in engines:
             record = {} if engine == "stock" else {"hf_overrides": overrides(engine, training_window=window)}
             measured.setdefault(engine, []).append(throughput(folder, prompts, args, record))
-            gc.collect()  # the engine's processes end with it, before the next one reserves its memory
             print(engine, measured[engine][-1], flush=True)
     stock = [statistics.median(values) for values in zip(*measured["stock"])]
     for engine in dict.fromkeys(engines):
@@ -92,18 +91,32 @@ def main() -> None:
 def throughput(folder: str, prompts: list, args, record: dict) -> tuple[float, float]:
     """``(prompt tokens / s, generated tokens / s)`` of one engine: medians over ``args.rounds`` timed runs after a
     warm-up."""
-    from vllm import LLM, SamplingParams
+    from transformers import AutoConfig
+    from vllm import LLM
 
+    config = AutoConfig.from_pretrained(folder)
+    tokens = len(prompts) * len(prompts[0]) * (args.length + args.new_tokens + 128)  # every set, each block rounded up
+    width = 4 if args.dtype == "float32" else 2
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * width  # keys, values
     llm = LLM(
         model=folder,
         skip_tokenizer_init=True,
         dtype=args.dtype,
         max_model_len=args.length + args.new_tokens,
         enable_prefix_caching=True,  # the decoding runs read their prompts from the cache
-        gpu_memory_utilization=0.3,  # on the CPU: the share of memory for the cache (several sets of prompts)
+        kv_cache_memory_bytes=tokens * per_token,  # every set of prompts held at once: none evicted before reuse
         seed=0,
         **record,
     )
+    try:
+        return timed_runs(llm, prompts, args)
+    finally:  # the engine's processes end here, before the next engine starts and reserves its memory
+        llm.llm_engine.engine_core.shutdown()
+
+
+def timed_runs(llm, prompts: list, args) -> tuple[float, float]:
+    """``(prompt tokens / s, generated tokens / s)`` of an engine (see :func:`throughput`)."""
+    from vllm import SamplingParams
 
     def seconds(batch: list, tokens: int) -> float:
         sampling = SamplingParams(max_tokens=tokens, min_tokens=tokens, temperature=0, detokenize=False)

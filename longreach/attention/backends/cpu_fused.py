@@ -39,7 +39,7 @@ from ..views import moved_keys
 from .base import Backend
 
 SOURCE = Path(__file__).parent.parent / "csrc" / "parts.cpp"
-SOURCES = (SOURCE, SOURCE.with_name("tiles.h"))  # the kernel and the header it includes
+SOURCES = (SOURCE, SOURCE.with_name("tiles.h"), SOURCE.with_name("products.h"))  # the kernel and its headers
 
 
 class BuildError(RuntimeError):
@@ -282,9 +282,13 @@ def _module():
 
 
 def _flags() -> list[str]:
-    """The compiler flags: -O3, OpenMP, and PyTorch's vector types in their AVX2 form where the CPU has AVX2."""
+    """The compiler flags: -O3, OpenMP, and PyTorch's vector types in the widest form the CPU has, AVX-512 or AVX2."""
     flags = ["-O3", "-fopenmp"]
-    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability == "AVX512":
+        flags += ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c"]
+        flags += ["-DCPU_CAPABILITY_AVX512", "-DCPU_CAPABILITY=AVX512"]
+    elif capability == "AVX2":
         flags += ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"]
     return flags
 

@@ -5,12 +5,11 @@
 // is a *cell* (query view, key view, lo, hi, span) and all cells of a row meet in one online softmax (Dao et al.
 // 2022, FlashAttention, Algorithm 1): no log-sum-exp merge.
 //
-// Work is split like PyTorch's CPU flash attention -- a task per (sequence, head, tile of Q_TILE rows), the
-// tile's scores against KV_TILE keys at a time by one BLAS product -- but the keys a cell's distance bounds
-// cut are taken EDGE keys at a time, and only with the rows that reach them. PyTorch's kernel computes a
-// causal square's edge in 256 x 512 tiles (about 256 wasted keys per row and edge); here an edge wastes
-// about EDGE / 2 keys per row, so a method with three edges (STRING's band and far triangle) costs what
-// causal attention does.
+// Work is split like PyTorch's CPU flash attention -- a task per (sequence, head, tile of Q_TILE rows) -- but a tile's
+// rows meet each tile of keys ROWS at a time, in register-blocked products (products.h) whose scores stay in the first
+// level of cache, and each group of ROWS rows takes only the keys its rows reach: a distance bound that cuts the
+// keys wastes about ROWS / 2 keys per row, so a method with three edges (STRING's band and far triangle) costs what
+// causal attention does. (PyTorch's kernel computes a causal square's edge in 256 x 512 tiles.)
 //
 // Sequences of any lengths in one call, as vLLM batches them: queries [Hq, R, D] per query view (float32), sequence b
 // holding rows [q_start[b], q_start[b + 1]), its row t being key index t + offset[b]; its kv_len[b] keys and values
@@ -26,6 +25,7 @@
 
 #include <vector>
 
+#include "products.h"
 #include "tiles.h"
 
 namespace {
@@ -33,8 +33,7 @@ namespace {
 using namespace longreach;
 
 constexpr int64_t Q_TILE = 256;      // query rows per task
-constexpr int64_t KV_TILE = 512;     // keys per product where every row of the tile sees every key
-constexpr int64_t EDGE = 32;         // keys per product where a distance bound cuts the tile
+constexpr int64_t KV_TILE = 512;     // keys read at a time (or a block's, if fewer)
 constexpr int64_t SMALL_QUERY = 16;  // decoding and short chunks (as the Python side's plan.SMALL_QUERY)
 
 struct Cell {
@@ -49,25 +48,42 @@ struct Keys {
   int64_t block_size, head, from, to;
 };
 
+// Rows [from, to) of a tile, with the keys some row reaches, [low, high), and those every row reaches, [whole_low,
+// whole_high).
+struct Group {
+  int64_t from, to, low, high, whole_low, whole_high;
+};
+
 // One task's running softmax: the maximum, the sum and the weighted values of each row (FlashAttention's m, l, O),
 // and, for the cell at hand, the keys [first, stop) each row reaches; buffers for keys and values read converted or
 // rotated, and for the queries of a packed tile.
 struct Rows {
   std::vector<float> scores, max, sum, out, keys, values, queries;
   std::vector<int64_t> first, stop;
+  std::vector<Group> groups;
+  Parts key_parts, value_parts;
   Rows(int64_t d, int64_t dv, int64_t views)
-      : scores(Q_TILE * std::max(KV_TILE, EDGE)), max(Q_TILE), sum(Q_TILE), out(Q_TILE * dv), keys(KV_TILE * d), values(KV_TILE * dv),
-        queries(views * Q_TILE * d), first(Q_TILE), stop(Q_TILE) {}
+      : scores(ROWS * KV_TILE), max(Q_TILE), sum(Q_TILE), out(Q_TILE * dv), keys(KV_TILE * d), values(KV_TILE * dv),
+        queries(views * Q_TILE * d), first(Q_TILE), stop(Q_TILE), groups(Q_TILE / ROWS + 1) {}
 };
 
-// Rows [r0, r1) of the tile against keys [s, e) (in one block) of one cell: scores by one product, each row's keys
-// outside [first, stop) hidden where `cut`, the running softmax rescaled, the values added by a second product.
-void attend(Rows& rows, const float* q, const Plane& key, const Plane& value, const Keys& keys, float scale, int64_t r0, int64_t r1,
-            int64_t s, int64_t e, bool cut) {
-  const int64_t height = r1 - r0, width = e - s, d = key.width, dv = value.width;
+// Rows [r0, r1) of the tile (at most ROWS) against keys [s, e) of one cell, read as the parts k and v: scores by one
+// product a part, each row's keys outside [first, stop) hidden where `cut`, the running softmax rescaled, the values
+// added by a second product a part.
+void attend(Rows& rows, const float* q, const Parts& k, const Parts& v, int64_t d, int64_t dv, float scale, int64_t r0, int64_t r1, int64_t s,
+            int64_t e, bool cut) {
+  const int64_t height = r1 - r0, width = e - s;
   float* scores = rows.scores.data();
-  const Tile k = rows_of(key, keys.blocks, keys.block_size, keys.head, s, e, rows.keys.data());
-  gemm(k.transposed ? 'N' : 'T', 'N', width, height, d, scale, k.data, k.ld, q + r0 * d, d, 0.f, scores, width);  // row-major [height, width]
+  for (int64_t p = 0; p < k.count; ++p) {
+    const int64_t from = std::max(s, k.start[p]), to = std::min(e, k.start[p + 1]), column = from - k.start[p];
+    if (from >= to) continue;
+    const Tile& keys = k.tile[p];
+    if (keys.transposed) {
+      scores_of(height, q + r0 * d, d, keys.data + column, keys.ld, to - from, scale, scores + (from - s), width);
+    } else {  // a few rows against keys read in place, one key a row: BLAS
+      gemm('T', 'N', to - from, height, d, scale, keys.data + column * keys.ld, keys.ld, q + r0 * d, d, 0.f, scores + (from - s), width);
+    }
+  }
   for (int64_t r = 0; r < height; ++r) {
     float* row = scores + r * width;
     const int64_t t = r0 + r;
@@ -80,7 +96,7 @@ void attend(Rows& rows, const float* q, const Plane& key, const Plane& value, co
       std::fill(row, row + width, 0.f);
       continue;
     }
-    const float rescale = rows.max[t] == NEG_INF ? 0.f : std::exp(rows.max[t] - top);
+    const float rescale = rows.max[t] == top ? 1.f : rows.max[t] == NEG_INF ? 0.f : std::exp(rows.max[t] - top);
     rows.sum[t] = rows.sum[t] * rescale + exponentiate(row, width, top);
     rows.max[t] = top;
     if (rescale != 1.f) {
@@ -88,14 +104,18 @@ void attend(Rows& rows, const float* q, const Plane& key, const Plane& value, co
       for (int64_t c = 0; c < dv; ++c) out[c] *= rescale;
     }
   }
-  const Tile v = rows_of(value, keys.blocks, keys.block_size, keys.head, s, e, rows.values.data());
-  gemm('N', 'N', dv, height, width, 1.f, v.data, v.ld, scores, width, 1.f, rows.out.data() + r0 * dv, dv);
+  for (int64_t p = 0; p < v.count; ++p) {
+    const int64_t from = std::max(s, v.start[p]), to = std::min(e, v.start[p + 1]);
+    if (from >= to) continue;
+    const Tile& values = v.tile[p];
+    add_values(height, scores + (from - s), width, values.data + (from - v.start[p]) * values.ld, values.ld, to - from, dv, rows.out.data() + r0 * dv);
+  }
 }
 
 // One cell for one task's tile: each row's keys (distance bounds, span, padding, the task's split of the keys), then
-// the keys every row reaches KV_TILE at a time with no mask, and the others EDGE at a time with the rows that reach
-// them; no product crosses a block. Row r of the tile is query row m + r % period, key index first_i + r % period, its
-// span at span_row + r % period.
+// the keys some row reaches, a tile of at most KV_TILE keys in one block at a time, read once for every group of ROWS
+// rows, each group taking the keys its rows reach and hiding, where its rows differ, each row's others. Row r of the
+// tile is query row m + r % period, key index first_i + r % period, its span at span_row + r % period.
 void attend_cell(Rows& rows, const Cell& cell, const float* q, const Plane& key, const Plane& value, const Keys& keys, float scale,
                  int64_t height, int64_t period, int64_t first_i, int64_t span_row) {
   int64_t used_from = height, used_to = 0;  // the rows that reach some key
@@ -114,41 +134,42 @@ void attend_cell(Rows& rows, const Cell& cell, const float* q, const Plane& key,
     }
   }
   if (used_to <= used_from) return;
-  int64_t low = keys.to, high = keys.from, whole_low = keys.from, whole_high = keys.to;
-  bool contiguous = true;
-  for (int64_t r = used_from; r < used_to; ++r) {
-    contiguous = contiguous && rows.stop[r] > rows.first[r];
-    low = std::min(low, rows.first[r]);
-    high = std::max(high, rows.stop[r]);
-    whole_low = std::max(whole_low, rows.first[r]);
-    whole_high = std::min(whole_high, rows.stop[r]);
-  }
-  if (!contiguous || whole_high <= whole_low) whole_low = whole_high = high;  // no key every row reaches
-  // a product stays in one block where few rows share it (decoding: the keys read in place), else it takes KV_TILE keys
-  // gathered from their blocks (a gather is cheap against a tile's products, which narrow blocks would make many)
-  const bool in_place = used_to - used_from < SMALL_QUERY * 4;
-  auto stop_of = [&](int64_t s, int64_t to, int64_t step) {
-    return std::min({to, s + step, in_place ? (s / keys.block_size + 1) * keys.block_size : to});
-  };
-  auto edge = [&](int64_t from, int64_t to) {
-    for (int64_t s = from, e; s < to; s = e) {
-      e = stop_of(s, to, EDGE);
-      int64_t r0 = used_to, r1 = used_from;  // the rows that reach a key of [s, e)
-      for (int64_t r = used_from; r < used_to; ++r) {
-        if (rows.first[r] < e && rows.stop[r] > s && rows.stop[r] > rows.first[r]) {
-          r0 = std::min(r0, r);
-          r1 = r + 1;
-        }
+  // per group: the keys some row reaches [low, high), and those every row reaches [whole_low, whole_high)
+  int64_t low = keys.to, high = keys.from, groups = 0;
+  for (int64_t g = used_from; g < used_to; g += ROWS, ++groups) {
+    Group& group = rows.groups[groups];
+    group = {g, std::min(g + ROWS, used_to), keys.to, keys.from, keys.from, keys.to};
+    for (int64_t r = group.from; r < group.to; ++r) {
+      if (rows.stop[r] <= rows.first[r]) {  // a row with no key: no key every row reaches
+        group.whole_high = group.whole_low;
+        continue;
       }
-      if (r1 > r0) attend(rows, q, key, value, keys, scale, r0, r1, s, e, true);
+      group.low = std::min(group.low, rows.first[r]);
+      group.high = std::max(group.high, rows.stop[r]);
+      group.whole_low = std::max(group.whole_low, rows.first[r]);
+      group.whole_high = std::min(group.whole_high, rows.stop[r]);
     }
-  };
-  edge(low, whole_low);
-  for (int64_t s = whole_low, e; s < whole_high; s = e) {
-    e = stop_of(s, whole_high, KV_TILE);
-    attend(rows, q, key, value, keys, scale, used_from, used_to, s, e, false);
+    low = std::min(low, group.low);
+    high = std::max(high, group.high);
   }
-  edge(whole_high, high);
+  // keys read in place by BLAS where few rows share them and the plane holds them one a row (decoding), else as columns
+  const bool transposed = key.transposed || used_to - used_from >= SMALL_QUERY * 4;
+  for (int64_t s = low, e; s < high; s = e) {
+    e = std::min({high, s + KV_TILE, (s / keys.block_size + Parts::MOST) * keys.block_size});
+    bool read = false;
+    for (int64_t at = 0; at < groups; ++at) {
+      const Group& group = rows.groups[at];
+      const int64_t a = std::max(s, group.low), b = std::min(e, group.high);
+      if (a >= b) continue;
+      if (!read) {
+        read_parts(key, keys.blocks, keys.block_size, keys.head, s, e, rows.keys.data(), transposed, rows.key_parts);
+        read_parts(value, keys.blocks, keys.block_size, keys.head, s, e, rows.values.data(), false, rows.value_parts);
+        read = true;
+      }
+      attend(rows, q, rows.key_parts, rows.value_parts, key.width, value.width, scale, group.from, group.to, a, b,
+             a < group.whole_low || b > group.whole_high);
+    }
+  }
 }
 
 // Where a tile's rows go: row r is head first_head + r / period's query row row0 + r % period of the [H, R, ...] output.

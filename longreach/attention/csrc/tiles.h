@@ -6,12 +6,14 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 
 namespace longreach {
 
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
+constexpr int64_t MAX_WIDTH = 1024;  // a head's largest dimension
 using Vec = at::vec::Vectorized<float>;
 
 // BLAS's single-precision product, column-major, as PyTorch links it (MKL on x86-64).
@@ -31,9 +33,7 @@ inline float maximum(const float* x, int64_t n) {
   if (n >= Vec::size()) {
     Vec lanes = Vec::loadu(x);
     for (j = Vec::size(); j + Vec::size() <= n; j += Vec::size()) lanes = at::vec::maximum(lanes, Vec::loadu(x + j));
-    float spilled[Vec::size()];
-    lanes.store(spilled);
-    for (int64_t l = 0; l < Vec::size(); ++l) best = std::max(best, spilled[l]);
+    best = at::vec::vec_reduce_all<float>([](const Vec& a, const Vec& b) { return at::vec::maximum(a, b); }, lanes);
   }
   for (; j < n; ++j) best = std::max(best, x[j]);
   return best;
@@ -59,10 +59,7 @@ inline float exponentiate(float* x, int64_t n, float shift) {
     y.store(x + j);
     lanes = lanes + y;
   }
-  float spilled[Vec::size()];
-  lanes.store(spilled);
-  float total = 0.f;
-  for (int64_t l = 0; l < Vec::size(); ++l) total += spilled[l];
+  float total = at::vec::vec_reduce_all<float>(std::plus<Vec>(), lanes);
   for (; j < n; ++j) total += (x[j] = std::exp(x[j] - shift));
   return total;
 }
@@ -121,15 +118,34 @@ inline void turn(const float* a_lanes, const float* b_lanes, float* to_a, float*
   }
 }
 
-// Rows [s, e) of one head of a plane as float32, laid out as the plane lays them: in place where they lie in one block
-// and nothing is converted or rotated, else in `buffer`, gathered block by block ([e - s, width], or [width, e - s]
-// for a transposed plane).
-inline Tile rows_of(const Plane& plane, const int64_t* blocks, int64_t block_size, int64_t head, int64_t s, int64_t e, float* buffer) {
+// Key j's columns [from, from + width) of a plain plane (not transposed) into `to`, as float32, its rotation pairs
+// turned by its angles where the plane has them.
+inline void key_row(const Plane& plane, int64_t at, int64_t j, float* to) {
+  copy_float(plane, at, to, plane.width);
+  if (plane.cos != nullptr) {
+    const int64_t angle = j * plane.angle_stride;
+    turn(to, to + plane.pairs, to, to + plane.pairs, plane.cos + angle, plane.sin + angle, plane.pairs);
+  }
+}
+
+// Rows [s, e) of one head of a plane as float32, laid out as `transposed` asks ([e - s, width], or [width, e - s]): in
+// place where they lie in one block laid out so and nothing is converted or rotated, else in `buffer`, gathered block
+// by block. A transposed plane is read transposed.
+inline Tile rows_of(const Plane& plane, const int64_t* blocks, int64_t block_size, int64_t head, int64_t s, int64_t e, float* buffer,
+                    bool transposed) {
   const int64_t n = e - s, width = plane.width;
   auto block_at = [&](int64_t j) { return blocks[j / block_size] * plane.block_stride + head * plane.head_stride; };
-  if (plane.dtype == at::kFloat && plane.cos == nullptr && s / block_size == (e - 1) / block_size) {
+  if (plane.dtype == at::kFloat && plane.cos == nullptr && s / block_size == (e - 1) / block_size && plane.transposed == transposed) {
     const float* data = static_cast<const float*>(plane.data) + block_at(s);
-    return plane.transposed ? Tile{data + s % block_size, block_size, true} : Tile{data + (s % block_size) * width, width, false};
+    return transposed ? Tile{data + s % block_size, block_size, true} : Tile{data + (s % block_size) * width, width, false};
+  }
+  if (transposed && !plane.transposed) {  // a plain plane's keys turned into columns, one key at a time
+    float row[MAX_WIDTH];
+    for (int64_t j = s; j < e; ++j) {
+      key_row(plane, block_at(j) + (j % block_size) * width, j, row);
+      for (int64_t c = 0; c < width; ++c) buffer[c * n + (j - s)] = row[c];
+    }
+    return Tile{buffer, n, true};
   }
   const int64_t pairs = plane.pairs;
   const bool turned = plane.cos != nullptr, fused = turned && plane.dtype == at::kFloat;  // float32: turned as copied
@@ -162,7 +178,28 @@ inline Tile rows_of(const Plane& plane, const int64_t* blocks, int64_t block_siz
       }
     }
   }
-  return Tile{buffer, plane.transposed ? n : width, plane.transposed};
+  return Tile{buffer, transposed ? n : width, transposed};
+}
+
+// Keys [s, e) of one head as parts, each a Tile of the keys from `start[p]` to the next part's start (or e): one part a
+// block where the plane's keys can be read in place, else one part gathered into `buffer` (rows_of).
+struct Parts {
+  static constexpr int64_t MOST = 8;  // blocks a tile may span
+  std::array<int64_t, MOST + 1> start;
+  std::array<Tile, MOST> tile;
+  int64_t count = 0;
+};
+
+inline void read_parts(const Plane& plane, const int64_t* blocks, int64_t block_size, int64_t head, int64_t s, int64_t e, float* buffer,
+                       bool transposed, Parts& parts) {
+  parts.count = 0;
+  const bool in_place = plane.dtype == at::kFloat && plane.cos == nullptr && plane.transposed == transposed;
+  for (int64_t j = s, stop; j < e; j = stop) {
+    stop = in_place ? std::min(e, (j / block_size + 1) * block_size) : e;
+    parts.start[parts.count] = j;
+    parts.tile[parts.count++] = rows_of(plane, blocks, block_size, head, j, stop, buffer, transposed);
+  }
+  parts.start[parts.count] = e;
 }
 
 }  // namespace longreach
