@@ -167,12 +167,14 @@ def bfloat16_error(rounds, prompts, expected):
     return sum(differences) / len(differences)
 
 
-def test_tensor_parallel_ranks_each_run_their_heads(model_dir, prompts, monkeypatch):
+@pytest.mark.parametrize("method", ["string", "rerope", "self_extend", "dca", "dpe"])
+def test_tensor_parallel_ranks_each_run_their_heads(model_dir, prompts, monkeypatch, method):
     """``tensor_parallel_size=2`` (gloo between two CPU workers, one core each): each rank runs the method on its
-    query and key/value heads; STRING equal to transformers."""
+    query and key/value heads; every attention method equal to transformers (the frequency methods are vLLM's own
+    rotary embedding)."""
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
-    expected = transformers_runs(model_dir, prompts, "string", METHODS["string"])
-    overrides = plugin.overrides("string", training_window=WINDOW, **METHODS["string"])
+    expected = transformers_runs(model_dir, prompts, method, METHODS[method])
+    overrides = plugin.overrides(method, training_window=WINDOW, **METHODS[method])
     rounds = vllm_runs(
         model_dir, prompts, hf_overrides=overrides, tensor_parallel_size=2, distributed_executor_backend="mp"
     )
