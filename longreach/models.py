@@ -81,7 +81,7 @@ def load(
 
     from .integrations.transformers import reapply
 
-    source = _source(name)
+    source = source_of(name)
     config, recorded = _config(source, name, trust_remote_code)
     try:
         sharding = _tp_plan(config) if tp else {}
@@ -110,10 +110,10 @@ def load(
 def load_config(name: str = DEFAULT, trust_remote_code: bool = False):
     """A model's config, without its weights, checked as :func:`load` checks it: enough to check a method on an
     empty (meta) model first, so that ``longreach eval --method strng`` fails in a second, not after loading."""
-    return _config(_source(name), name, trust_remote_code)[0]
+    return _config(source_of(name), name, trust_remote_code)[0]
 
 
-def _source(name: str) -> str:
+def source_of(name: str) -> str:
     """What ``from_pretrained`` reads for ``name``: a folder holding a config, safetensors weights and a tokenizer (a
     checkpoint of ``longreach probe train`` has none), or a hub id."""
     source = str(default_path()) if name == DEFAULT else name

@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     ``longreach: error: ...``."""
     args = build_parser().parse_args(argv)
     args.command_line = command_line(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     MADE.clear()
     try:
         args.run(args)

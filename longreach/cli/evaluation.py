@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
+from ..eval.engines import ENGINES
 from ..eval.records import DTYPES
+from ..eval.served import DP_RANK
+from ..eval.task import EVALUATE
 from . import flags
 from .arguments import positive, prefill_tokens, writable_folder
 
+SERVED_BATCH = 64  # cases submitted at a time to vLLM or a server: it batches them itself
 EVAL_SAMPLES = 100  # a pass rate's 95% interval is then at most +-10 points (Wilson, p = 0.5)
 
 
@@ -41,6 +46,7 @@ def add(subcommands) -> None:
         "model; bfloat16 for most published ones, as upstream runs them)",
     )
     _grid_options(evaluating, "runs/eval", EVAL_SAMPLES)
+    _engine_options(evaluating)
     evaluating.set_defaults(run=evaluate)
 
     reporting = subcommands.add_parser(
@@ -63,7 +69,12 @@ def _grid_options(p: argparse.ArgumentParser, out: str, samples: int) -> None:
         default=samples,
         help=f"cases per (task, length, method) (default {samples}; RULER uses 500)",
     )
-    flags.batch_size(p, help="cases decoded together, left-padded (default 1)")
+    p.add_argument(
+        "--batch-size",
+        type=positive,
+        help="cases decoded together, left-padded (default 1); on vLLM or a server, cases submitted at a time "
+        f"(default {SERVED_BATCH})",
+    )
     p.add_argument(
         "--prefill-tokens",
         type=prefill_tokens,
@@ -76,11 +87,57 @@ def _grid_options(p: argparse.ArgumentParser, out: str, samples: int) -> None:
     p.add_argument("--limit", type=positive, help="run at most this many new cases (per process under torchrun)")
     p.add_argument(
         "--tp",
-        action="store_true",
-        help="under torchrun: shard the model over the processes (tensor parallelism) instead of sharing out the cases",
+        type=positive,
+        nargs="?",
+        const=0,
+        metavar="N",
+        help="under torchrun: shard the model over the processes (tensor parallelism) instead of sharing out the "
+        "cases; with --engine vllm: vLLM's tensor-parallel size",
     )
     flags.training_window(p)
     flags.score_threshold(p)
+
+
+def _engine_options(p: argparse.ArgumentParser) -> None:
+    """Where the cases run: transformers in this process, vLLM's offline engine, or an OpenAI-compatible server."""
+    p.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="transformers",
+        help="transformers in this process (default), or vLLM's offline engine with longreach's plugin",
+    )
+    vllm = "with --engine vllm:"
+    p.add_argument("--pp", type=positive, default=1, metavar="N", help=f"{vllm} vLLM's pipeline-parallel size")
+    p.add_argument("--dp", type=positive, default=1, metavar="N", help=f"{vllm} N engines side by side, cases shared")
+    p.add_argument(
+        "--server",
+        metavar="URL",
+        help="measure the model behind an OpenAI-compatible completions endpoint (e.g. http://localhost:8000); the "
+        "prompts are built with --tokenizer; --method is the server's own, so not given",
+    )
+    p.add_argument("--tokenizer", help="with --server: the model's tokenizer (default: --model)")
+    p.add_argument("--label", default="served", help="with --server: the method label of its records (default served)")
+    p.add_argument(
+        "--concurrency", type=positive, default=8, metavar="N", help="with --server: requests in flight (default 8)"
+    )
+
+
+def _engine_problem(args: argparse.Namespace) -> str | None:
+    """Flags that do not go together, as one line."""
+    if args.server:
+        if args.method:
+            return f"--method {args.method[0]} with --server: the server runs its own method; name it with --label"
+        if args.engine != "transformers":
+            return f"--engine {args.engine} with --server: give one of them"
+    if args.engine == "transformers" and not args.server:
+        for name in ("pp", "dp"):
+            if getattr(args, name) != 1:
+                return f"--{name} {getattr(args, name)} needs --engine vllm (under torchrun, processes share the cases)"
+    if args.engine == "vllm" and args.tp == 0:
+        return "--tp with --engine vllm takes the tensor-parallel size: --tp N"
+    if args.engine == "vllm" and args.prefill_tokens is not None:
+        return "--prefill-tokens with --engine vllm: vLLM chunks prefill itself (max_num_batched_tokens)"
+    return None
 
 
 def _grid(args: argparse.Namespace):
@@ -106,20 +163,57 @@ def evaluate(args: argparse.Namespace) -> None:
     from ..eval import runner
     from ..eval.distributed import World
 
+    if problem := _engine_problem(args):
+        raise ValueError(problem)
+    if args.server:
+        args.method = [args.label]
     grid = _grid(args)  # every argument checked before anything is written
+    served = args.server or args.engine != "transformers"
+    if served and (scored := [t for t in grid.tasks if flags.task_registry().get(t).kind == EVALUATE]):
+        where = "--server" if args.server else f"--engine {args.engine}"
+        raise ValueError(f"task {scored[0]} scores the model's logits, which {where} does not give: use transformers")
     out = writable_folder(args.out)
-    runner.run(
+    if served:
+        _evaluate_served(args, grid, out)
+    else:
+        runner.run(
+            grid,
+            out,
+            limit=args.limit,
+            batch_size=args.batch_size or 1,
+            tp=args.tp is not None,
+            prefill_tokens=args.prefill_tokens,
+            command=args.command_line,
+        )
+        if World.from_environment(args.tp is not None).rank:  # under torchrun, process 0 reports
+            return
+    if DP_RANK not in os.environ:  # a data-parallel child leaves the report to its parent
+        summarize(out, args.threshold)
+
+
+def _evaluate_served(args: argparse.Namespace, grid, out: Path) -> None:
+    from ..eval import served
+
+    server = None
+    if args.server:
+        from transformers import AutoTokenizer
+
+        from .. import models
+        from ..eval.server import Server
+
+        tokenizer = AutoTokenizer.from_pretrained(models.source_of(args.tokenizer or args.model))
+        server = Server(args.server, tokenizer, args.concurrency)
+    served.run(
         grid,
         out,
+        "server" if args.server else args.engine,
+        served.Parallel(args.tp or 1, args.pp, args.dp),
+        server,
         limit=args.limit,
-        batch_size=args.batch_size,
-        tp=args.tp,
-        prefill_tokens=args.prefill_tokens,
+        batch_size=args.batch_size or SERVED_BATCH,
         command=args.command_line,
+        argv=args.argv,
     )
-    if World.from_environment(args.tp).rank:  # under torchrun, process 0 reports
-        return
-    summarize(out, args.threshold)
 
 
 def report(args: argparse.Namespace) -> None:

@@ -11,13 +11,15 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from tqdm import tqdm
 
 from .. import provenance
 from ..methods.spec import MethodSpec
-from . import ruler, specs, tasks
+from . import ruler, tasks
 from .distributed import World
+from .engines import EngineGone
 from .records import CaseKey, end_cut_off_line
 from .task import EVALUATE
 
@@ -48,18 +50,12 @@ class Setting:
 
 
 def run_cases(
-    setting: Setting, pending: list[CaseKey], model, tokenizer, world: World, path: Path, this_run: dict | None
+    setting: Setting, pending: list[CaseKey], engine, world: World, path: Path, this_run: dict | None
 ) -> None:
-    """Run ``pending`` cases, one JSON line each in ``path`` (only where ``world`` writes); ``this_run`` (process 0's)
-    goes into the folder's ``runs.jsonl`` with the first case, so a run that fails before it leaves nothing behind."""
-    state = {"applied": None}
-
-    def apply(label: str) -> None:
-        if state["applied"] != label:
-            specs.apply(model, setting.specs[label], setting.window)
-            state["applied"] = label
-
-    machine = _machine(model)
+    """Run ``pending`` cases by ``engine`` (:mod:`.engines`), one JSON line each in ``path`` (only where ``world``
+    writes), each as soon as its outcome is known; ``this_run`` (process 0's) goes into the folder's ``runs.jsonl`` with
+    the first case, so a run that fails before it leaves nothing behind."""
+    machine = engine.machine
     desc = f"cases (process {world.rank})" if world.shares_cases else "cases"
     position = world.rank if world.shares_cases else 0
     with (
@@ -74,22 +70,15 @@ def run_cases(
             size = 1 if task.kind == EVALUATE else setting.batch_size
             for chunk in (cases[i : i + size] for i in range(0, len(cases), size)):
                 start = time.perf_counter()
-                built = {where: _build(task, tokenizer, length, *where) for where in chunk}
+                built = {where: _build(task, engine.tokenizer, length, *where) for where in chunk}
                 build_seconds = (time.perf_counter() - start) / len(chunk)
                 for label in setting.specs:
                     batch = [key for key in keys if key.method == label and (key.depth, key.seed) in built]
                     if not batch:
                         continue
                     bar.set_postfix_str(f"{task_name} {length} {label}")
-                    results = _run_batch(
-                        task,
-                        model,
-                        tokenizer,
-                        [built[key.depth, key.seed] for key in batch],
-                        lambda: apply(label),
-                        setting.prefill_tokens,
-                    )
-                    for key, (record, seconds) in zip(batch, results):
+                    for at, record, seconds in _run_batch(task, engine, label, [built[k.depth, k.seed] for k in batch]):
+                        key = batch[at]
                         if record.get("error"):
                             bar.write(f"case {task_name} {length} {label} seed {key.seed} failed: {record['error']}")
                         decoded_with = record.pop("batch", len(batch))
@@ -108,6 +97,7 @@ def run_cases(
                             "batch": decoded_with,
                             "machine": machine,
                             "dtype": setting.dtype,
+                            **engine.record,
                         }
                         if sink:
                             if this_run is not None:
@@ -117,13 +107,6 @@ def run_cases(
                             sink.flush()
                             os.fsync(sink.fileno())
                         bar.update()
-
-
-def _machine(model) -> str:
-    """What ran the cases, for the time per case: 'cpu' or the GPU's name, e.g. 'cuda: NVIDIA H100 80GB HBM3'."""
-    import torch
-
-    return f"cuda: {torch.cuda.get_device_name(model.device)}" if model.device.type == "cuda" else model.device.type
 
 
 def _build(task, tokenizer, length: int, depth, seed: int):
@@ -138,57 +121,43 @@ def _error(error: BaseException) -> dict:
     return {"score": None, "error": f"{error.__class__.__name__}: {error}"}
 
 
-def _run_batch(task, model, tokenizer, cases: list, apply, prefill_tokens: int | None) -> list[tuple[dict, float]]:
-    """``(record fields, seconds)`` per case: decoded together; a case that could not be built, or a
-    batch that raises, becomes error rows (one failing case must not stop the grid; a rerun retries).
-    A method whose frequencies follow the forward's longest sequence (dynamic NTK) decodes each case
-    alone, in one forward: its answer is then its own, whatever the batch size and prefill budget."""
-    from ..integrations.transformers import one_case_per_forward
-    from . import generate
-
-    ready = [case for case in cases if not isinstance(case, Exception)]
-    start = time.perf_counter()
-    try:
-        apply()
-        if task.kind == EVALUATE:
-            outcomes = [task.evaluate(model, tokenizer, case) for case in ready]
-        else:
-            alone = one_case_per_forward(model) and len(ready) > 1
-            budget = 0 if one_case_per_forward(model) else generate.prefill_budget(len(ready), prefill_tokens)
-            groups = [[case] for case in ready] if alone else [ready] if ready else []
-            prompts = [[case.prompt for case in group] for group in groups]
-            answers = [a for p in prompts for a in generate.greedy(model, tokenizer, p, task.max_new_tokens, budget)]
-            outcomes = [
-                {
-                    "answer": answer,
-                    "empty": not ruler.postprocess(answer),
-                    "prefill_tokens": budget,
-                    **({"batch": 1} if alone else {}),
-                    **task.score(answer, case),
-                }
-                for answer, case in zip(answers, ready)
-            ]
-    except Exception as error:
-        outcomes = [_error(error)] * len(ready)
-    seconds = (time.perf_counter() - start) / max(1, len(ready))
-    outcome = iter(outcomes)
-    results = []
-    for case in cases:
+def _run_batch(task, engine, label: str, cases: list) -> Iterator[tuple[int, dict, float]]:
+    """``(index, record fields, seconds)`` of each case as the engine finishes it, scored; a case that could not be
+    built, or a batch that raises, becomes error rows (one failing case must not stop the grid; a rerun retries)."""
+    ready = [i for i, case in enumerate(cases) if not isinstance(case, Exception)]
+    for i, case in enumerate(cases):
         if isinstance(case, Exception):
-            results.append((_error(case), 0.0))
-        else:
-            fields = next(outcome)
-            if not fields.get("error"):
-                fields = {
-                    "n_tokens": case.n_tokens,
-                    "max_new_tokens": case.max_new_tokens,
-                    "haystack_units": case.haystack_units,
-                    **({"searched_units": case.searched_units} if case.searched_units is not None else {}),
-                    "prompt_hash": hashlib.sha256(case.prompt.encode()).hexdigest()[:16],
-                    "references": case.references,
-                    "needle_depths": case.needle_depths,
-                    "metric": case.metric,
-                    **fields,
-                }
-            results.append((dict(fields), seconds))
-    return results
+            yield i, _error(case), 0.0
+    start = time.perf_counter()
+    left = set(ready)
+    try:
+        for at, fields in engine.decode(task, label, [cases[i] for i in ready]):
+            index, case = ready[at], cases[ready[at]]
+            left.discard(index)
+            seconds = (time.perf_counter() - start) / len(ready)
+            yield index, _case_fields(task, case, fields), seconds
+    except EngineGone:
+        raise
+    except Exception as error:  # every case not finished: an error row each
+        for index in sorted(left):
+            yield index, _error(error), (time.perf_counter() - start) / len(ready)
+
+
+def _case_fields(task, case, fields: dict) -> dict:
+    """What a record keeps of a case and its outcome: the answer scored (a generated task), or the fields the task's
+    evaluation gave."""
+    if fields.get("error"):
+        return {"score": None, **fields}
+    if task.kind != EVALUATE:
+        fields = {**fields, "empty": not ruler.postprocess(fields["answer"]), **task.score(fields["answer"], case)}
+    return {
+        "n_tokens": case.n_tokens,
+        "max_new_tokens": case.max_new_tokens,
+        "haystack_units": case.haystack_units,
+        **({"searched_units": case.searched_units} if case.searched_units is not None else {}),
+        "prompt_hash": hashlib.sha256(case.prompt.encode()).hexdigest()[:16],
+        "references": case.references,
+        "needle_depths": case.needle_depths,
+        "metric": case.metric,
+        **fields,
+    }

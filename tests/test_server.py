@@ -1,0 +1,163 @@
+"""``longreach eval --server URL`` against a stand-in OpenAI-compatible server on a local port: the requests it gets,
+retries on 5xx, a server that is not there, one that stops mid-run, and the flags refused with it (a tiny model's
+config and a byte tokenizer; ``tests/test_vllm.py`` runs it against a real ``vllm serve``)."""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from conftest import byte_tokenizer, tiny_model
+
+from longreach.cli import main
+from longreach.eval import runner, server
+
+ANSWER = "The pass key is 12345."
+
+
+class StandIn(ThreadingHTTPServer):
+    """An OpenAI-compatible server: /v1/models, /version, /v1/completions answering ANSWER; its first ``fail`` answers
+    to completions are 500; after ``answer_at_most`` completions it closes every connection unanswered."""
+
+    def __init__(self, fail: int = 0, answer_at_most: int | None = None):
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.fail, self.answer_at_most, self.requests, self.answered = fail, answer_at_most, [], 0
+        self.lock = threading.Lock()
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    def __exit__(self, *exc):
+        self.shutdown()
+        self.server_close()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        body = {"/v1/models": {"data": [{"id": "stand-in"}]}, "/version": {"version": "0.0-test"}}.get(self.path)
+        self._reply(200 if body else 404, body or {"message": "no such path"})
+
+    def do_POST(self):
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with self.server.lock:
+            self.server.requests.append(request)
+            failing = self.server.fail > 0
+            self.server.fail -= failing
+            gone = self.server.answer_at_most is not None and self.server.answered >= self.server.answer_at_most
+            self.server.answered += not failing and not gone
+        if gone:
+            self.close_connection = True
+            self.connection.shutdown(2)
+            return
+        if failing:
+            return self._reply(500, {"error": {"message": "overloaded"}})
+        self._reply(200, {"choices": [{"text": " " + ANSWER + "\n"}]})
+
+    def _reply(self, status: int, body: dict):
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny")
+    tiny_model("llama", max_position_embeddings=2048).save_pretrained(path)
+    byte_tokenizer().save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(autouse=True)
+def quick_retries(monkeypatch):
+    monkeypatch.setattr(server, "BACKOFF", 0.01)
+
+
+def evaluate(model_dir, out, url, *extra):
+    main(["eval", "passkey", "--model", model_dir, "--server", url, "--lengths", "600", "--samples", "3",
+          "--out", str(out), *extra])  # fmt: skip
+
+
+def test_every_case_is_sent_as_token_ids_greedy_and_recorded_with_the_server(model_dir, tmp_path):
+    with StandIn() as stand_in:
+        evaluate(model_dir, tmp_path, stand_in.url, "--concurrency", "2")
+    records = runner.read_results(tmp_path / runner.RESULTS)
+    assert len(records) == 3 and all(r["answer"] == ANSWER and not r.get("error") for r in records)
+    assert {(r["engine"], r["engine_version"], r["served_model"], r["method"]) for r in records} == {
+        ("server", "0.0-test", "stand-in", "served")
+    }
+    tokenizer = byte_tokenizer()
+    for request in stand_in.requests:
+        assert request["temperature"] == 0 and request["model"] == "stand-in" and request["max_tokens"] > 0
+        assert isinstance(request["prompt"], list) and all(isinstance(i, int) for i in request["prompt"])
+        assert len(request["prompt"]) + request["max_tokens"] <= 600
+        assert "pass key" in tokenizer.decode(request["prompt"])
+    assert {r["n_tokens"] for r in records} == {len(q["prompt"]) for q in stand_in.requests}
+
+
+def test_a_server_that_answers_500_twice_then_200_loses_nothing(model_dir, tmp_path):
+    with StandIn(fail=2) as stand_in:
+        evaluate(model_dir, tmp_path, stand_in.url, "--concurrency", "1")
+    records = runner.read_results(tmp_path / runner.RESULTS)
+    assert len(stand_in.requests) == 5 and len(records) == 3
+    assert all(r["answer"] == ANSWER and not r.get("error") for r in records)
+
+
+def test_a_server_that_is_not_there_gives_one_line_and_a_folder_that_resumes(model_dir, tmp_path, capsys):
+    with StandIn() as stand_in:
+        url = stand_in.url
+    with pytest.raises(SystemExit) as stopped:  # the port is closed now
+        evaluate(model_dir, tmp_path, url)
+    message = str(stopped.value)
+    assert message.startswith(f"longreach: error: --server {url}: no answer") and "\n" not in message
+    with StandIn() as stand_in:  # the server is up: the same folder runs
+        evaluate(model_dir, tmp_path, stand_in.url)
+    assert len(runner.read_results(tmp_path / runner.RESULTS)) == 3
+
+
+def test_a_server_that_stops_mid_run_keeps_what_finished(model_dir, tmp_path):
+    with StandIn(answer_at_most=1) as stand_in:
+        with pytest.raises(SystemExit) as stopped:
+            evaluate(model_dir, tmp_path, stand_in.url, "--concurrency", "1", "--batch-size", "1")
+    assert "stopped answering" in str(stopped.value) and "run the same command again" in str(stopped.value)
+    records = runner.read_results(tmp_path / runner.RESULTS)
+    assert [bool(r.get("error")) for r in records] == [False, True]  # the answered case, the one that failed
+    assert "no answer" in records[1]["error"] and "after 5 tries" in records[1]["error"]
+    with StandIn() as stand_in:  # a rerun runs what failed or never ran
+        evaluate(model_dir, tmp_path, stand_in.url)
+    assert len(stand_in.requests) == 2
+    assert sum(not r.get("error") for r in runner.read_results(tmp_path / runner.RESULTS)) == 3
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--method", "string"], "--method string with --server: the server runs its own method; name it with --label"),
+        (["--engine", "vllm"], "--engine vllm with --server: give one of them"),
+    ],
+)
+def test_flags_that_do_not_go_with_a_server_are_refused_in_one_line(model_dir, tmp_path, extra, message):
+    with pytest.raises(SystemExit) as stopped:
+        evaluate(model_dir, tmp_path, "http://127.0.0.1:9", *extra)
+    assert str(stopped.value) == f"longreach: error: {message}"
+
+
+def test_tasks_that_score_logits_are_refused_on_a_server(model_dir, tmp_path):
+    with pytest.raises(SystemExit) as stopped:
+        main(["eval", "ppl", "--model", model_dir, "--server", "http://127.0.0.1:9", "--out", str(tmp_path)])
+    assert "scores the model's logits" in str(stopped.value)
+
+
+def test_parallel_sizes_need_vllm(model_dir, tmp_path):
+    with pytest.raises(SystemExit) as stopped:
+        main(["eval", "passkey", "--model", model_dir, "--dp", "2", "--out", str(tmp_path)])
+    assert (
+        str(stopped.value) == "longreach: error: --dp 2 needs --engine vllm (under torchrun, processes share the cases)"
+    )

