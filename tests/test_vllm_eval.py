@@ -148,3 +148,21 @@ def wait_for(server: subprocess.Popen, url: str, seconds: float = 300) -> None:
         except OSError:
             assert time.monotonic() < deadline, f"the server did not answer within {seconds} s"
             time.sleep(2)
+
+
+@pytest.mark.parametrize("parallel", [["--dp", "2"], ["--tp", "2"]])
+def test_parallel_engines_give_one_engines_answers(model_dir, vllm_records, tmp_path, monkeypatch, parallel):
+    """``--dp 2``: two engines, a core and half the cases each, their shares merged; ``--tp 2``: one engine over two
+    workers. Either gives the single engine's records."""
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    if parallel[0] == "--tp":
+        monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    main(["eval", "passkey", "ruler:vt", "--model", model_dir, "--lengths", "1024", "--samples", "2",
+          "--training-window", "512", "--dtype", "float32", "--method", "string", "--engine", "vllm", *parallel,
+          "--out", str(tmp_path)])  # fmt: skip
+    records = by_case({runner.case_key(r): r for r in runner.read_results(tmp_path / runner.RESULTS)})
+    single = by_case(vllm_records[1])
+    assert len(records) == 4 and not list(tmp_path.glob("results.rank*.jsonl"))
+    assert all(record["answer"] == single[case]["answer"] for case, record in records.items())
+    layout = "tp=1 pp=1 dp=2" if parallel[0] == "--dp" else "tp=2 pp=1 dp=1"
+    assert {r["parallel"] for r in records.values()} == {layout}

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from ..eval.engines import ENGINES
 from ..eval.records import DTYPES
-from ..eval.served import DP_RANK
 from ..eval.task import EVALUATE
 from . import flags
 from .arguments import positive, prefill_tokens, writable_folder
@@ -160,7 +159,7 @@ def _grid(args: argparse.Namespace):
 
 
 def evaluate(args: argparse.Namespace) -> None:
-    from ..eval import runner
+    from ..eval import runner, served
     from ..eval.distributed import World
 
     if problem := _engine_problem(args):
@@ -168,12 +167,12 @@ def evaluate(args: argparse.Namespace) -> None:
     if args.server:
         args.method = [args.label]
     grid = _grid(args)  # every argument checked before anything is written
-    served = args.server or args.engine != "transformers"
-    if served and (scored := [t for t in grid.tasks if flags.task_registry().get(t).kind == EVALUATE]):
+    elsewhere = args.server or args.engine != "transformers"
+    if elsewhere and (scored := [t for t in grid.tasks if flags.task_registry().get(t).kind == EVALUATE]):
         where = "--server" if args.server else f"--engine {args.engine}"
         raise ValueError(f"task {scored[0]} scores the model's logits, which {where} does not give: use transformers")
     out = writable_folder(args.out)
-    if served:
+    if elsewhere:
         _evaluate_served(args, grid, out)
     else:
         runner.run(
@@ -187,7 +186,7 @@ def evaluate(args: argparse.Namespace) -> None:
         )
         if World.from_environment(args.tp is not None).rank:  # under torchrun, process 0 reports
             return
-    if DP_RANK not in os.environ:  # a data-parallel child leaves the report to its parent
+    if served.DP_RANK not in os.environ:  # a data-parallel child leaves the report to its parent
         summarize(out, args.threshold)
 
 

@@ -128,9 +128,12 @@ def _run_batch(task, engine, label: str, cases: list) -> Iterator[tuple[int, dic
     for i, case in enumerate(cases):
         if isinstance(case, Exception):
             yield i, _error(case), 0.0
-    start = time.perf_counter()
+    if not ready:
+        return
     left = set(ready)
     try:
+        engine.ready(label)  # the method applied, or its engine started: not the cases' time
+        start = time.perf_counter()
         for at, fields in engine.decode(task, label, [cases[i] for i in ready]):
             index, case = ready[at], cases[ready[at]]
             left.discard(index)
@@ -140,7 +143,7 @@ def _run_batch(task, engine, label: str, cases: list) -> Iterator[tuple[int, dic
         raise
     except Exception as error:  # every case not finished: an error row each
         for index in sorted(left):
-            yield index, _error(error), (time.perf_counter() - start) / len(ready)
+            yield index, _error(error), 0.0
 
 
 def _case_fields(task, case, fields: dict) -> dict:

@@ -10,11 +10,12 @@ special tokens, stripped: the same tokens in, the same text out, whichever engin
 
 from __future__ import annotations
 
-import os
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-from ..methods.spec import MethodSpec
 from .task import EVALUATE
+
+if TYPE_CHECKING:
+    from ..methods.spec import MethodSpec
 
 ENGINES = ("transformers", "vllm")  # what --engine takes (--server URL is the third)
 
@@ -49,15 +50,21 @@ class Transformers:
         device = self.model.device
         return f"cuda: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else device.type
 
-    def decode(self, task, label: str, cases: list) -> Iterator[tuple[int, dict]]:
-        """A batch decoded together (left-padded); a method whose frequencies follow the forward's longest sequence
-        (dynamic NTK) decodes each case alone, in one forward, so that its answer is its own whatever the batch."""
-        from ..integrations.transformers import one_case_per_forward
-        from . import generate, specs
+    def ready(self, label: str) -> None:
+        """The method applied (before a batch is timed)."""
+        from . import specs
 
         if self.applied != label:
             specs.apply(self.model, self.specs[label], self.window)
             self.applied = label
+
+    def decode(self, task, label: str, cases: list) -> Iterator[tuple[int, dict]]:
+        """A batch decoded together (left-padded); a method whose frequencies follow the forward's longest sequence
+        (dynamic NTK) decodes each case alone, in one forward, so that its answer is its own whatever the batch."""
+        from ..integrations.transformers import one_case_per_forward
+        from . import generate
+
+        self.ready(label)
         if task.kind == EVALUATE:
             yield from enumerate(task.evaluate(self.model, self.tokenizer, case) for case in cases)
             return
@@ -100,7 +107,9 @@ class Vllm:
             ) from None
         self.source, self.tokenizer, self.dtype, self.longest = source, tokenizer, dtype, longest
         self.tp, self.pp = tp, pp
-        self.overrides = {label: _overrides(spec, window) for label, spec in specs.items()}
+        self.overrides = {
+            label: _overrides(spec, window, longest, _position_limit(source)) for label, spec in specs.items()
+        }
         self.running: tuple[str, object] | None = None
         self.record = {"engine": "vllm", "engine_version": vllm.__version__, "parallel": parallel_layout(tp, pp, dp)}
 
@@ -116,7 +125,7 @@ class Vllm:
 
         if task.kind == EVALUATE:
             raise ValueError(f"task {task.name} scores the model's logits: run it with --engine transformers")
-        llm = self._engine(label)
+        llm = self.ready(label)
         prompts = [{"prompt_token_ids": self.tokenizer(c.prompt, add_special_tokens=False).input_ids} for c in cases]
         greedy = SamplingParams(temperature=0.0, max_tokens=task.max_new_tokens, detokenize=False)
         outputs = llm.generate(prompts, greedy, use_tqdm=False)
@@ -124,15 +133,14 @@ class Vllm:
             tokens = list(output.outputs[0].token_ids)
             yield index, {"answer": self.tokenizer.decode(tokens, skip_special_tokens=True).strip()}
 
-    def _engine(self, label: str):
+    def ready(self, label: str):
+        """The method's engine, started where another method's runs (before a batch is timed)."""
         if self.running is not None and self.running[0] == label:
             return self.running[1]
         self.close()
         from vllm import LLM
 
         settings = {"hf_overrides": self.overrides[label]} if self.overrides[label] is not None else {}
-        if self.longest > _position_limit(self.source):  # the methods are for lengths beyond the model's window
-            os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
         llm = LLM(
             model=self.source,
             dtype=self.dtype,
@@ -153,14 +161,16 @@ class Vllm:
             self.running = None
 
 
-def _overrides(spec: MethodSpec, window: int):
-    """The method's ``hf_overrides`` (checked now, one line if vLLM cannot run it), or ``None`` for stock RoPE."""
+def _overrides(spec: MethodSpec, window: int, longest: int, limit: int):
+    """The method's ``hf_overrides`` (checked now, one line if vLLM cannot run it), holding ``longest`` tokens: stock
+    RoPE (no record) only raises ``max_position_embeddings`` where ``longest`` is past it (vLLM's rotary table covers
+    no more), or nothing."""
     from ..integrations.vllm import overrides
 
     method, params = spec.arguments(window)
     if method == "rope" and not params:
-        return None
-    return overrides(method, training_window=window, **params)
+        return {"max_position_embeddings": longest} if longest > limit else None
+    return overrides(method, training_window=window, context=longest, **params)
 
 
 def _position_limit(source: str) -> int:

@@ -96,8 +96,11 @@ class Server:
                 time.sleep(BACKOFF * 2**attempt)
         return {"error": f"{reason} (after {RETRIES + 1} tries)"}, unanswered
 
+    def ready(self, label: str) -> None:
+        """Nothing to start: the server runs."""
+
     def close(self) -> None:
-        pass
+        """Nothing to stop: the server is not ours."""
 
 
 def _request(url: str, body: dict | None, timeout: float) -> dict:

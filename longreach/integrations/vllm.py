@@ -39,18 +39,26 @@ class Overrides:
     process before any engine starts -- the record is checked against the model's own window there (one-line
     ``ValueError``) and set on the config. :attr:`json` is the same for ``vllm serve --hf-overrides``."""
 
-    def __init__(self, record: dict):
-        self.record = record
+    def __init__(self, record: dict, context: int | None = None):
+        self.record, self.context = record, context
 
     @property
     def json(self) -> str:
-        """``{"longreach": record}`` as JSON (a frequency method needs the model's own ``rope_parameters``: none)."""
+        """``{"longreach": record}`` as JSON (a frequency method needs the model's own ``rope_parameters``: none), with
+        ``max_position_embeddings`` raised to the context where one is given."""
         if _frequency(self.record["method"]):
             raise ValueError(
                 f"method={self.record['method']!r} is the model's rope_parameters, which vllm serve --hf-overrides "
                 'replaces whole: give them whole, \'{"rope_parameters": {"rope_theta": ..., "rope_type": ...}}\''
             )
-        return json.dumps({CONFIG_KEY: self.record})
+        if self.context is None:
+            return json.dumps({CONFIG_KEY: self.record})
+        if self.record.get("training_window") is None:
+            raise ValueError(
+                f"context={self.context} for vllm serve: give training_window= too (the record cannot know the "
+                "model's own window once max_position_embeddings is raised)"
+            )
+        return json.dumps({CONFIG_KEY: self.record, "max_position_embeddings": self.context})
 
     def __call__(self, hf_config):
         text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
@@ -59,18 +67,24 @@ class Overrides:
         problem = model_problem(text)
         if problem:
             raise ValueError(problem)
-        method = check(self.record, int(text.max_position_embeddings))
+        window = int(text.max_position_embeddings)
+        method = check(self.record, window)
         if _frequency(self.record["method"]):
             text.rope_parameters = method.rope_parameters(dict(text.rope_parameters), _rotary_dims(text))
-        else:
-            setattr(hf_config, CONFIG_KEY, self.record)
+        else:  # L is the record's, or the model's window as it was
+            setattr(hf_config, CONFIG_KEY, {**self.record, "training_window": self.record["training_window"] or window})
+        if self.context is not None and self.context > window:
+            text.max_position_embeddings = self.context  # vLLM's rotary table covers every position the engine holds
         return hf_config
 
     def __repr__(self) -> str:
-        return f"longreach.integrations.vllm.Overrides({json.dumps({CONFIG_KEY: self.record})})"
+        context = "" if self.context is None else f", context={self.context}"
+        return f"longreach.integrations.vllm.Overrides({json.dumps({CONFIG_KEY: self.record})}{context})"
 
 
-def overrides(method: str = "string", *, training_window: int | None = None, **params) -> Overrides:
+def overrides(
+    method: str = "string", *, training_window: int | None = None, context: int | None = None, **params
+) -> Overrides:
     """vLLM's ``hf_overrides`` that run ``method`` with ``params``: ``LLM(model, hf_overrides=overrides("string"))``.
 
     Args:
@@ -78,6 +92,11 @@ def overrides(method: str = "string", *, training_window: int | None = None, **p
             ``dca``, ``dpe``), or a frequency method vLLM's rotary embedding computes (``pi``, ``ntk``, ``yarn``,
             ``llama3``).
         training_window: ``L``; default: the model's ``max_position_embeddings``.
+        context: the longest sequence the engine is to hold (its ``max_model_len``) where that is past the model's
+            window (ReRoPE, Self-Extend, DCA and the frequency methods reach past it): the config's
+            ``max_position_embeddings`` is raised to it, so that vLLM's rotary embedding, whose table of angles it
+            sizes, covers every position (``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` alone leaves positions past the table
+            reading outside it), while ``L`` stays the model's own window or ``training_window``.
         **params: the method's parameters, as for ``longreach.apply``.
 
     Returns:
@@ -92,7 +111,9 @@ def overrides(method: str = "string", *, training_window: int | None = None, **p
     _runs_in_vllm(record)
     if training_window is not None:
         check(record, training_window)
-    return Overrides(record)
+    if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 1):
+        raise ValueError(f"context={context!r} is out of range: a whole number of tokens >= 1 (vLLM's max_model_len)")
+    return Overrides(record, context)
 
 
 def check(record: dict, window: int) -> PositionMethod:

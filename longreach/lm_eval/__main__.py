@@ -1,8 +1,9 @@
 """``python -m longreach.lm_eval ARGS``: lm-eval's own command line with the ``longreach`` model registered.
 
 lm-eval 0.4.13 cannot discover models of other packages by itself, so this registers
-:class:`~longreach.lm_eval.LongreachLM` and hands the arguments to lm-eval's CLI unchanged;
-``--model longreach`` is added when no ``--model`` is given.
+:class:`~longreach.lm_eval.LongreachLM` (and :class:`~longreach.lm_eval.vllm.LongreachVLLM`, ``longreach-vllm``,
+where it is asked for) and hands the arguments to lm-eval's CLI unchanged; ``--model longreach`` is added when no
+``--model`` is given.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ def main(argv: list[str] | None = None) -> None:
         from lm_eval.__main__ import cli_evaluate
 
         from . import LongreachLM  # noqa: F401  (registers the model)
+
+        if "longreach-vllm" in " ".join(argv):
+            from .vllm import LongreachVLLM  # noqa: F401  (registers it; vLLM imported only where asked for)
     except ImportError as error:
         sys.exit(f"longreach: error: {error}")
     command = argv[:1] if argv[:1] and argv[0] in SUBCOMMANDS else []
