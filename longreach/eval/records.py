@@ -77,6 +77,7 @@ FIELDS = {  # field -> (what it must be, the test); every field but REQUIRED may
     "engine": ("an engine's name", lambda v: _text(v) and bool(v)),
     "engine_version": ("a text", _text),
     "parallel": ("a text", _text),
+    "served_model": ("a text", _text),
     "prompt_hash": ("a text", _text),
     "references": ("a list", lambda v: isinstance(v, list)),
     "needle_depths": ("null or a list of numbers", lambda v: v is None or _reals(v)),
