@@ -5,7 +5,7 @@ An engine takes a batch of cases of one task, length and method and yields each 
 ``(index in the batch, fields)``, the fields being the answer (and what the engine records of it) or an ``error``.
 Every engine decodes greedily with the task's ``max_new_tokens``, from the case's prompt as the model's own tokenizer
 reads it without special tokens (the prompt holds BOS and the chat template already), and decodes the answer without
-special tokens, stripped: the same tokens in, the same text out, whichever engine runs (``tests/test_vllm.py``).
+special tokens, stripped: the same tokens in, the same text out, whichever engine runs (``tests/test_vllm_eval.py``).
 """
 
 from __future__ import annotations
@@ -26,13 +26,11 @@ def parallel_layout(tp: int = 1, pp: int = 1, dp: int = 1) -> str:
 
 
 class EngineGone(RuntimeError):
-    """The engine stopped answering: the run stops (what finished is saved), and is not recorded case by case."""
+    """The engine stopped answering: the run stops with one line; every finished case is saved, and a rerun goes on."""
 
 
 class Transformers:
     """The model loaded in this process, a method applied per batch (:func:`.specs.apply`)."""
-
-    name = "transformers"
 
     def __init__(self, model, tokenizer, specs: dict[str, MethodSpec], window: int, prefill_tokens: int | None):
         import transformers
@@ -83,8 +81,6 @@ class Vllm:
     first batch comes and shut down before the next method's starts (a run takes the cases method by method). ``rope``
     with no parameters is stock vLLM, with no record; every other method is its ``hf_overrides``
     (:func:`longreach.integrations.vllm.overrides`), checked before any engine starts."""
-
-    name = "vllm"
 
     def __init__(
         self,
