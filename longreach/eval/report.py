@@ -14,7 +14,7 @@ from statistics import mean
 
 from .. import provenance
 from ..plots import length_text
-from . import pictures, prompt_sizes, ruler, stats, summary_csv, tasks
+from . import infbench, pictures, prompt_sizes, ruler, stats, summary_csv, tasks
 from .records import RESULTS, read_results
 from .report_cells import (
     BASELINE,
@@ -27,6 +27,7 @@ from .report_cells import (
     group_cells,
     number,
 )
+from .report_infbench import infbench_section
 from .report_ruler import RULER_FAMILIES, ruler_section
 from .report_runs import errors_section, runs_section, seconds_by_batch, time_section
 
@@ -66,6 +67,7 @@ def build(out: Path, threshold: float = RULER_THRESHOLD) -> str:
         "effective_length": [],
         "ruler": [],
         "ruler_paired": [],
+        "infbench": [],
         "sizes": prompt_sizes.sizes(records),
         "failed": len(failed),
         "runs": runs,
@@ -81,6 +83,10 @@ def build(out: Path, threshold: float = RULER_THRESHOLD) -> str:
             rows = [r for (m, task), rs in by_task.items() if m == model and task.split(":")[0] == family for r in rs]
             if rows:
                 sections.append(ruler_section(out, model if len(models) > 1 else "", family, rows, threshold, summary))
+        for family in infbench.FAMILIES:
+            rows = [r for (m, task), rs in by_task.items() if m == model and task.split(":")[0] == family for r in rs]
+            if rows:
+                sections.append(infbench_section(model if len(models) > 1 else "", family, rows, summary))
     for (model, task), rows in sorted(by_task.items()):
         title = task if len(models) == 1 else f"{task} — {model}"
         sections.append(_task_section(out, title, rows, threshold, summary))

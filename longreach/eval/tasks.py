@@ -5,6 +5,8 @@
   prompt LongLM and ChunkLlama reuse);
 * ``ruler:<name>`` -- RULER's 13 tasks (:mod:`.ruler`), sized as RULER sizes them; ``ruler`` names them
   all; ``ruler-tight:<name>`` / ``ruler-tight`` pack each case to the largest haystack that fits;
+* ``infbench:<name>`` / ``infbench-qwen2:<name>`` -- InfiniteBench's 12 tasks as STRING's script runs them
+  (:mod:`.infbench`), with its Llama 3.1 or Qwen2 prompts; ``infbench`` names the nine of the STRING paper's table;
 * ``niah`` -- RULER's niah_single_2 with the needle at each grid depth (the depth x length heatmap);
 * ``ppl`` -- perplexity by position (:mod:`.perplexity`);
 * tasks other packages define and :func:`register` here: ``probe`` / ``probe-tail``, retrieval on a checkpoint of
@@ -22,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
-from . import haystack, ruler, scoring
+from . import haystack, infbench, ruler, scoring
 from .case import Case
 from .task import GENERATE, AnyTask
 
@@ -196,10 +198,29 @@ TASKS = {
     "niah": ruler.Niah("niah", grid_depth=True, packing="tight"),
     **{f"ruler:{name}": task for name, task in ruler.TASKS.items()},
     **{f"ruler-tight:{name}": task for name, task in ruler.TIGHT.items()},
+    **infbench.TASKS,
 }
-FAMILIES = ("ruler", "ruler-tight")  # names that stand for all 13 tasks of a packing
-REVISIONS = {"niah4": STRING_REVISION, "passkey": PASSKEY_REVISION, "ruler": ruler.REVISION, "niah": ruler.REVISION}
+FAMILIES = ("ruler", "ruler-tight", *infbench.FAMILIES)  # names that stand for a benchmark's tasks
+REVISIONS = {
+    "niah4": STRING_REVISION,
+    "passkey": PASSKEY_REVISION,
+    "ruler": ruler.REVISION,
+    "niah": ruler.REVISION,
+    "infbench": infbench.REVISION,
+}
 qa_available = ruler.qa_available
+
+
+def data_problem(name: str) -> str | None:
+    """Why task ``name`` cannot build its cases here (its dataset is missing: one line saying where to get it), or
+    ``None``. Checked before a run starts."""
+    task = TASKS.get(name)
+    if isinstance(task, infbench.InfiniteBenchTask) and not task.synthetic:
+        try:
+            infbench.data.locate(task.task)
+        except FileNotFoundError as error:
+            return str(error)
+    return None
 
 
 def revision(task: str) -> str:
@@ -231,20 +252,23 @@ def get(name: str) -> AnyTask:
     if name in REGISTERED:
         return REGISTERED[name]
     if name not in TASKS:
-        shown = [n for n in TASKS if not n.startswith("ruler-tight:")]
+        shown = [n for n in TASKS if not n.startswith(("ruler-tight:", "infbench-qwen2:"))]
         groups = "".join(f", {names} ({what})" for names, what in GROUPS.items())
         raise ValueError(
             f"unknown task {name!r}; available: {', '.join(shown)}, ruler (all RULER tasks), "
-            f"ruler-tight:<name> and ruler-tight (packed tight), ppl{groups}"
+            f"ruler-tight:<name> and ruler-tight (packed tight), infbench (the STRING paper's nine), "
+            f"infbench-qwen2:<name> and infbench-qwen2 (Qwen2's prompts), ppl{groups}"
         )
     return TASKS[name]
 
 
 def expand(name: str) -> list[str]:
     """``ruler`` (``ruler-tight``) means every RULER task of that packing (the two QA tasks only when RULER's
-    data is installed)."""
+    data is installed); ``infbench`` (``infbench-qwen2``) the nine tasks of the STRING paper's table."""
     if name not in FAMILIES:
         get(name)
         return [name]
+    if name in infbench.FAMILIES:
+        return [f"{name}:{n}" for n in infbench.PAPER]
     names = [f"{name}:{n}" for n in ruler.TASKS]
     return names if qa_available() is None else [n for n in names if ":qa_" not in n]
