@@ -140,6 +140,8 @@ def test_tokens_to_generate_are_upstreams():
     expected |= {
         name.replace("ruler:", "ruler-tight:"): tokens for name, tokens in expected.items() if name.startswith("ruler:")
     }
+    for family in ("infbench", "infbench-qwen2"):  # STRING's DATA_NAME_TO_MAX_NEW_TOKENS
+        expected |= {f"{family}:passkey": 6, f"{family}:number_string": 12, f"{family}:kv_retrieval": 50}
     assert {name: tasks.get(name).max_new_tokens for name in ALL} == expected
     assert tasks.expand("ruler-tight") == [f"ruler-tight:{n}" for n in ruler.TASKS]
 
