@@ -44,22 +44,8 @@ def write_task(folder, name: str, output_type: str, rows: list[dict], fields: st
     )
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    """``(model folder, task folder)``: a tiny Llama saved with the real tokenizer, and the three tasks."""
-    folder = tmp_path_factory.mktemp("lm_eval")
-    tokenizer = AutoTokenizer.from_pretrained(models.default_path())
-    model = tiny_model(
-        "llama",
-        vocab_size=len(tokenizer),
-        max_position_embeddings=WINDOW,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    model.save_pretrained(folder / "model")
-    tokenizer.save_pretrained(folder / "model")
-    tasks = folder / "tasks"
+def write_tasks(tasks):
+    """The generation and multiple-choice tasks, each over passages within L and well past it, in folder ``tasks``."""
     tasks.mkdir()
     lengths = [6, 30, 70, 110]  # words: within L, and well past it
     write_task(
@@ -82,6 +68,25 @@ def setup(tmp_path_factory):
         'doc_to_text: "{{context}}"\ndoc_to_choice: "{{choices}}"\ndoc_to_target: "{{label}}"\n'
         "metric_list:\n  - metric: acc\n",
     )
+    return tasks
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """``(model folder, task folder)``: a tiny Llama saved with the real tokenizer, and the three tasks."""
+    folder = tmp_path_factory.mktemp("lm_eval")
+    tokenizer = AutoTokenizer.from_pretrained(models.default_path())
+    model = tiny_model(
+        "llama",
+        vocab_size=len(tokenizer),
+        max_position_embeddings=WINDOW,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    model.save_pretrained(folder / "model")
+    tokenizer.save_pretrained(folder / "model")
+    tasks = write_tasks(folder / "tasks")
     write_task(
         tasks,
         "lr_tiny_rolling",

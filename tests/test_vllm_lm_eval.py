@@ -27,7 +27,7 @@ importlib.metadata.version = _vllm_cpus_version(importlib.metadata.version)
 import lm_eval  # noqa: E402
 from conftest import tiny_model  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
-from test_lm_eval import STRING, WINDOW, WORDS, loglikelihoods, passage, write_task  # noqa: E402
+from test_lm_eval import STRING, WINDOW, loglikelihoods, write_tasks  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 from longreach import models  # noqa: E402
@@ -57,29 +57,7 @@ def setup(tmp_path_factory):
     )
     model.save_pretrained(folder / "model")
     tokenizer.save_pretrained(folder / "model")
-    tasks = folder / "tasks"
-    tasks.mkdir()
-    lengths = [6, 30, 70, 110]  # words: within L, and well past it
-    write_task(
-        tasks,
-        "lr_tiny_gen",
-        "generate_until",
-        [{"context": passage(s, n) + "\nNext:", "answer": WORDS[s]} for s, n in enumerate(lengths)],
-        'doc_to_text: "{{context}}"\ndoc_to_target: "{{answer}}"\n'
-        'generation_kwargs:\n  until: ["\\n"]\n  max_gen_toks: 6\n  do_sample: false\n'
-        "metric_list:\n  - metric: exact_match\n",
-    )
-    write_task(
-        tasks,
-        "lr_tiny_choice",
-        "multiple_choice",
-        [
-            {"context": passage(s, n), "choices": [" " + w for w in WORDS[s : s + 3]], "label": s % 3}
-            for s, n in enumerate(lengths)
-        ],
-        'doc_to_text: "{{context}}"\ndoc_to_choice: "{{choices}}"\ndoc_to_target: "{{label}}"\n'
-        "metric_list:\n  - metric: acc\n",
-    )
+    tasks = write_tasks(folder / "tasks")
     return folder / "model", tasks
 
 

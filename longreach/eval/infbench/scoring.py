@@ -46,6 +46,19 @@ def code_run(prediction: str, label) -> bool:
         return False
 
 
+def _after_prefix(prediction: str, prefixes, accepted) -> bool | None:
+    """Upstream's answer prefixes: the first of ``prefixes`` found decides whether what follows it (past one
+    character) starts with one of ``accepted``; ``None`` when none is found."""
+    for prefix in prefixes:
+        at = prediction.find(prefix)
+        if at == -1:
+            continue
+        if len(prediction) < at + len(prefix) + 1:
+            return False
+        return any(prediction[at + len(prefix) + 1 :].startswith(a) for a in accepted)
+    return None
+
+
 def code_debug(prediction: str, label) -> bool:
     """Code.Debug: the last standalone letter A-J of the first line that has one, or the option's letter or the
     function's name at the start of the prediction or after an answer prefix."""
@@ -59,15 +72,7 @@ def code_debug(prediction: str, label) -> bool:
         prediction = prediction.replace("  ", " ")
     if prediction.startswith(letter) or prediction.startswith(function):
         return True
-    for prefix in ("answer is:", "is:", "answer:", "correct option is:"):
-        at = prediction.find(prefix)
-        if at == -1:
-            continue
-        if len(prediction) < at + len(prefix) + 1:
-            return False
-        rest = prediction[at + len(prefix) + 1 :]
-        return rest.startswith(letter) or rest.startswith(function)
-    return False
+    return bool(_after_prefix(prediction, ("answer is:", "is:", "answer:", "correct option is:"), (letter, function)))
 
 
 def math_find(prediction: str, label) -> bool:
@@ -106,14 +111,9 @@ def longbook_choice_eng(prediction: str, label) -> bool:
     prediction = _replaced(prediction, ["\n", '"', "'", ".", ",", "?", "!", "{", "}"])
     while "  " in prediction:
         prediction = prediction.replace("  ", " ")
-    for prefix in ("answer is:", "answer:", "answer is", "option is"):
-        at = prediction.find(prefix)
-        if at == -1:
-            continue
-        if len(prediction) < at + len(prefix) + 1:
-            return False
-        rest = prediction[at + len(prefix) + 1 :]
-        return any(rest.startswith(option) for option in label)
+    found = _after_prefix(prediction, ("answer is:", "answer:", "answer is", "option is"), label)
+    if found is not None:
+        return found
     for word in prediction.split():
         if word in "ABCD":
             return word in label
