@@ -71,10 +71,9 @@ def write_tasks(tasks):
     return tasks
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    """``(model folder, task folder)``: a tiny Llama saved with the real tokenizer, and the three tasks."""
-    folder = tmp_path_factory.mktemp("lm_eval")
+def save_tiny_llama(folder, **overrides) -> None:
+    """A tiny Llama with L = WINDOW and the real SmolLM2 tokenizer's vocabulary and special tokens, saved with it in
+    ``folder``."""
     tokenizer = AutoTokenizer.from_pretrained(models.default_path())
     model = tiny_model(
         "llama",
@@ -83,9 +82,17 @@ def setup(tmp_path_factory):
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
+        **overrides,
     )
-    model.save_pretrained(folder / "model")
-    tokenizer.save_pretrained(folder / "model")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """``(model folder, task folder)``: a tiny Llama saved with the real tokenizer, and the three tasks."""
+    folder = tmp_path_factory.mktemp("lm_eval")
+    save_tiny_llama(folder / "model")
     tasks = write_tasks(folder / "tasks")
     write_task(
         tasks,

@@ -25,12 +25,9 @@ def _vllm_cpus_version(real):
 importlib.metadata.version = _vllm_cpus_version(importlib.metadata.version)
 
 import lm_eval  # noqa: E402
-from conftest import tiny_model  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
-from test_lm_eval import STRING, WINDOW, loglikelihoods, write_tasks  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
+from test_lm_eval import STRING, loglikelihoods, save_tiny_llama, write_tasks  # noqa: E402
 
-from longreach import models  # noqa: E402
 from longreach.integrations.vllm import overrides  # noqa: E402
 from longreach.lm_eval import LongreachLM  # noqa: E402
 from longreach.lm_eval.__main__ import main as lm_eval_main  # noqa: E402
@@ -42,21 +39,7 @@ ENGINE = dict(max_model_len=256, dtype="float32", gpu_memory_utilization=0.1, se
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     folder = tmp_path_factory.mktemp("lm_eval_vllm")
-    tokenizer = AutoTokenizer.from_pretrained(models.default_path())
-    model = tiny_model(
-        "llama",
-        vocab_size=len(tokenizer),
-        hidden_size=256,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        max_position_embeddings=WINDOW,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    model.save_pretrained(folder / "model")
-    tokenizer.save_pretrained(folder / "model")
+    save_tiny_llama(folder / "model", hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
     tasks = write_tasks(folder / "tasks")
     return folder / "model", tasks
 
