@@ -425,3 +425,28 @@ def test_a_failing_case_becomes_an_error_row_and_the_grid_goes_on(tmp_path, monk
     records = runner.read_results(tmp_path / runner.RESULTS)
     assert len(records) == len(grid) and not any(r.get("error") for r in records)
     assert "## Failed cases" not in report.build(tmp_path)
+
+
+def test_a_case_whose_scoring_raises_keeps_its_answer_and_the_others_their_scores(tmp_path, monkeypatch):
+    """Issue trust4, defect 1: one batch of four, the second case's scorer raising. That case is recorded answered,
+    with the scoring error named; the cases after it in the batch are scored, each with its own outcome."""
+    model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024)
+    grid = runner.Grid("tiny", ["passkey"], [MethodSpec.parse("rope")], [700], [0.5], 4)
+    task = tasks.get("passkey")
+    real = type(task).score
+
+    def score(self, answer, case):
+        if case.seed == 1:
+            raise AttributeError("'int' object has no attribute 'lower'")
+        return real(self, answer, case)
+
+    monkeypatch.setattr(type(task), "score", score)
+    for _ in range(2):  # the rerun tries the unscored case again, and only it
+        runner.run(grid, tmp_path, loaded=(model, byte_tokenizer()), batch_size=4)
+        records = {r["seed"]: r for r in runner.read_results(tmp_path / runner.RESULTS)}
+        assert sorted(records) == [0, 1, 2, 3] and all(r["batch"] == 4 for r in records.values())
+        bad = records.pop(1)
+        assert bad["error"] == "scoring the answer failed: AttributeError: 'int' object has no attribute 'lower'"
+        assert bad["score"] is None and isinstance(bad["answer"], str)
+        assert all(r.get("error") is None and r["score"] in (0.0, 100.0) for r in records.values())
+    assert len((tmp_path / runner.RESULTS).read_text().splitlines()) == 5

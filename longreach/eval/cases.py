@@ -123,7 +123,8 @@ def _error(error: BaseException) -> dict:
 
 def _run_batch(task, engine, label: str, cases: list) -> Iterator[tuple[int, dict, float]]:
     """``(index, record fields, seconds)`` of each case as the engine finishes it, scored; a case that could not be
-    built, or a batch that raises, becomes error rows (one failing case must not stop the grid; a rerun retries)."""
+    built, or a batch that raises, becomes error rows (one failing case must not stop the grid; a rerun retries).
+    Each case gets its own outcome: one whose answer cannot be scored keeps its answer, with the scoring error."""
     ready = [i for i, case in enumerate(cases) if not isinstance(case, Exception)]
     for i, case in enumerate(cases):
         if isinstance(case, Exception):
@@ -138,12 +139,22 @@ def _run_batch(task, engine, label: str, cases: list) -> Iterator[tuple[int, dic
             index, case = ready[at], cases[ready[at]]
             left.discard(index)
             seconds = (time.perf_counter() - start) / len(ready)
-            yield index, _case_fields(task, case, fields), seconds
+            yield index, _scored(task, case, fields), seconds
     except EngineGone:
         raise
     except Exception as error:  # every case not finished: an error row each
         for index in sorted(left):
             yield index, _error(error), 0.0
+
+
+def _scored(task, case, fields: dict) -> dict:
+    """:func:`_case_fields`, or, where scoring the answer raises, the answer kept with the error named (an error row,
+    which a rerun tries again)."""
+    try:
+        return _case_fields(task, case, fields)
+    except Exception as error:
+        kept = {name: fields[name] for name in ("answer",) if isinstance(fields.get(name), str)}
+        return {**kept, "score": None, "error": f"scoring the answer failed: {error.__class__.__name__}: {error}"}
 
 
 def _case_fields(task, case, fields: dict) -> dict:
