@@ -172,6 +172,51 @@ def test_a_missing_dataset_or_a_bad_record_is_one_line(tmp_path, monkeypatch):
         data.records("code_run")
 
 
+MALFORMED = {  # issue trust4, defects 2 and 3: (task, the fields changed), what the one line must say
+    "null context": ("longbook_sum_eng", {"context": None}, "context=null is not a text"),
+    "number context": ("longbook_qa_chn", {"context": 12345}, "context=12345 is not a text"),
+    "number input": ("longbook_choice_eng", {"input": 7}, "input=7 is not a text"),
+    "no answer": ("longbook_qa_eng", {"answer": []}, "answer=[] holds no answer"),
+    "number summary": ("longbook_sum_eng", {"answer": 5}, "answer=5 is not a text or a list of texts"),
+    "text references": ("longbook_qa_eng", {"answer": "by the river"}, 'answer="by the river" is not a list of texts'),
+    "text return": ("code_run", {"answer": "12"}, 'answer="12" is not a whole number'),
+    "text number": ("math_find", {"answer": ["99"]}, 'answer=["99"] is not a number'),
+    "text values": ("math_calc", {"answer": [["42", 37]]}, "is not a list of whole numbers"),
+    "no call": ("code_run", {"input": "What is returned?"}, 'input="What is returned?" names no call func_N(x)'),
+    "no target": ("math_find", {"input": "Which one?"}, "input=\"Which one?\" names no 'The ... of'"),
+    "three options": ("code_debug", {"options": ["func_3", "func_12", "func_20"]}, "is not 4 texts"),
+    "not an option": ("longbook_choice_eng", {"answer": ["the king"]}, 'answer=["the king"] is not among the options'),
+    "bad letter": ("longbook_choice_eng", {"answer": ["the smith", "E"]}, "is not [option, letter A-D]"),
+}
+
+
+@pytest.mark.parametrize("name", MALFORMED)
+def test_a_malformed_record_is_refused_in_one_line_naming_the_file_the_line_and_the_field(tmp_path, monkeypatch, name):
+    task, changed, what = MALFORMED[name]
+    good = json.dumps(UPSTREAM["records"][task], ensure_ascii=False)
+    path = tmp_path / f"{task}.jsonl"
+    path.write_text(f"{good}\n\n{json.dumps({**UPSTREAM['records'][task], **changed})}\n", encoding="utf-8")
+    monkeypatch.setenv(data.DATA, str(tmp_path))
+    problem = tasks.data_problem(f"infbench:{task}")  # before a run starts
+    assert problem.startswith(f"{path}, line 3: ") and what in problem and "\n" not in problem
+    with pytest.raises(ValueError) as refused:
+        tasks.get(f"infbench:{task}").build(None, 65536, None, 0)
+    assert str(refused.value) == problem
+
+
+def test_a_file_that_is_not_utf8_or_holds_no_records_is_refused_naming_it(tmp_path, monkeypatch):
+    monkeypatch.setenv(data.DATA, str(tmp_path))
+    assert tasks.data_problem("infbench:longbook_qa_eng").startswith("InfiniteBench's longbook_qa_eng.jsonl is not")
+    (tmp_path / "code_debug.jsonl").write_bytes(b'{"context": "caf\xe9", "input": "", "answer": ["1"]}\n')
+    assert (
+        tasks.data_problem("infbench:code_debug") == f"{tmp_path / 'code_debug.jsonl'}, line 1: not UTF-8 (byte 0xe9)"
+    )
+    (tmp_path / "longbook_sum_eng.jsonl").write_text("[1, 2]\n")
+    assert tasks.data_problem("infbench:longbook_sum_eng").endswith(
+        ", line 1: not a JSON object (not an InfiniteBench record)"
+    )
+
+
 def test_a_length_must_hold_the_tokens_to_generate(tokenizer):
     with pytest.raises(ValueError, match="infbench:math_calc generates up to 30000 tokens"):
         tasks.get("infbench:math_calc").build(tokenizer, 16384, None, 0)

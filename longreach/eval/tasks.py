@@ -212,13 +212,14 @@ qa_available = ruler.qa_available
 
 
 def data_problem(name: str) -> str | None:
-    """Why task ``name`` cannot build its cases here (its dataset is missing: one line saying where to get it), or
-    ``None``. Checked before a run starts."""
+    """Why task ``name`` cannot build its cases here, in one line, or ``None``: its dataset is missing (where to get
+    it), or a record is not in upstream's format (the file, the line and what is wrong). Checked before a run
+    starts."""
     task = TASKS.get(name)
     if isinstance(task, infbench.InfiniteBenchTask) and not task.synthetic:
         try:
-            infbench.data.locate(task.task)
-        except FileNotFoundError as error:
+            infbench.data.records(task.task)
+        except (FileNotFoundError, ValueError) as error:
             return str(error)
     return None
 

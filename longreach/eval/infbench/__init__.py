@@ -16,7 +16,8 @@ any length, as many noise lines or key-value pairs as fit (upstream writes 5,220
 the cut drop what passes), each case from its own random stream, its needle at upstream's positions taken coarse to
 fine (:func:`.synthetic.needle_at`); kv_retrieval's UUIDs come from that stream (upstream's from the operating
 system); the answer is scored without the special tokens upstream's decoding leaves in it (``<|eot_id|>`` glued to
-the last word).
+the last word, which changes upstream's En.QA, En.Sum, Zh.QA, Code.Run and Retr.KV scores: docs/measuring.md says
+how).
 
 The package: :mod:`.prompts`, :mod:`.synthetic`, :mod:`.data` (the published records), :mod:`.scoring`,
 :mod:`.tasks`; here, the tasks by name.

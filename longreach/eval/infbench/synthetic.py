@@ -83,9 +83,10 @@ def needle_at(task: str, seed: int) -> float:
 
 @lru_cache(maxsize=4)
 def coarse_to_fine(positions: int) -> tuple[int, ...]:
-    """The ``positions`` needle positions in an order whose every prefix spreads over them (the bit-reversed
-    order: 0, the middle, the quarters, ...), so that a run of a few cases covers every depth; the first
-    ``positions`` cases visit each once."""
+    """The ``positions`` needle positions in an order whose every prefix spreads over them, so that a run of a few
+    cases covers every depth; the first ``positions`` cases visit each once. It is the bit-reversed order of ``0 ..
+    2^b - 1`` (``2^b``: the first power of two at or above ``positions``) with the numbers past the last position left
+    out: of 59 positions 0, 32, 16, 48, 8, 40, ... (32 of 58 is not the exact middle), of 500 0, 256, 128, 384, ..."""
     bits = max(1, (positions - 1).bit_length())
     reversed_ = (int(f"{i:0{bits}b}"[::-1], 2) for i in range(2**bits))
     return tuple(i for i in reversed_ if i < positions)

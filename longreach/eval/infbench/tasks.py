@@ -105,15 +105,13 @@ class InfiniteBenchTask:
 
 
 def answer(record: dict, task: str):
-    """``eval_utils.get_answer``: multiple choice gives ``[option text, letter]`` (from the answer text, or an
-    answer that is that pair already); every other task its record's answer as it is."""
-    if task not in ("code_debug", "longbook_choice_eng"):
+    """``eval_utils.get_answer`` on a record :func:`.data.problem` accepts: multiple choice gives ``[option text,
+    letter]`` (from the answer text, or an answer that is that pair already); every other task its record's answer as
+    it is."""
+    if task not in data.CHOICE:
         return record["answer"]
     given, options = record["answer"], record["options"]
-    if isinstance(given, str):
-        return [given, "ABCD"[options.index(given)]]
-    if isinstance(given, list) and len(given) == 1:
-        return [given[0], "ABCD"[options.index(given[0])]]
-    if isinstance(given, list) and len(given) == 2 and given[1] in ("A", "B", "C", "D"):
+    if isinstance(given, list) and len(given) == 2:
         return given
-    raise ValueError(f"infbench:{task}: an answer {given!r} that is neither an option nor [option, letter]")
+    text = given[0] if isinstance(given, list) else given
+    return [text, "ABCD"[options.index(text)]]
