@@ -483,6 +483,24 @@ def test_generate_compiles_its_decoding_steps_whole(name, padded):
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1  # the steps ran compiled, compiled once
 
 
+@pytest.mark.parametrize("name", sorted(METHODS))
+@torch.no_grad()
+def test_every_method_compiles_whole_on_a_partial_rotary_model(name):
+    """Issue trust4, defect 4: Phi-3's ``partial_rotary_factor=0.5`` (half of each head rotates), each method's
+    decoding step compiled with ``fullgraph=True`` through ``generate``: the tokens of eager generation. DCA's folded
+    chunk queries widen the rotated halves, which the unrotated half must follow."""
+    torch._dynamo.reset()
+    model = tiny_model("phi3")
+    params = dict(METHODS[name], dimensions=torch.rand(2, 4, 4, generator=torch.Generator().manual_seed(1)))
+    longreach.apply(model, name, **(params if name == "dpe" else METHODS[name]))
+    x, mask = left_padded(n=40, pad=5)
+    settings = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, cache_implementation="static")
+    eager = model.generate(x, **settings)
+    config = transformers.CompileConfig(fullgraph=True, backend="eager")
+    config._compile_all_devices = True
+    assert torch.equal(model.generate(x, compile_config=config, **settings), eager)
+
+
 @pytest.mark.parametrize("name", ["rerope", "self_extend"])
 def test_kept_moved_keys_give_the_same_tokens_and_move_only_new_keys(monkeypatch, name):
     """``keep_moved_keys``: a decoding step moves its new key only; generate (greedy, beams, a static cache), a cropped

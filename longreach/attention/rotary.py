@@ -43,9 +43,10 @@ def apply_rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
     x1, x2 = x[..., :half].to(cos.dtype), x[..., half : 2 * half].to(cos.dtype)
     if (torch.is_grad_enabled() and x.requires_grad) or torch.compiler.is_compiling():  # out= has no autograd, nor a
         # compiled graph (views as out=): the same formula, out of place
-        rest = [x[..., 2 * half :].to(cos.dtype)] if 2 * half < x.shape[-1] else []
-        moved = torch.cat([torch.addcmul(x1 * cos, x2, sin, value=-1), torch.addcmul(x2 * cos, x1, sin), *rest], dim=-1)
-        return moved.to(x.dtype)
+        first, second = torch.addcmul(x1 * cos, x2, sin, value=-1), torch.addcmul(x2 * cos, x1, sin)
+        # the unrotated tail (partial rotary) widened as the angles widen the halves (DCA's per-chunk queries)
+        rest = [x[..., 2 * half :].to(cos.dtype).expand(*first.shape[:-1], -1)] if 2 * half < x.shape[-1] else []
+        return torch.cat([first, second, *rest], dim=-1).to(x.dtype)
     lead, angles = x.shape[:-1], cos.shape[:-1]
     if len(angles) > len(lead) or any(a not in (1, b) for a, b in zip(reversed(angles), reversed(lead))):
         lead = torch.broadcast_shapes(lead, angles)  # the angles widen x (a Python function: slow, so only then)
