@@ -123,6 +123,20 @@ def test_a_sliding_window_partial_rotary_one_key_head_and_padding_not_on_the_lef
     assert len(calls) == 2
 
 
+@pytest.mark.parametrize("dim", [1024, 1100])
+def test_a_head_wider_than_1024_is_exact(dim, calls):
+    """Issue trust4, defect 5: 100 query rows read a plain plane of moved keys transposed, a key at a time, through a
+    row as wide as the head (a fixed row of 1,024 floats overflowed: a segmentation fault at 1,100)."""
+    method = create("rerope", training_window=60, window=12)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(100, q_heads=2, kv_heads=1, dim=dim, rotary_dims=dim)
+    want, rows = expected(method, q, k, v, positions, padding, inv_freq, 100, scaling=0.03)
+    got = kernel.attention(
+        q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), scaling=0.03, positions=positions
+    )
+    assert (got - want)[rows].abs().max() <= 1e-5
+    assert len(calls) == 1
+
+
 def test_key_spans_over_positions_that_skip_take_the_tiled_kernel(calls):
     """DCA's chunk relations are spans of key positions, which the C++ kernel takes as key indices: where positions
     are not consecutive, auto computes the call on tiles, as backend='cpu_flash' does."""

@@ -9,11 +9,11 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 namespace longreach {
 
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
-constexpr int64_t MAX_WIDTH = 1024;  // a head's largest dimension
 using Vec = at::vec::Vectorized<float>;
 
 // BLAS's single-precision product, column-major, as PyTorch links it (MKL on x86-64).
@@ -140,9 +140,9 @@ inline Tile rows_of(const Plane& plane, const int64_t* blocks, int64_t block_siz
     return transposed ? Tile{data + s % block_size, block_size, true} : Tile{data + (s % block_size) * width, width, false};
   }
   if (transposed && !plane.transposed) {  // a plain plane's keys turned into columns, one key at a time
-    float row[MAX_WIDTH];
+    std::vector<float> row(width);  // any head dimension
     for (int64_t j = s; j < e; ++j) {
-      key_row(plane, block_at(j) + (j % block_size) * width, j, row);
+      key_row(plane, block_at(j) + (j % block_size) * width, j, row.data());
       for (int64_t c = 0; c < width; ++c) buffer[c * n + (j - s)] = row[c];
     }
     return Tile{buffer, n, true};
