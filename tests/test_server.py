@@ -13,15 +13,17 @@ from longreach.cli import main
 from longreach.eval import runner, server
 
 ANSWER = "The pass key is 12345."
+MODELS = {"object": "list", "data": [{"id": "stand-in"}]}
 
 
 class StandIn(ThreadingHTTPServer):
     """An OpenAI-compatible server: /v1/models, /version, /v1/completions answering ANSWER; its first ``fail`` answers
     to completions are 500; after ``answer_at_most`` completions it closes every connection unanswered."""
 
-    def __init__(self, fail: int = 0, answer_at_most: int | None = None):
+    def __init__(self, fail: int = 0, answer_at_most: int | None = None, models=MODELS):
         super().__init__(("127.0.0.1", 0), Handler)
         self.fail, self.answer_at_most, self.requests, self.answered = fail, answer_at_most, [], 0
+        self.models = models  # what GET /v1/models answers: JSON, or bytes as they are
         self.lock = threading.Lock()
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
@@ -39,8 +41,8 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self):
-        body = {"/v1/models": {"data": [{"id": "stand-in"}]}, "/version": {"version": "0.0-test"}}.get(self.path)
-        self._reply(200 if body else 404, body or {"message": "no such path"})
+        body = {"/v1/models": self.server.models, "/version": {"version": "0.0-test"}}.get(self.path)
+        self._reply(200 if body is not None else 404, {"message": "no such path"} if body is None else body)
 
     def do_POST(self):
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -58,8 +60,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._reply(500, {"error": {"message": "overloaded"}})
         self._reply(200, {"choices": [{"text": " " + ANSWER + "\n"}]})
 
-    def _reply(self, status: int, body: dict):
-        data = json.dumps(body).encode()
+    def _reply(self, status: int, body):
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -120,6 +122,36 @@ def test_a_server_that_is_not_there_gives_one_line_and_a_folder_that_resumes(mod
     with StandIn() as stand_in:  # the server is up: the same folder runs
         evaluate(model_dir, tmp_path, stand_in.url)
     assert len(runner.read_results(tmp_path / runner.RESULTS)) == 3
+
+
+@pytest.mark.parametrize(
+    "models, shown",
+    [
+        ({"object": "list", "data": []}, '{"object": "list", "data": []}'),
+        ({"object": "list"}, '{"object": "list"}'),
+        ({"data": [{"name": "m"}]}, '{"data": [{"name": "m"}]}'),
+        (b"<html>It works!</html>", "no JSON"),
+    ],
+)
+def test_a_model_list_that_is_not_one_gives_one_line_and_no_folder(model_dir, tmp_path, models, shown):
+    """Issue trust4, defect 6: what the server answered, where, and what was expected; nothing left behind."""
+    with StandIn(models=models) as stand_in, pytest.raises(SystemExit) as stopped:
+        evaluate(model_dir, tmp_path / "out", stand_in.url)
+    message = str(stopped.value)
+    assert message.startswith(f"longreach: error: --server {stand_in.url}: GET /v1/models answered {shown}")
+    assert server.MODEL_LIST in message and "\n" not in message and not (tmp_path / "out").exists()
+
+
+def test_a_server_folder_resumed_on_transformers_is_refused_as_another_engines(model_dir, tmp_path):
+    """Issue trust4, defect 7: the line says whose folder it is (not a --dtype, "as served", that cannot be given)."""
+    with StandIn() as stand_in:
+        evaluate(model_dir, tmp_path, stand_in.url)
+    with pytest.raises(SystemExit) as stopped:
+        main(["eval", "passkey", "--model", model_dir, "--lengths", "600", "--samples", "3", "--out", str(tmp_path)])
+    assert str(stopped.value) == (
+        f"longreach: error: this run's engine is transformers, but {tmp_path} holds results of server: resume it "
+        "with that engine, or give another --out"
+    )
 
 
 def test_a_server_that_stops_mid_run_keeps_what_finished(model_dir, tmp_path):

@@ -159,6 +159,8 @@ def run(
     world = World.from_environment(tp)
     out.mkdir(parents=True, exist_ok=True)
     path = out / RESULTS
+    earlier = [r for file in [path, *shares(out, RESULTS)] for r in read_results(file)]
+    check_engine(earlier, "transformers", out)  # before the weights: a folder of another engine's is refused at once
     if loaded is None:  # in a second: a typo must not wait for the weights
         specs.check(grid.methods, models.load_config(grid.model), grid.training_window)
     weights = grid.dtype if grid.dtype == "auto" else getattr(torch, grid.dtype)
@@ -175,9 +177,7 @@ def run(
     for spec in grid.methods:  # validate every method before spending time; a case is keyed by the method as resolved
         specs.apply(model, spec, window)
         resolved[spec.label] = describe(model)
-    earlier = [r for file in [path, *shares(out, RESULTS)] for r in read_results(file)]
     check_dtype(earlier, dtype, out)
-    check_engine(earlier, "transformers", out)
     setting = Setting(
         grid.model,
         models.identity(grid.model),

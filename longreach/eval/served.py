@@ -69,8 +69,8 @@ def run(
         resolved, decoder = {label: label for label in labels}, server
     path = out / RESULTS
     earlier = [r for file in [path, *shares(out, RESULTS)] for r in read_results(file)]
+    check_engine(earlier, decoder.record["engine"], out)  # first: another engine's folder says so, not its dtype
     check_dtype(earlier, decoder.dtype, out)
-    check_engine(earlier, decoder.record["engine"], out)
     key = models.identity(grid.model)
     setting = Setting(grid.model, key, window, decoder.dtype, labels, resolved, batch_size, None)
     done = _finished(earlier, grid.model, setting.model_key)

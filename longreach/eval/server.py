@@ -24,6 +24,7 @@ from .task import EVALUATE
 RETRIES = 4  # tries after the first, waiting BACKOFF x 1, 2, 4, 8
 BACKOFF = 1.0  # seconds
 TIMEOUT = 600.0  # seconds for one answer: a 128K prompt on a busy server
+MODEL_LIST = 'a model list {"data": [{"id": "<model>"}, ...]}'  # what GET /v1/models answers (OpenAI's API)
 
 
 class Unreachable(RuntimeError):
@@ -46,7 +47,9 @@ class Server:
         except urllib.error.HTTPError as error:
             answer = f"GET /v1/models answered {error.code}"
             raise RuntimeError(f"--server {url}: {answer}: not an OpenAI-compatible server?") from None
-        self.model = models["data"][0]["id"]
+        except ValueError:
+            raise RuntimeError(f"--server {url}: GET /v1/models answered no JSON, not {MODEL_LIST}") from None
+        self.model = served_model(models, url)
         try:
             version = _request(f"{self.base}/version", None, timeout=10.0).get("version", "unknown")
         except (Unreachable, urllib.error.HTTPError, ValueError):
@@ -101,6 +104,20 @@ class Server:
 
     def close(self) -> None:
         """Nothing to stop: the server is not ours."""
+
+
+def served_model(models, url: str) -> str:
+    """The first model of ``GET /v1/models``'s answer, or a one-line ``RuntimeError`` that shows what came instead."""
+    data = models.get("data") if isinstance(models, dict) else None
+    first = data[0] if isinstance(data, list) and data else None
+    if not (isinstance(first, dict) and isinstance(first.get("id"), str) and first["id"]):
+        shown = json.dumps(models)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        raise RuntimeError(
+            f"--server {url}: GET /v1/models answered {shown}, not {MODEL_LIST}: is it an OpenAI-compatible server "
+            "with a model loaded?"
+        )
+    return first["id"]
 
 
 def _request(url: str, body: dict | None, timeout: float) -> dict:
