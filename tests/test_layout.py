@@ -18,7 +18,9 @@ def _modules() -> dict[str, Path]:
 
 
 def _imports(modules: dict[str, Path]) -> dict[str, set[str]]:
-    """Who imports whom inside the package: every import statement, at module level or inside a function."""
+    """Who imports whom inside the package: every import statement, at module level or inside a function, and the
+    packages that importing a module runs first (``a.b.c`` runs ``a.b``'s ``__init__``), but for the importer's own
+    packages, which are being imported already."""
     graph = {name: set() for name in modules}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -36,7 +38,15 @@ def _imports(modules: dict[str, Path]) -> dict[str, set[str]]:
             else:
                 continue
             graph[name] |= {target for target in targets if target in modules and target != name}
+        own = {name.rsplit(".", depth)[0] for depth in range(name.count(".") + 1)}
+        graph[name] |= {parent for target in set(graph[name]) for parent in _parents(target) if parent not in own}
     return graph
+
+
+def _parents(name: str) -> list[str]:
+    """The packages above a module: ``a.b.c`` -> ``a``, ``a.b``."""
+    parts = name.split(".")
+    return [".".join(parts[:depth]) for depth in range(1, len(parts))]
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:

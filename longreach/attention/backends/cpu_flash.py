@@ -11,7 +11,7 @@ import torch
 from ... import compat
 from ..heads import expand_heads, per_kv_head
 from ..rotary import compute_dtype
-from ..tiled import TiledBackend
+from .tiled import TiledBackend
 
 
 def block(q, k, v, mask, causal, scaling):

@@ -37,9 +37,9 @@ from ..cudnn_kernels import Piece
 from ..heads import expand_heads
 from ..plan import MIN_BAND_TILE, SMALL_QUERY, Block, band_clipped, span_blocks
 from ..rotary import compute_dtype
-from ..tiled import TiledBackend
 from ..views import angles, moved_keys
 from . import triton as triton_backend
+from .tiled import TiledBackend
 
 _failure: list[str] = []  # why cuDNN's attention failed in this process, once it has
 _reasons_declined: set[str] = set()  # the kinds of call handed on so far, each said once

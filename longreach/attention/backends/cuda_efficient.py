@@ -10,7 +10,7 @@ import torch
 
 from ..heads import expand_heads
 from ..plan import SMALL_QUERY
-from ..tiled import TiledBackend
+from .tiled import TiledBackend
 
 
 def block(q, k, v, mask, causal, scaling):

@@ -27,8 +27,8 @@ from ..parts import Shift
 from ..plan import SMALL_QUERY, Block
 from ..rotary import compute_dtype
 from ..shifts import shifted, shifted_keys
-from ..tiled import TiledBackend
 from ..views import angles
+from .tiled import TiledBackend
 
 _compile_failure: list[str] = []  # why compiling FlexAttention failed in this process, once it has
 

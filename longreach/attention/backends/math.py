@@ -8,7 +8,7 @@ fused kernel cannot compute.
 from __future__ import annotations
 
 from ..block_math import backward, block
-from ..tiled import TiledBackend
+from .tiled import TiledBackend
 
 
 class Math(TiledBackend):

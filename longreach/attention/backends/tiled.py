@@ -1,10 +1,10 @@
-"""The tiled kernel: backends that compute one block of keys per call (:mod:`.plan`), merged by log-sum-exp.
+"""The tiled kernel: backends that compute one block of keys per call (:mod:`..plan`), merged by log-sum-exp.
 
 Each cell is plain softmax attention over its region with q and k moved by the part's shifts
-(:mod:`.shifts`); the blocks that cover a cell's region are its plan, each one call of the backend's
-:meth:`TiledBackend.block`, and the cells' results are merged by their log-sum-exp (:mod:`.merge`). A backend
-without a backward of its own runs on tiles and is differentiated by :mod:`.autograd`. DPE's per-head pairs, in
-decoding, put the moved and the plain keys side by side (:func:`.shifts.augmented`).
+(:mod:`..shifts`); the blocks that cover a cell's region are its plan, each one call of the backend's
+:meth:`TiledBackend.block`, and the cells' results are merged by their log-sum-exp (:mod:`..merge`). A backend
+without a backward of its own runs on tiles and is differentiated by :mod:`..autograd`. DPE's per-head pairs, in
+decoding, put the moved and the plain keys side by side (:func:`..shifts.augmented`).
 """
 
 from __future__ import annotations
@@ -13,21 +13,21 @@ from typing import Callable, ClassVar
 
 import torch
 
-from . import block_math
-from .autograd import PartsAttention
-from .backends.base import Backend, nothing_attended
-from .call import Call
-from .cells import Cell
-from .memo import MAX_HELD_MASK_ELEMENTS
-from .merge import run
-from .plan import SMALL_QUERY, Block, blocks, padded_keys
-from .shifts import augmented, shifted
-from .views import angles, moved_keys
+from .. import block_math
+from ..autograd import PartsAttention
+from ..call import Call
+from ..cells import Cell
+from ..memo import MAX_HELD_MASK_ELEMENTS
+from ..merge import run
+from ..plan import SMALL_QUERY, Block, blocks, padded_keys
+from ..shifts import augmented, shifted
+from ..views import angles, moved_keys
+from .base import Backend, nothing_attended
 
 
 class TiledBackend(Backend):
-    """A backend that computes one :class:`.plan.Block` per call (:meth:`block`), with an exact :meth:`backward`
-    where it has one (else the math backward, tile by tile: :mod:`.autograd`)."""
+    """A backend that computes one :class:`..plan.Block` per call (:meth:`block`), with an exact :meth:`backward`
+    where it has one (else the math backward, tile by tile: :mod:`..autograd`)."""
 
     has_backward: ClassVar[bool] = False  # :meth:`backward` is the block's exact backward
     differentiates_itself: ClassVar[bool] = False  # autograd goes through ``block`` (FlexAttention)
@@ -52,7 +52,7 @@ class TiledBackend(Backend):
         return not call.needs_grad or self.has_backward
 
     def prepare(self, cells: tuple[Cell, ...], call: Call) -> list[list[Block]]:
-        """Each cell's blocks (:mod:`.plan`)."""
+        """Each cell's blocks (:mod:`..plan`)."""
         padded = padded_keys(call.key_padding, call.q_len, call.kv_len)
         return [self.plan(cell, call, padded) for cell in cells]
 
@@ -78,7 +78,7 @@ class TiledBackend(Backend):
         )
 
     def tile(self, call: Call) -> int:
-        """Query rows per tile of the plan (a band's tiles are up to twice as tall: :func:`.plan.blocks`)."""
+        """Query rows per tile of the plan (a band's tiles are up to twice as tall: :func:`..plan.blocks`)."""
         return call.tile
 
     def keep(self, plans: list[list[Block]] | None) -> bool:
