@@ -62,7 +62,7 @@ def test_a_build_killed_midway_does_not_block_the_next(tmp_path, monkeypatch, ca
 
 def _build(native):
     try:
-        return native._module.__wrapped__()
+        return native._built()
     except native.BuildError as error:
         return error
 

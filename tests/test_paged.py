@@ -8,7 +8,14 @@ from test_kernel import inv_freq_for
 from longreach.attention import reference
 from longreach.attention.backends import cpu_fused as native
 from longreach.attention.cells import key_views, lower
-from longreach.attention.paged import KeyAngles, attend, paged_attention, step_layout, token_positions
+from longreach.attention.paged import (
+    KeyAngles,
+    attend,
+    attend_by_request,
+    paged_attention,
+    step_layout,
+    token_positions,
+)
 from longreach.attention.rotary import apply_rotation, rotate
 from longreach.attention.shifts import shift_angles
 from longreach.methods import create
@@ -147,7 +154,8 @@ def test_turned_keys_keep_the_dimensions_past_the_rotary_pairs(dtype, tolerance,
 
 
 def test_a_sliding_window_cuts_every_part():
-    """The model's sliding window of 100 keys under STRING (S = 300): only the near band's rows under 100 remain."""
+    """The model's sliding window of 100 keys under STRING (S = 300): only the near band's rows under 100 remain (by the
+    kernel, and by the tiled path request by request)."""
     method = create("string", training_window=600, shift=300, local_window=30)
     raw, query, key_cache, value_cache, block_table, query_start, seq_lens, inv_freq = paged_case(128, torch.float32)
     got = paged_attention(
@@ -163,6 +171,27 @@ def test_a_sliding_window_cuts_every_part():
         P = torch.where(distance < 100, P, torch.nan)[None]
         want.append(reference.dense_attention(q[None, :, -q_len:], k[None], v[None], P, inv_freq, 0.3)[0])
     assert (got - torch.cat(want)).abs().max() <= 2e-5
+    by_request = attend_by_request(
+        query, key_cache, value_cache, block_table, query_start, seq_lens, method.parts(), inv_freq.float(), 0.3, 100
+    )
+    assert (by_request - torch.cat(want)).abs().max() <= 2e-5
+
+
+@pytest.mark.parametrize("name, params", [METHODS[1], METHODS[4], METHODS[6], METHODS[7]])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_the_tiled_path_by_request_matches_the_reference(name, params, transposed):
+    """Where the C++ kernel is not built (a vLLM worker never builds it): each request's keys gathered from the shuffled
+    blocks of a cache (16 slots a block, plain or transposed), its rows by the tiled kernel, against the reference."""
+    method = create(name, training_window=600, **params)
+    raw, query, key_cache, value_cache, block_table, query_start, seq_lens, inv_freq = paged_case(16, torch.float32)
+    if transposed:
+        key_cache = key_cache.transpose(2, 3).contiguous()
+    got = attend_by_request(
+        query, key_cache, value_cache, block_table, query_start, seq_lens, method.parts(), inv_freq.float(), 0.3,
+        keys_transposed=transposed,
+    )  # fmt: skip
+    assert got.shape == query.shape and got.dtype == torch.float32
+    assert (got - expected(method, raw, inv_freq, 0.3)).abs().max() <= 2e-5
 
 
 def test_token_positions_are_the_last_of_each_request():

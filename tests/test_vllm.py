@@ -90,8 +90,10 @@ def transformers_runs(model_dir, prompts, method=None, params=None):
     return runs
 
 
-def vllm_runs(model_dir, prompts, dtype="float32", **settings):
-    """vLLM's greedy tokens and raw logits (the top 5 of each step), for the prompts and then in reverse order."""
+def vllm_runs(model_dir, prompts, dtype="float32", impls=None, **settings):
+    """vLLM's greedy tokens and raw logits (the top 5 of each step), for the prompts and then in reverse order;
+    ``impls``: a list that gets the attention implementation classes the engine's layers have (their qualified
+    names)."""
     from vllm import LLM, SamplingParams
 
     llm = LLM(
@@ -108,6 +110,8 @@ def vllm_runs(model_dir, prompts, dtype="float32", **settings):
         gpu_memory_utilization=0.2,  # on the CPU: the share of memory for the cache
         **settings,
     )
+    if impls is not None:
+        impls += llm.apply_model(attention_impls)[0]
     sampling = SamplingParams(max_tokens=STEPS, min_tokens=STEPS, temperature=0, logprobs=5, detokenize=False)
     rounds = []
     for batch in (prompts, prompts[::-1]):  # the second round hits the prefix cache
@@ -115,6 +119,11 @@ def vllm_runs(model_dir, prompts, dtype="float32", **settings):
         rounds.append({tuple(ids): out for ids, out in zip(batch, outputs)})
     del llm
     return rounds
+
+
+def attention_impls(model) -> list[str]:
+    """The attention implementation classes of a model's layers (run in vLLM's worker, which imports this module)."""
+    return sorted({f"{type(m.impl).__module__}.{type(m.impl).__name__}" for m in model.modules() if hasattr(m, "impl")})
 
 
 def assert_equal_runs(rounds, prompts, expected):
@@ -204,9 +213,56 @@ def test_tensor_parallel_ranks_each_run_their_heads(model_dir, prompts, monkeypa
     assert_equal_runs(rounds, prompts, expected)
 
 
-def test_a_model_without_a_record_runs_as_in_stock_vllm(model_dir, prompts):
-    """The plugin loaded, no record: vLLM's own kernel, the same as plain transformers."""
-    assert_equal_runs(vllm_runs(model_dir, prompts), prompts, transformers_runs(model_dir, prompts))
+def test_a_model_without_a_record_runs_as_in_stock_vllm(model_dir, prompts, monkeypatch):
+    """The plugin loaded, no record: vLLM's own implementation class (not a subclass), the same as plain transformers;
+    with a record, longreach's (issue trust4, defect 9)."""
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model's function, to the engine's process
+    stock, recorded = [], []
+    assert_equal_runs(vllm_runs(model_dir, prompts, impls=stock), prompts, transformers_runs(model_dir, prompts))
+    vllm_runs(model_dir, prompts[:1], impls=recorded, hf_overrides=plugin.overrides("string", training_window=WINDOW))
+    assert stock == ["vllm.v1.attention.backends.cpu_attn.CPUAttentionBackendImpl"]
+    assert recorded == ["longreach.integrations.vllm_cpu.LongreachCPUImpl"]
+
+
+def test_a_worker_that_finds_no_kernel_never_builds_and_runs_the_tiled_path(model_dir, prompts, tmp_path, monkeypatch,
+                                                                             capfd):  # fmt: skip
+    """Issue trust4, defect 11: the engine's process started afresh (spawn) where no kernel is built, and nothing built
+    it first (``prepare`` off): the worker builds nothing, says so once, and gives transformers' tokens and logits."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    monkeypatch.setattr(plugin, "prepare", lambda: None)
+    expected = transformers_runs(model_dir, prompts, "dca", METHODS["dca"])
+    overrides = plugin.overrides("dca", training_window=WINDOW, **METHODS["dca"])
+    assert_equal_runs(vllm_runs(model_dir, prompts, hf_overrides=overrides), prompts, expected)
+    err = capfd.readouterr().err
+    assert not list((tmp_path / "extensions").rglob("*.so")) and "building the CPU attention kernel" not in err
+    assert err.count("finds no CPU attention kernel built for this environment") == 1
+
+
+def test_each_environment_keeps_its_own_kernel(tmp_path):
+    """Issue trust4, defect 11: ``.venv`` (make test) and this environment (``.venv-vllm``) build into folders of their
+    own, so that using one never rebuilds the other's (torch writes each environment's paths into the build file)."""
+    from pathlib import Path
+
+    from longreach.attention.backends import cpu_fused
+
+    other = Path(__file__).parent.parent / ".venv" / "bin" / "python"
+    if not other.exists():
+        pytest.skip("no .venv beside .venv-vllm (make test makes it)")
+    ask = "from longreach.attention.backends import cpu_fused as c; c._module(); print(c._build_folder())"
+
+    def other_folder():
+        return Path(subprocess.run([str(other), "-c", ask], capture_output=True, text=True, check=True).stdout.strip())
+
+    cpu_fused._module()
+    folders = [cpu_fused._build_folder(), other_folder()]
+    assert folders[0] != folders[1]
+    built = [cpu_fused._library(folder).stat().st_mtime_ns for folder in folders]
+    for _ in range(2):  # switching between the two: neither builds again
+        assert other_folder() == folders[1]
+        cpu_fused._kernel.clear()
+        cpu_fused._module()
+    assert [cpu_fused._library(folder).stat().st_mtime_ns for folder in folders] == built
 
 
 def test_a_saved_applied_model_is_served_without_arguments(model_dir, prompts, tmp_path):
@@ -273,6 +329,20 @@ def test_an_engine_vllm_cannot_run_a_method_in_is_refused_in_one_line(dtype, par
     engine = SimpleNamespace(parallel_config=SimpleNamespace(**parallel))
     assert re.match(message, plugin.engine_problem(engine, dtype))
     assert plugin.engine_problem(SimpleNamespace(parallel_config=SimpleNamespace()), "auto") is None
+
+
+def test_gemma3_is_refused_by_llm_in_one_line_before_any_engine(tmp_path):
+    """Issue trust4, defect 10: a tiny Gemma 3 (a RoPE base per layer type) with STRING gave wrong tokens in vLLM."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    from vllm import LLM
+
+    config = Gemma3TextConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=32, max_position_embeddings=1024, sliding_window=64,
+    )  # fmt: skip
+    Gemma3ForCausalLM(config).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"rope_parameters per layer type \(full_attention, sliding_attention\)"):
+        LLM(model=str(tmp_path), skip_tokenizer_init=True, dtype="float32", hf_overrides=plugin.overrides("string"))
 
 
 def test_the_overrides_are_the_json_of_vllm_serve():
@@ -345,7 +415,7 @@ def test_the_cuda_backends_calls_merged_by_vllms_own_merge_match_the_reference()
 
     from longreach.integrations import vllm_cuda
 
-    assert issubclass(vllm_cuda.LongreachFlashAttentionBackend.get_impl_cls(), vllm_cuda.FlashAttentionImpl)
+    assert vllm_cuda.LongreachFlashAttentionBackend.get_impl_cls() is vllm_cuda.FlashAttentionImpl  # no record
     for name, params in [("string", {"shift": 300, "local_window": 30}), ("self_extend", {"group_size": 3})]:
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(flash_emulation, "merge_attn_states", merge_attn_states)

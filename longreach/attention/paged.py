@@ -23,6 +23,7 @@ import torch
 
 from .backends.cpu_fused import _module
 from .cells import Cell, key_views, query_views, view_angles
+from .parts import Part
 from .rotary import apply_rotation
 from .shifts import shift_angles
 
@@ -130,9 +131,10 @@ def attend(
     step: Step,
     scaling: float,
     moved_key_caches: Sequence[torch.Tensor] = (),
+    kernel=None,
 ) -> torch.Tensor:
     """One layer's attention of a step laid out by :func:`step_layout`: ``[T, Hq, Dv]`` float32 (see
-    :func:`paged_attention` for the arguments)."""
+    :func:`paged_attention` for the arguments); ``kernel``: the C++ extension (default: built here if need be)."""
     tokens = query.shape[0]
     rows = query.transpose(0, 1).to(torch.float32).contiguous()  # [Hq, T, D]
     queries = [rows]
@@ -142,7 +144,7 @@ def attend(
     moved = len(moved_key_caches)
     planes = [key_cache, *moved_key_caches] if moved else [key_cache] * (1 + len(step.key_cos))
     transposed = [step.keys_transposed] + [step.keys_transposed and not moved] * (len(planes) - 1)
-    out, _ = _module().parts_attention(
+    out, _ = (kernel or _module()).parts_attention(
         queries,
         planes,
         transposed,
@@ -192,3 +194,39 @@ def paged_attention(
         block_table, query_start, seq_lens, query.shape[0], cells, inv_freq, key_angles, moved, keys_transposed
     )
     return attend(query, key_cache, value_cache, step, scaling, moved_key_caches or ())
+
+
+def attend_by_request(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start: torch.Tensor,
+    seq_lens: torch.Tensor,
+    parts: Sequence[Part],
+    inv_freq: torch.Tensor,
+    scaling: float,
+    window: int | None = None,
+    keys_transposed: bool = False,
+) -> torch.Tensor:
+    """What :func:`paged_attention` computes, ``[T, Hq, Dv]`` float32, by the tiled kernel (:func:`.kernel.attention`,
+    backend ``cpu_flash``) one request at a time, its keys and values gathered from the cache: where the C++ kernel is
+    not built (a vLLM worker never builds it). Slower, the same results; ``parts`` the method's, ``window`` the
+    layer's sliding window."""
+    from .kernel import attention
+
+    tokens, block_size = query.shape[0], value_cache.shape[2]
+    out = query.new_empty(tokens, query.shape[1], value_cache.shape[-1], dtype=torch.float32)
+    starts, lengths = query_start.tolist(), seq_lens.tolist()
+    for request, length in enumerate(lengths):
+        first, stop = starts[request], min(starts[request + 1], tokens)
+        if stop <= first:
+            continue
+        blocks = block_table[request, : -(-length // block_size)].to(torch.int64)
+        keys = key_cache[blocks].transpose(-1, -2) if keys_transposed else key_cache[blocks]  # [n, Hkv, slot, D]
+        keys, values = (x.transpose(0, 1).flatten(1, 2)[None, :, :length].float() for x in (keys, value_cache[blocks]))
+        rows = query[first:stop].transpose(0, 1)[None].float()  # [1, Hq, q_len, D]
+        out[first:stop] = attention(
+            rows, keys, values, parts, inv_freq, scaling=scaling, sliding_window=window, backend="cpu_flash"
+        )[0]
+    return out

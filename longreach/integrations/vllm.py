@@ -1,10 +1,12 @@
 """longreach in vLLM: a general plugin, no fork. A model whose config carries a ``longreach`` record runs its method.
 
 The entry point (``vllm.general_plugins``, pyproject.toml) is :func:`register`, which vLLM calls in its main, engine
-and worker processes: it puts :mod:`.vllm_cpu`'s backend in place of vLLM's CPU attention backend (on the CPU the
-platform always takes ``CPU_ATTN``) and :mod:`.vllm_cuda`'s in place of FlashAttention's. Each is vLLM's own for every
-model without a record. A record comes from :func:`overrides` (``LLM(model,
-hf_overrides=longreach.integrations.vllm.overrides("string"))``, or the same JSON for ``vllm serve --hf-overrides``)
+and worker processes: on the vLLM releases the plugin is tested with (:data:`TESTED`) it puts :mod:`.vllm_cpu`'s
+backend in place of vLLM's CPU attention backend (on the CPU the platform always takes ``CPU_ATTN``) and
+:mod:`.vllm_cuda`'s in place of FlashAttention's, and builds the CPU kernel in the main process (:func:`prepare`);
+on any other it warns once and leaves vLLM as it is. A model without a record gets vLLM's own implementation class.
+A record comes from :func:`overrides` (``LLM(model, hf_overrides=longreach.integrations.vllm.overrides("string"))``,
+or the same JSON for ``vllm serve --hf-overrides``)
 or from a model folder saved after ``longreach.apply``, whose config holds it already
 (:meth:`.transformers.Applied.record`). A record given as JSON (``vllm serve``) is checked where the
 engine starts; one from :func:`overrides` in the main process, against the model's config, before any engine.
@@ -12,13 +14,16 @@ engine starts; one from :func:`overrides` in the main process, against the model
 A frequency method (PI, NTK, YaRN, llama3) is the model's ``rope_parameters``, written as in the transformers path
 (:meth:`.methods.scaling.Scaling.rope_parameters`): vLLM's own rotary embedding computes it, and attention stays
 vLLM's. Refused in one line: Dynamic NTK (vLLM fixes its factor at the window; longreach grows it per forward), drop
-methods, compositions, DPE's per-head pairs, a logit scale (``mscale``), a model whose RoPE is scaled already, MLA,
-M-RoPE (:func:`model_problem`), and in the engine an fp8 KV cache or context parallelism (:mod:`.vllm_cpu`).
+methods, compositions, DPE's per-head pairs, a logit scale (``mscale``), a model whose RoPE is scaled already or has
+a RoPE per layer type (Gemma 3), MLA, M-RoPE (:func:`model_problem`), an untested vLLM release, and in the engine an
+fp8 KV cache or context parallelism (:mod:`.vllm_cpu`).
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -29,6 +34,7 @@ from ..attention.cells import Cell, lower
 from ..methods.base import PositionMethod
 from .transformers import CONFIG_KEY
 
+TESTED = ("0.32",)  # the vLLM releases (major.minor) the plugin is tested with: make test-vllm
 # position methods whose parts are the same per layer
 SUPPORTED = ("rope", "string", "rerope", "self_extend", "dca", "dpe")
 FREQUENCY = ("pi", "ntk", "yarn", "llama3")  # frequency methods: the model's rope_parameters, vLLM's own rotary
@@ -65,6 +71,8 @@ class Overrides:
         if not hasattr(text, "max_position_embeddings"):  # vLLM also calls this on configs that are not the model's
             return hf_config
         problem = model_problem(text)
+        if problem is None and not _frequency(self.record["method"]) and (release := version_problem()):
+            problem = f"{release}: its attention methods do not run on it"
         if problem:
             raise ValueError(problem)
         window = int(text.max_position_embeddings)
@@ -113,6 +121,8 @@ def overrides(
         check(record, training_window)
     if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 1):
         raise ValueError(f"context={context!r} is out of range: a whole number of tokens >= 1 (vLLM's max_model_len)")
+    if not _frequency(method):
+        prepare()
     return Overrides(record, context)
 
 
@@ -124,16 +134,25 @@ def check(record: dict, window: int) -> PositionMethod:
 
 
 def model_problem(text_config) -> str | None:
-    """Why a model cannot run a longreach method in vLLM (one line), or ``None``."""
+    """Why a model cannot run a longreach method in vLLM (one line), or ``None``: every RoPE layout the backends do not
+    read correctly is refused here (:func:`inverse_frequencies` reads one plain ``rope_theta``)."""
     rope = dict(getattr(text_config, "rope_parameters", None) or {})
     if getattr(text_config, "kv_lora_rank", None):
         return "kv_lora_rank: models with multi-head latent attention (MLA) do not run longreach methods in vLLM yet"
+    per_layer_type = sorted(name for name, value in rope.items() if isinstance(value, dict))
+    if per_layer_type:  # Gemma 3: a base and a scaling per layer type, none at the top
+        return (
+            f"rope_parameters per layer type ({', '.join(per_layer_type)}): a RoPE of its own per layer type (Gemma 3) "
+            "does not run longreach methods in vLLM yet"
+        )
     if "mrope_section" in rope or rope.get("rope_type") == "mrope":
         return "rope_parameters.mrope_section: multimodal RoPE (M-RoPE) does not run longreach methods in vLLM yet"
     if rope.get("rope_type", "default") != "default":
         return (
             f"rope_type={rope['rope_type']!r}: longreach's methods run in vLLM on models with plain RoPE only, for now"
         )
+    if "rope_theta" not in rope and getattr(text_config, "rope_theta", None) is None:
+        return "rope_parameters has no rope_theta: longreach's methods in vLLM read the RoPE base from it"
     return None
 
 
@@ -202,13 +221,14 @@ def method_of(hf_config) -> PositionMethod | None:
 
 @dataclass(frozen=True)
 class LayerMethod:
-    """What a backend's attention layer runs: the method, its cells for the layer's window (:func:`.cells.lower`), and
-    the rotary frequencies ``[P]``."""
+    """What a backend's attention layer runs: the method, its cells for the layer's sliding ``window``
+    (:func:`.cells.lower`; ``None``: none), and the rotary frequencies ``[P]``."""
 
     method: PositionMethod
     cells: list[Cell]
     inv_freq: torch.Tensor
     signature: str  # equal for the layers whose record, window and head size are equal: they compute alike
+    window: int | None
 
 
 def layer_method(impl, window: int | None, problem_of: Callable[[list[Cell]], str | None] | None = None):
@@ -232,7 +252,7 @@ def layer_method(impl, window: int | None, problem_of: Callable[[list[Cell]], st
         raise ValueError(problem)
     record = json.dumps(getattr(hf_config, CONFIG_KEY), sort_keys=True, default=str)
     signature = f"{record} window={window} head_size={impl.head_size}"
-    return LayerMethod(method, cells, inverse_frequencies(hf_config, impl.head_size), signature)
+    return LayerMethod(method, cells, inverse_frequencies(hf_config, impl.head_size), signature, window)
 
 
 def inverse_frequencies(hf_config, head_size: int) -> torch.Tensor:
@@ -245,14 +265,73 @@ def inverse_frequencies(hf_config, head_size: int) -> torch.Tensor:
     rope = dict(getattr(text, "rope_parameters", None) or {})
     partial = rope.get("partial_rotary_factor", getattr(text, "partial_rotary_factor", 1.0))
     dims = int(head_size * partial)
-    base = float(rope.get("rope_theta", getattr(text, "rope_theta", 10000.0)))
+    base = float(rope["rope_theta"] if "rope_theta" in rope else text.rope_theta)  # model_problem: one of them is
     return 1.0 / (base ** (torch.arange(0, dims, 2, dtype=torch.int64).to(torch.float32) / dims))
 
 
+def records_a_method() -> bool:
+    """Whether the engine being built (vLLM's current config) runs a longreach method in its attention: a backend then
+    hands its layers longreach's implementation, else vLLM's own class."""
+    from vllm.config import get_current_vllm_config_or_none
+
+    model = getattr(get_current_vllm_config_or_none(), "model_config", None)
+    return model is not None and method_of(model.hf_config) is not None
+
+
+def tested(version: str) -> bool:
+    """Whether ``version`` is a vLLM release the plugin is tested with (:data:`TESTED`: major and minor)."""
+    return version.split(".")[:2] in [release.split(".") for release in TESTED]
+
+
+def version_problem() -> str | None:
+    """Why this vLLM does not run longreach's methods (a release the plugin is not tested with), or ``None``."""
+    import vllm
+
+    if tested(vllm.__version__):
+        return None
+    return f"vLLM {vllm.__version__} is not a release longreach's plugin is tested with ({', '.join(TESTED)})"
+
+
+def prepare() -> None:
+    """The CPU kernel built, or found, in this process, before any engine starts: vLLM's workers never build it (a
+    build there, on one core beside vLLM's busy threads, outlasted vLLM's step timeout and killed the engine); one that
+    finds none runs the method by the tiled path, with one warning. Nothing where vLLM is absent or not on the CPU."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return
+    if not current_platform.is_cpu():
+        return
+    from ..attention.backends import cpu_fused
+
+    if cpu_fused.available("cpu"):
+        try:
+            cpu_fused._module()
+        except cpu_fused.BuildError as error:
+            warnings.warn(
+                f"longreach: the CPU attention kernel could not be built ({error}); vLLM's workers run longreach's "
+                "methods by the tiled path (slower, the same results)",
+                stacklevel=2,
+            )
+
+
 def register() -> None:
-    """The ``vllm.general_plugins`` entry point: longreach's backends in place of ``CPU_ATTN`` (:mod:`.vllm_cpu`) and
-    ``FLASH_ATTN`` (:mod:`.vllm_cuda`, not run on a GPU yet); cheap, idempotent, safe in every process."""
+    """The ``vllm.general_plugins`` entry point, which vLLM calls in each of its processes: on a vLLM release the plugin
+    is tested with (:data:`TESTED`), longreach's backends in place of ``CPU_ATTN`` (:mod:`.vllm_cpu`) and
+    ``FLASH_ATTN`` (:mod:`.vllm_cuda`, not run on a GPU yet), each of which gives a model without a record vLLM's own
+    implementation class; in the main process (vLLM's own, before its engine and workers start), the CPU kernel
+    built (:func:`prepare`). On any other release, one warning and vLLM left as it is. Cheap, idempotent."""
+    problem = version_problem()
+    if problem:
+        warnings.warn(
+            f"longreach: {problem}: vLLM is left as it is (its own attention; a model whose config holds a longreach "
+            "record runs without its method)",
+            stacklevel=2,
+        )
+        return
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
     register_backend(AttentionBackendEnum.CPU_ATTN, "longreach.integrations.vllm_cpu.LongreachCPUBackend")
     register_backend(AttentionBackendEnum.FLASH_ATTN, "longreach.integrations.vllm_cuda.LongreachFlashAttentionBackend")
+    if multiprocessing.parent_process() is None:  # vLLM's engine and workers are its children
+        prepare()

@@ -12,16 +12,20 @@ laid out once per step and shared by the layers. Without a method, every call is
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 
-from ..attention.paged import KeyAngles, Step, attend, step_layout
-from .vllm import layer_method
+from ..attention.backends.cpu_fused import prebuilt
+from ..attention.paged import KeyAngles, Step, attend, attend_by_request, step_layout
+from .vllm import layer_method, records_a_method
 
 # per layer signature (:class:`.vllm.LayerMethod`) and key layout, the step in progress: its metadata and layout
 STEPS: dict[tuple[str, bool], tuple[object, Step]] = {}
 # vLLM's CPU kernels whose cache layout the kernel reads: keys transposed per block, values plain
 TRANSPOSED_KEYS = ("vec", "vec16")
+NO_KERNEL: list[bool] = []  # whether this process has warned that it runs without the kernel
 
 
 class LongreachCPUImpl(CPUAttentionBackendImpl):
@@ -56,9 +60,39 @@ class LongreachCPUImpl(CPUAttentionBackendImpl):
         transposed = layer.isa in TRANSPOSED_KEYS
         key_cache, value_cache = _planes(kv_cache, transposed)
         tokens = attn_metadata.num_actual_tokens
+        kernel = prebuilt()  # never built here: see .vllm.prepare
+        if kernel is None:
+            output[:tokens] = self._by_request(query[:tokens], key_cache, value_cache, attn_metadata, transposed)
+            return output
         step = self._step(attn_metadata, transposed)
-        output[:tokens] = attend(query[:tokens], key_cache, value_cache, step, self.scale).to(output.dtype)
+        attended = attend(query[:tokens], key_cache, value_cache, step, self.scale, kernel=kernel)
+        output[:tokens] = attended.to(output.dtype)
         return output
+
+    def _by_request(self, query, key_cache, value_cache, attn_metadata, transposed: bool) -> torch.Tensor:
+        """The tiled path, request by request, where this process finds no built kernel (one warning)."""
+        if not NO_KERNEL:
+            NO_KERNEL.append(True)
+            warnings.warn(
+                "longreach: vLLM's worker finds no CPU attention kernel built for this environment, and never builds "
+                "one; it runs the method by the tiled path (slower, the same results). Start vLLM from a process that "
+                "loads longreach's plugin (vllm serve, LLM(...)), or call longreach.integrations.vllm.prepare() first",
+                stacklevel=3,
+            )
+        requests = len(attn_metadata.query_start_loc) - 1
+        return attend_by_request(
+            query,
+            key_cache,
+            value_cache,
+            attn_metadata.block_table[:requests],
+            attn_metadata.query_start_loc,
+            attn_metadata.seq_lens[:requests],
+            self.layer.method.parts(),
+            self.layer.inv_freq,
+            self.scale,
+            self.layer.window,
+            transposed,
+        ).to(query.dtype)
 
     def _step(self, attn_metadata, keys_transposed: bool) -> Step:
         """The step's layout, built by the first layer of a step that computes alike and reused by the others (vLLM
@@ -91,8 +125,9 @@ def _planes(kv_cache: torch.Tensor, keys_transposed: bool = False) -> tuple[torc
 
 
 class LongreachCPUBackend(CPUAttentionBackend):
-    """vLLM's CPU backend, whose implementation runs a longreach method where the model's config records one."""
+    """vLLM's CPU backend, whose implementation runs a longreach method where the model's config records one: vLLM's own
+    class for a model without a record."""
 
     @staticmethod
     def get_impl_cls():
-        return LongreachCPUImpl
+        return LongreachCPUImpl if records_a_method() else CPUAttentionBackendImpl

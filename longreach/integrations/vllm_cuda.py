@@ -22,7 +22,7 @@ from vllm.v1.attention.ops.merge_attn_states import merge_attn_states
 from ..attention.cells import key_views
 from ..attention.paged import token_positions
 from ..attention.paged_flash import flash_cells, spans_problem, write_moved_keys
-from .vllm import layer_method
+from .vllm import layer_method, records_a_method
 
 
 class LongreachFlashAttentionImpl(FlashAttentionImpl):
@@ -96,8 +96,8 @@ def _flash_attn_varlen_func():
 
 class LongreachFlashAttentionBackend(FlashAttentionBackend):
     """vLLM's FlashAttention backend, whose implementation runs a longreach method where the model's config records
-    one."""
+    one: vLLM's own class for a model without a record."""
 
     @staticmethod
     def get_impl_cls():
-        return LongreachFlashAttentionImpl
+        return LongreachFlashAttentionImpl if records_a_method() else FlashAttentionImpl

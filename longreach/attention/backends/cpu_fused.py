@@ -10,15 +10,16 @@ query, so STRING's far part is the query moved back by ``S - W`` against the key
 A decoding step packs the query heads that share a key/value head into one tile: each key is read once.
 
 Built by ``torch.utils.cpp_extension`` with the machine's C++ compiler (about 25 seconds on 2 cores, once per
-machine, PyTorch release and source; ``TORCH_EXTENSIONS_DIR`` says where). Inputs are computed in float32. Where it
-cannot be built or loaded (no compiler, a BLAS without ``sgemm_``), ``auto`` uses the tiled kernel from then on, with
-one warning.
+machine, environment, PyTorch release and source; ``TORCH_EXTENSIONS_DIR`` says where), then imported as built.
+Inputs are computed in float32. Where it cannot be built or loaded (no compiler, a BLAS without ``sgemm_``),
+``auto`` uses the tiled kernel from then on, with one warning.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -239,11 +240,29 @@ def parts_attention(
     return out.view(q_heads, batch, q_len, -1).transpose(0, 1), lse.view(q_heads, batch, q_len).transpose(0, 1)
 
 
-@functools.lru_cache(maxsize=None)
+_kernel: list = []  # the extension, once this process has it
+
+
+def prebuilt():
+    """The kernel where this environment has built it, imported as it is -- no build step, no lock, no compiler -- or
+    ``None`` where it is not built. A vLLM worker takes it so (building there, on one core beside vLLM's busy threads,
+    can outlast vLLM's step timeout): the main process builds it first (:func:`longreach.integrations.vllm.prepare`)."""
+    if not _kernel:
+        module = _imported(_library(_build_folder()))
+        if module is not None:
+            _kernel.append(module)
+    return _kernel[0] if _kernel else None
+
+
 def _module():
-    """The compiled extension, built once per machine, Python and PyTorch release and source (its name holds their
-    hash), in ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``), under a lock that names its builder
-    (:mod:`.build_lock`: a build killed midway does not block the next)."""
+    """The compiled extension, built first where this environment has not built it: once per machine, environment,
+    Python and PyTorch release and source (the folder's name holds their hash), in ``TORCH_EXTENSIONS_DIR`` (default
+    ``~/.cache/torch_extensions``), under a lock that names its builder (:mod:`..build_lock`: a build killed midway
+    does not block the next). A kernel built already is imported without a build step."""
+    return prebuilt() or _built()
+
+
+def _built():
     from torch.utils import cpp_extension
 
     flags = _flags()
@@ -253,20 +272,22 @@ def _module():
         # torch runs ninja by name: the one pip installed beside this Python counts too
         os.environ["PATH"] = os.pathsep.join([path, os.path.dirname(sys.executable)])
         with build_lock.holding(folder):
-            if not (folder / f"{folder.name}.so").exists():
+            module = _imported(_library(folder))  # built by another process meanwhile
+            if module is None:
+                _library(folder).unlink(missing_ok=True)  # half-written by a build that died
                 print(
                     f"longreach: building the CPU attention kernel once (about 25 s on 2 cores) in {folder}",
                     file=sys.stderr,
                     flush=True,
                 )
-            return cpp_extension.load(
-                name=folder.name,
-                sources=[str(SOURCE)],
-                extra_cflags=flags,
-                extra_ldflags=["-fopenmp"],
-                build_directory=str(folder),
-                verbose=False,
-            )
+                module = cpp_extension.load(
+                    name=folder.name,
+                    sources=[str(SOURCE)],
+                    extra_cflags=flags,
+                    extra_ldflags=["-fopenmp"],
+                    build_directory=str(folder),
+                    verbose=False,
+                )
     except (
         OSError,
         RuntimeError,
@@ -279,6 +300,25 @@ def _module():
         ) from error
     finally:
         os.environ["PATH"] = path
+    _kernel.append(module)
+    return module
+
+
+def _library(folder: Path) -> Path:
+    return folder / f"{folder.name}.so"
+
+
+def _imported(library: Path):
+    """The extension module in ``library``, or ``None`` where there is none (or a half-written one)."""
+    if not library.exists():
+        return None
+    spec = importlib.util.spec_from_file_location(library.stem, library)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except ImportError:
+        return None
+    return module
 
 
 def _flags() -> list[str]:
@@ -295,12 +335,21 @@ def _flags() -> list[str]:
 
 def _build_folder() -> Path:
     """Where the kernel is built: ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``), then a name that
-    holds a hash of the source, the PyTorch and Python releases and the flags."""
+    holds a hash of the source, the PyTorch and Python releases, the flags and the environment (its prefix and
+    torch's folder: torch writes the environment's include and library paths into the folder's build file, so two
+    environments that shared a folder rebuilt the kernel in turn, each time the other had used it)."""
     from torch.utils import cpp_extension
 
+    environment = [sys.prefix, str(Path(torch.__file__).parent)]
     digest = hashlib.sha256(
         "\n".join(
-            [*(path.read_text() for path in SOURCES), torch.__version__, sys.implementation.cache_tag, *_flags()]
+            [
+                *(path.read_text() for path in SOURCES),
+                torch.__version__,
+                sys.implementation.cache_tag,
+                *_flags(),
+                *environment,
+            ]
         ).encode()
     )
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()

@@ -1,0 +1,79 @@
+"""The vLLM plugin's guards, without vLLM (``make test``; ``tests/test_vllm.py`` runs the plugin in vLLM itself): the
+RoPE layouts it refuses in one line, and the releases it registers its backends on, against a stand-in ``vllm``."""
+
+import sys
+import types
+import warnings
+
+import pytest
+import transformers
+
+from longreach.integrations import vllm as plugin
+
+
+def stand_in_vllm(monkeypatch, version: str) -> list:
+    """A ``vllm`` of ``version`` whose backend registry records what is registered (returned)."""
+    registered = []
+    registry = types.ModuleType("vllm.v1.attention.backends.registry")
+    registry.AttentionBackendEnum = types.SimpleNamespace(CPU_ATTN="CPU_ATTN", FLASH_ATTN="FLASH_ATTN")
+    registry.register_backend = lambda backend, path: registered.append((backend, path))
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    monkeypatch.setattr(sys.modules["vllm"], "__version__", version, raising=False)
+    monkeypatch.setitem(sys.modules, "vllm.v1.attention.backends.registry", registry)
+    return registered
+
+
+@pytest.mark.parametrize("version", ["0.32.0", "0.32.1+cpu"])
+def test_a_tested_release_gets_longreachs_backends(monkeypatch, version):
+    registered = stand_in_vllm(monkeypatch, version)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plugin.register()
+    assert registered == [
+        ("CPU_ATTN", "longreach.integrations.vllm_cpu.LongreachCPUBackend"),
+        ("FLASH_ATTN", "longreach.integrations.vllm_cuda.LongreachFlashAttentionBackend"),
+    ]
+
+
+@pytest.mark.parametrize("version", ["0.33.0", "0.31.2", "1.32.0"])
+def test_another_release_is_left_as_it_is_with_one_warning(monkeypatch, version):
+    """Issue trust4, defect 9: a release that may have moved the internals the backends import is not touched."""
+    registered = stand_in_vllm(monkeypatch, version)
+    with pytest.warns(UserWarning) as caught:
+        plugin.register()
+    assert registered == [] and len(caught) == 1
+    assert str(caught[0].message) == (
+        f"longreach: vLLM {version} is not a release longreach's plugin is tested with (0.32): vLLM is left as it is "
+        "(its own attention; a model whose config holds a longreach record runs without its method)"
+    )
+    config = transformers.LlamaConfig(max_position_embeddings=4096)
+    with pytest.raises(
+        ValueError, match=rf"^vLLM {version} is not a release .*: its attention methods do not run on it$"
+    ):
+        plugin.overrides("string")(config)
+    plugin.overrides("yarn", factor=2.0)(config)  # vLLM's own rotary embedding: any release
+
+
+def test_gemma3s_rope_per_layer_type_is_refused_in_one_line():
+    """Issue trust4, defect 10: Gemma 3's config has a RoPE base and scaling per layer type and none at the top; the
+    backends read one base (10,000 by default: every layer silently wrong)."""
+    config = transformers.Gemma3TextConfig(max_position_embeddings=4096)
+    assert set(config.rope_parameters) == {"full_attention", "sliding_attention"}
+    want = (
+        "rope_parameters per layer type (full_attention, sliding_attention): a RoPE of its own per layer type "
+        "(Gemma 3) does not run longreach methods in vLLM yet"
+    )
+    assert plugin.model_problem(config) == want
+    with pytest.raises(ValueError) as refused:
+        plugin.overrides("string")(config)
+    assert str(refused.value) == want
+    with pytest.raises(ValueError, match=r"^rope_parameters per layer type"):
+        plugin.inverse_frequencies(config, 256)
+
+
+def test_a_rope_without_its_base_is_refused():
+    config = types.SimpleNamespace(max_position_embeddings=4096, rope_parameters={"rope_type": "default"})
+    assert plugin.model_problem(config) == (
+        "rope_parameters has no rope_theta: longreach's methods in vLLM read the RoPE base from it"
+    )
+    assert plugin.model_problem(transformers.LlamaConfig()) is None
