@@ -135,6 +135,20 @@ def string_shift(window: int) -> int:
     return create("string", training_window=window).shift
 
 
+def warm_up(model, methods: list[MethodSpec], window: int) -> float:
+    """The one-time set-up (:func:`longreach.eval.generate.warm_up`) under the first method, so that no answer's time
+    holds it; the model is left as it came. Returns its seconds."""
+    from .eval import specs
+    from .eval.generate import warm_up as first_forward
+    from .integrations.transformers import remove
+
+    try:
+        specs.apply(model, methods[0], window)
+        return first_forward(model)
+    finally:
+        remove(model)
+
+
 def answers(
     model, tokenizer, text: str, methods: list[MethodSpec], window: int, max_new_tokens: int = MAX_NEW_TOKENS
 ) -> list[Answer]:

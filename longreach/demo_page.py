@@ -120,8 +120,12 @@ def _shown(answer: ask.Answer, tokenizer, document: str, shift: int) -> dict:
 def serve(
     model_name: str, methods: list, host: str = "127.0.0.1", port: int = 7860, max_new_tokens: int = ask.MAX_NEW_TOKENS
 ) -> None:
-    """Load the model once (:func:`longreach.ask.load`) and serve the page until Ctrl-C."""
+    """Load the model once (:func:`longreach.ask.load`), set it up before any answer is timed
+    (:func:`longreach.ask.warm_up`), and serve the page until Ctrl-C."""
+    from .eval.generate import set_up_line
+
     model, tokenizer, window = ask.load(model_name, methods)
+    print(set_up_line(ask.warm_up(model, methods, window)), flush=True)
     app = create_app(model, tokenizer, model_name, window, methods, max_new_tokens)
     print(
         f"longreach: serving {model_name} (L = {window:,}) with {', '.join(m.label for m in methods)} "

@@ -105,3 +105,42 @@ def test_the_page_answers_with_each_method_and_says_what_is_wrong_in_one_line():
         as_text=True
     )
     assert "<script>alert(1)</script>" not in escaped and "&lt;script&gt;" in escaped
+
+
+@pytest.fixture
+def set_up_first(monkeypatch):
+    """What happens in order: the kernel's set-up ("set-up") and each answer's decoding ("answer")."""
+    from longreach.attention.backends import cpu_fused
+    from longreach.eval import generate
+
+    events, greedy = [], generate.greedy
+    monkeypatch.setattr(cpu_fused, "ensure_built", lambda: events.append("set-up") or True)
+    monkeypatch.setattr(generate, "greedy", lambda *a, **k: events.append("answer") or greedy(*a, **k))
+    return events
+
+
+def test_ask_sets_up_before_the_first_answer_is_timed_and_says_so_on_its_own_line(tmp_path, capsys, set_up_first):
+    """Issue trust4, item 14: the first build of the CPU kernel read as RoPE's answer taking 20 s. It is done first,
+    and reported apart; every answer's time is the method's own."""
+    from longreach.cli import main
+
+    model().save_pretrained(tmp_path / "model")
+    byte_tokenizer().save_pretrained(tmp_path / "model")
+    (tmp_path / "doc.txt").write_text(DOCUMENT)
+    main(["ask", str(tmp_path / "doc.txt"), "What is the key?", "--model", str(tmp_path / "model"), "--method", "rope",
+          "--method", "string:shift=20,local_window=4", "--max-new-tokens", "2"])  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    assert set_up_first == ["set-up", "answer", "answer"]
+    set_up = next(i for i, line in enumerate(lines) if line.startswith("set-up: "))
+    pattern = r"set-up: the attention kernel and a first forward pass, \d+\.\d s once \(in no answer's time\)"
+    assert re.fullmatch(pattern, lines[set_up])
+    assert set_up < next(i for i, line in enumerate(lines) if line.startswith("[rope] ("))
+
+
+def test_the_page_sets_up_before_it_serves(monkeypatch, capsys, set_up_first):
+    import flask
+
+    monkeypatch.setattr(ask, "load", lambda name, methods: (model(), byte_tokenizer(), WINDOW))
+    monkeypatch.setattr(flask.Flask, "run", lambda self, **kwargs: set_up_first.append("serving"))
+    demo_page.serve("tiny", METHODS)
+    assert set_up_first == ["set-up", "serving"] and "set-up: the attention kernel" in capsys.readouterr().out

@@ -1,6 +1,7 @@
 """Haystacks, tasks, scoring, the resumable runner and reports (tiny models and a byte tokenizer)."""
 
 import json
+import types
 
 import pytest
 import torch
@@ -450,3 +451,21 @@ def test_a_case_whose_scoring_raises_keeps_its_answer_and_the_others_their_score
         assert bad["score"] is None and isinstance(bad["answer"], str)
         assert all(r.get("error") is None and r["score"] in (0.0, 100.0) for r in records.values())
     assert len((tmp_path / runner.RESULTS).read_text().splitlines()) == 5
+
+
+def test_eval_sets_up_before_the_first_case_is_timed(tmp_path, monkeypatch, capsys):
+    """Issue trust4, item 14: the kernel's first build was in the first batch's time. The engine sets up once, when its
+    first method is applied, outside any case's time, and says so on a line of its own."""
+    from longreach.attention.backends import cpu_fused
+    from longreach.eval import cases, generate
+
+    events, greedy, clock = [], generate.greedy, cases.time.perf_counter
+    monkeypatch.setattr(cpu_fused, "ensure_built", lambda: events.append("set-up") or True)
+    monkeypatch.setattr(generate, "greedy", lambda *a, **k: events.append("answer") or greedy(*a, **k))
+    monkeypatch.setattr(cases, "time", types.SimpleNamespace(perf_counter=lambda: events.append("clock") or clock()))
+    grid = runner.Grid("tiny", ["passkey"], [MethodSpec.parse("rope"), MethodSpec.parse("string")], [700], [0.5], 2)
+    model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024)
+    runner.run(grid, tmp_path, loaded=(model, byte_tokenizer()), batch_size=2)
+    # the cases built (two readings of the clock), the set-up, then the clock that times the batch, its answers
+    assert events[:5] == ["clock", "clock", "set-up", "clock", "answer"] and events.count("set-up") == 1
+    assert capsys.readouterr().err.count("set-up: the attention kernel and a first forward pass") == 1

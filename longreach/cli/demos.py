@@ -64,11 +64,13 @@ def demo(args: argparse.Namespace) -> None:
 
 def ask(args: argparse.Namespace) -> None:
     from .. import ask as asking
+    from ..eval.generate import set_up_line
 
     document, methods = asking.read_document(args.file), flags.method_specs(args)
     model, tokenizer, window = asking.load(args.model, methods, args.training_window)
     text, reading = asking.reading(tokenizer, window, document, args.question, args.max_new_tokens)
     print(reading.describe(), flush=True)
+    print(set_up_line(asking.warm_up(model, methods, window)), flush=True)
     for answer in asking.answers(model, tokenizer, text, methods, window, args.max_new_tokens):
         distance = asking.distance_to_question(tokenizer, document, answer.text)
         where = "" if distance is None else f"; its words stand {distance:,} tokens before the question"

@@ -1,6 +1,9 @@
-"""Greedy answers from a model, with the KV cache, one prompt or a left-padded batch."""
+"""Greedy answers from a model, with the KV cache, one prompt or a left-padded batch; the one-time set-up before any
+answer is timed."""
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -50,3 +53,22 @@ def greedy(
     )
     new_tokens = output[:, prompt_tokens:]
     return [text.strip() for text in tokenizer.batch_decode(new_tokens, skip_special_tokens=True)]
+
+
+@torch.no_grad()
+def warm_up(model) -> float:
+    """What the first answer's time would otherwise hold, done once before any answer is timed: on a CPU the attention
+    kernel built or found (about 25 s on 2 cores the first time, with its own line), then one forward pass of 8 tokens
+    through the model as it is (a method applied: its first call's set-up). Returns the seconds it took."""
+    from ..attention.backends import cpu_fused
+
+    started = time.perf_counter()
+    if model.device.type == "cpu":
+        cpu_fused.ensure_built()
+    model(input_ids=torch.arange(1, 9, device=model.device)[None])
+    return time.perf_counter() - started
+
+
+def set_up_line(seconds: float) -> str:
+    """How the one-time set-up is reported, on a line of its own."""
+    return f"set-up: the attention kernel and a first forward pass, {seconds:.1f} s once (in no answer's time)"

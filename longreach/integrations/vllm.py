@@ -300,19 +300,10 @@ def prepare() -> None:
         from vllm.platforms import current_platform
     except ImportError:
         return
-    if not current_platform.is_cpu():
-        return
-    from ..attention.backends import cpu_fused
+    if current_platform.is_cpu():
+        from ..attention.backends import cpu_fused
 
-    if cpu_fused.available("cpu"):
-        try:
-            cpu_fused._module()
-        except cpu_fused.BuildError as error:
-            warnings.warn(
-                f"longreach: the CPU attention kernel could not be built ({error}); vLLM's workers run longreach's "
-                "methods by the tiled path (slower, the same results)",
-                stacklevel=2,
-            )
+        cpu_fused.ensure_built()  # where it cannot be built: one warning here, and one in each worker
 
 
 def register() -> None:

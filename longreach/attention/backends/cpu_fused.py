@@ -80,6 +80,20 @@ def give_up(error: BaseException) -> None:
         )
 
 
+def ensure_built() -> bool:
+    """The kernel built, or found built, in this process now (its one "building" line), rather than in a first call
+    that is timed, or in a vLLM worker; where it cannot be, ``auto`` gives it up with one warning (:func:`give_up`).
+    Returns whether it is built."""
+    if not available("cpu", for_auto=True):
+        return False
+    try:
+        _module()
+    except BuildError as error:
+        give_up(error)
+        return False
+    return True
+
+
 class CpuFused(Backend):
     name = "cpu_fused"
     summary = "every cell in one pass of a C++ kernel built on first use (CPU, forward only)"
