@@ -166,3 +166,38 @@ def test_parallel_engines_give_one_engines_answers(model_dir, vllm_records, tmp_
     assert all(record["answer"] == single[case]["answer"] for case, record in records.items())
     layout = "tp=1 pp=1 dp=2" if parallel[0] == "--dp" else "tp=2 pp=1 dp=1"
     assert {r["parallel"] for r in records.values()} == {layout}
+
+
+def test_an_engine_that_does_not_start_stops_the_run_in_one_line(model_dir, tmp_path, monkeypatch):
+    """Every later start would fail alike (here vLLM's CPU memory check): one line, not an error row per case."""
+    import vllm
+
+    def refused(**settings):
+        raise ValueError("Available memory on node 0 (9.99/11.71 GiB) on startup is less than desired\nmore")
+
+    monkeypatch.setattr(vllm, "LLM", refused)
+    with pytest.raises(SystemExit) as stopped:
+        evaluate(model_dir, tmp_path, "--engine", "vllm")
+    assert str(stopped.value) == (
+        "longreach: error: vLLM's engine for rope did not start (ValueError: Available memory on node 0 (9.99/11.71 "
+        "GiB) on startup is less than desired); vLLM's log above says why. Every finished case is saved: run the same "
+        "command again to go on"
+    )
+    assert not runner.read_results(tmp_path / runner.RESULTS)
+
+
+def test_on_a_cpu_the_cache_holds_a_submission_within_a_quarter_of_free_memory(model_dir, monkeypatch):
+    """vLLM's own default on a CPU reserves 92% of a NUMA node's memory and refuses to start where this process holds
+    more than 8% of it; unless VLLM_CPU_KVCACHE_SPACE says otherwise, the engine's cache holds the cases of one
+    submission at the longest length, within a quarter of the memory free."""
+    import psutil
+
+    from longreach.eval import engines
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    engine = engines.Vllm(model_dir, None, {}, 512, "float32", 1536)
+    per_token = 2 * 2 * 2 * 64 * 4  # K and V, 2 layers, 2 key/value heads of 64, float32
+    cache = engine._cpu_cache()["kv_cache_memory_bytes"]
+    assert cache == max(per_token * 1536, min(per_token * 1536 * 64, psutil.virtual_memory().available // 4))
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    assert engine._cpu_cache() == {}

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from ..methods.spec import MethodSpec
 
 ENGINES = ("transformers", "vllm")  # what --engine takes (--server URL is the third)
+CPU_CACHE_CASES = 64  # cases at the longest length the KV cache of vLLM on a CPU holds at most (a submission's)
 
 
 def parallel_layout(tp: int = 1, pp: int = 1, dp: int = 1) -> str:
@@ -143,18 +144,46 @@ class Vllm:
         from vllm import LLM
 
         settings = {"hf_overrides": self.overrides[label]} if self.overrides[label] is not None else {}
-        llm = LLM(
-            model=self.source,
-            dtype=self.dtype,
-            max_model_len=self.longest,
-            tensor_parallel_size=self.tp,
-            pipeline_parallel_size=self.pp,
-            enable_prefix_caching=True,
-            seed=0,
-            **settings,
-        )
+        try:
+            llm = LLM(
+                model=self.source,
+                dtype=self.dtype,
+                max_model_len=self.longest,
+                tensor_parallel_size=self.tp,
+                pipeline_parallel_size=self.pp,
+                enable_prefix_caching=True,
+                seed=0,
+                **settings,
+                **self._cpu_cache(),
+            )
+        except Exception as error:  # every later start would fail alike: the run stops here, in one line
+            raise EngineGone(
+                f"vLLM's engine for {label} did not start ({type(error).__name__}: {str(error).splitlines()[0]}); "
+                "vLLM's log above says why. Every finished case is saved: run the same command again to go on"
+            ) from None
         self.running = (label, llm)
         return llm
+
+    def _cpu_cache(self) -> dict:
+        """On a CPU, where ``VLLM_CPU_KVCACHE_SPACE`` does not size the KV cache: a cache for the cases of a submission
+        at the longest length, at most a quarter of the memory free now (vLLM's own default reserves 92% of a NUMA
+        node's memory, and refuses to start where this process already holds more than 8% of it)."""
+        import os
+
+        import psutil
+        import torch
+        from transformers import AutoConfig
+
+        if torch.cuda.is_available() or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            return {}
+        text = AutoConfig.from_pretrained(self.source).get_text_config()
+        head = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+        per_token = 2 * text.num_hidden_layers * kv_heads * head * getattr(torch, self.dtype).itemsize
+        wanted = per_token * self.longest * CPU_CACHE_CASES
+        return {
+            "kv_cache_memory_bytes": max(per_token * self.longest, min(wanted, psutil.virtual_memory().available // 4))
+        }
 
     def close(self) -> None:
         """Shut the running engine down: its processes end before another engine reserves memory."""
