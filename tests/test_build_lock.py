@@ -102,3 +102,24 @@ def test_a_live_builder_is_waited_for_and_named_once(tmp_path, capfd):
     assert entered.is_set()
     err = capfd.readouterr().err
     assert err.count("waiting for process") == 1 and f"process {os.getpid()} on {socket.gethostname()}" in err
+
+
+def test_a_half_written_kernel_is_not_imported_but_built_again(tmp_path, monkeypatch):
+    """A library cut short by a build that died, or one being linked under another process's lock: a vLLM worker's
+    ``prebuilt`` finds no kernel (it falls back), and a build in the main process replaces the file (here a compiler
+    that fails at once: a BuildError, the fallback, not an ImportError from the loader)."""
+    from longreach.attention.backends import cpu_fused as native
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
+    monkeypatch.setenv("CXX", compiler(tmp_path, "failing-c++", "exit 1"))
+    monkeypatch.setattr(native, "_kernel", [])
+    folder = native._build_folder()
+    folder.mkdir(parents=True)
+    native._library(folder).write_bytes(b"\x7fELF cut")
+    assert native.prebuilt() is None
+    write_lock(folder)  # a build in progress: its library is not read, whatever it holds
+    assert native.prebuilt() is None
+    (folder / build_lock.LOCK).unlink()
+    (folder / build_lock.TORCH_LOCK).unlink()
+    assert isinstance(_build(native), native.BuildError) and not native._library(folder).exists()
+    assert native._kernel == []

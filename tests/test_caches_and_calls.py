@@ -365,8 +365,8 @@ def test_a_forward_builds_each_plan_once_whatever_the_number_of_layers(monkeypat
     """Plans, block masks, the C++ kernel's layout, shift angles and the scan for padding depend on positions alone:
     the first layer of a forward pass builds them and every other layer reuses them. DCA (three parts, key spans, a
     per-token key shift) on a left-padded batch, prefill and a decoding step: the same builds for 2 layers as for 5."""
-    from longreach.attention import flex_masks, kernel, shifts, tiled
-    from longreach.attention.backends import cpu_fused, flex
+    from longreach.attention import flex_masks, kernel, shifts
+    from longreach.attention.backends import cpu_fused, flex, tiled
     from longreach.integrations import attention as integration
 
     built = []

@@ -211,6 +211,8 @@ def test_a_file_that_is_not_utf8_or_holds_no_records_is_refused_naming_it(tmp_pa
     assert (
         tasks.data_problem("infbench:code_debug") == f"{tmp_path / 'code_debug.jsonl'}, line 1: not UTF-8 (byte 0xe9)"
     )
+    (tmp_path / "math_calc.jsonl").write_text("\n")
+    assert tasks.data_problem("infbench:math_calc") == f"{tmp_path / 'math_calc.jsonl'} holds no records"
     (tmp_path / "longbook_sum_eng.jsonl").write_text("[1, 2]\n")
     assert tasks.data_problem("infbench:longbook_sum_eng").endswith(
         ", line 1: not a JSON object (not an InfiniteBench record)"

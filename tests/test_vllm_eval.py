@@ -168,22 +168,28 @@ def test_parallel_engines_give_one_engines_answers(model_dir, vllm_records, tmp_
     assert {r["parallel"] for r in records.values()} == {layout}
 
 
-def test_an_engine_that_does_not_start_stops_the_run_in_one_line(model_dir, tmp_path, monkeypatch):
-    """Every later start would fail alike (here vLLM's CPU memory check): one line, not an error row per case."""
+def test_an_engine_that_does_not_start_is_not_started_again_for_its_method(model_dir, tmp_path, monkeypatch):
+    """Here vLLM's CPU memory check refuses each engine: one start per method (not one per batch, 21 s each on this
+    machine), its cases error rows that name why, and the run ends in one line."""
     import vllm
 
+    starts = []
+
     def refused(**settings):
+        starts.append(settings.get("hf_overrides"))
         raise ValueError("Available memory on node 0 (9.99/11.71 GiB) on startup is less than desired\nmore")
 
     monkeypatch.setattr(vllm, "LLM", refused)
     with pytest.raises(SystemExit) as stopped:
-        evaluate(model_dir, tmp_path, "--engine", "vllm")
-    assert str(stopped.value) == (
-        "longreach: error: vLLM's engine for rope did not start (ValueError: Available memory on node 0 (9.99/11.71 "
-        "GiB) on startup is less than desired); vLLM's log above says why. Every finished case is saved: run the same "
-        "command again to go on"
-    )
-    assert not runner.read_results(tmp_path / runner.RESULTS)
+        evaluate(model_dir, tmp_path, "--engine", "vllm", "--batch-size", "2")
+    assert len(starts) == 2 and starts[0] is None  # rope (stock vLLM), then string
+    records = runner.read_results(tmp_path / runner.RESULTS)
+    assert len(records) == len(GRID) * 2 * len(METHODS) * 2
+    assert {r["error"] for r in records if r["method"] == "rope"} == {
+        "RuntimeError: vLLM's engine for rope did not start (ValueError: Available memory on node 0 (9.99/11.71 GiB) "
+        "on startup is less than desired); vLLM's log above says why"
+    }
+    assert "every case" in str(stopped.value) and "\n" not in str(stopped.value)
 
 
 def test_on_a_cpu_the_cache_holds_a_submission_within_a_quarter_of_free_memory(model_dir, monkeypatch):
@@ -195,9 +201,10 @@ def test_on_a_cpu_the_cache_holds_a_submission_within_a_quarter_of_free_memory(m
     from longreach.eval import engines
 
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
-    engine = engines.Vllm(model_dir, None, {}, 512, "float32", 1536)
     per_token = 2 * 2 * 2 * 64 * 4  # K and V, 2 layers, 2 key/value heads of 64, float32
-    cache = engine._cpu_cache()["kv_cache_memory_bytes"]
-    assert cache == max(per_token * 1536, min(per_token * 1536 * 64, psutil.virtual_memory().available // 4))
+    for tp, dp in [(1, 1), (2, 2)]:  # each worker holds half the heads; four workers share the quarter
+        engine = engines.Vllm(model_dir, None, {}, 512, "float32", 1536, tp=tp, dp=dp)
+        one_case, share = per_token * 1536 // tp, psutil.virtual_memory().available // (4 * tp * dp)
+        assert abs(engine._cpu_cache()["kv_cache_memory_bytes"] - max(one_case, min(64 * one_case, share))) < 2**20
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     assert engine._cpu_cache() == {}

@@ -1,6 +1,8 @@
 """The vLLM plugin's guards, without vLLM (``make test``; ``tests/test_vllm.py`` runs the plugin in vLLM itself): the
 RoPE layouts it refuses in one line, and the releases it registers its backends on, against a stand-in ``vllm``."""
 
+import os
+import subprocess
 import sys
 import types
 import warnings
@@ -20,6 +22,8 @@ def stand_in_vllm(monkeypatch, version: str) -> list:
     monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
     monkeypatch.setattr(sys.modules["vllm"], "__version__", version, raising=False)
     monkeypatch.setitem(sys.modules, "vllm.v1.attention.backends.registry", registry)
+    monkeypatch.setenv(plugin.LOADED, "0")  # restored (absent) after the test; register sets it
+    monkeypatch.delenv(plugin.LOADED)
     return registered
 
 
@@ -33,6 +37,22 @@ def test_a_tested_release_gets_longreachs_backends(monkeypatch, version):
         ("CPU_ATTN", "longreach.integrations.vllm_cpu.LongreachCPUBackend"),
         ("FLASH_ATTN", "longreach.integrations.vllm_cuda.LongreachFlashAttentionBackend"),
     ]
+
+
+def test_the_first_process_to_load_the_plugin_prepares_the_kernel_and_its_children_do_not(monkeypatch):
+    """Issue trust4, defect 11: vLLM's main process builds the CPU kernel before its engine and workers start; they,
+    its children, inherit the mark and never build."""
+    stand_in_vllm(monkeypatch, "0.32.0")
+    prepared = []
+    monkeypatch.setattr(plugin, "prepare", lambda: prepared.append(True))
+    plugin.register()
+    assert prepared == [True] and os.environ[plugin.LOADED] == str(os.getpid())
+    child = subprocess.run(
+        [sys.executable, "-c", f"import os; print(os.environ.get({plugin.LOADED!r}))"], capture_output=True, text=True
+    )
+    assert child.stdout.strip() == str(os.getpid())  # what vLLM's engine and workers see
+    plugin.register()  # as a child does: the mark is there
+    assert prepared == [True]
 
 
 @pytest.mark.parametrize("version", ["0.33.0", "0.31.2", "1.32.0"])

@@ -216,7 +216,7 @@ def attend_by_request(
     from .kernel import attention
 
     tokens, block_size = query.shape[0], value_cache.shape[2]
-    out = query.new_empty(tokens, query.shape[1], value_cache.shape[-1], dtype=torch.float32)
+    out = query.new_zeros(tokens, query.shape[1], value_cache.shape[-1], dtype=torch.float32)
     starts, lengths = query_start.tolist(), seq_lens.tolist()
     for request, length in enumerate(lengths):
         first, stop = starts[request], min(starts[request + 1], tokens)

@@ -109,11 +109,12 @@ class Vllm:
                 "docs/vllm.md)"
             ) from None
         self.source, self.tokenizer, self.dtype, self.longest = source, tokenizer, dtype, longest
-        self.tp, self.pp = tp, pp
+        self.tp, self.pp, self.dp = tp, pp, dp
         self.overrides = {
             label: _overrides(spec, window, longest, _position_limit(source)) for label, spec in specs.items()
         }
         self.running: tuple[str, object] | None = None
+        self.not_started: dict[str, Exception] = {}  # per method, why its engine did not start
         self.record = {"engine": "vllm", "engine_version": vllm.__version__, "parallel": parallel_layout(tp, pp, dp)}
 
     @property
@@ -137,9 +138,12 @@ class Vllm:
             yield index, {"answer": self.tokenizer.decode(tokens, skip_special_tokens=True).strip()}
 
     def ready(self, label: str):
-        """The method's engine, started where another method's runs (before a batch is timed)."""
+        """The method's engine, started where another method's runs (before a batch is timed); one that did not start
+        is not started again in this run."""
         if self.running is not None and self.running[0] == label:
             return self.running[1]
+        if label in self.not_started:
+            raise self.not_started[label]
         self.close()
         from vllm import LLM
 
@@ -156,18 +160,20 @@ class Vllm:
                 **settings,
                 **self._cpu_cache(),
             )
-        except Exception as error:  # every later start would fail alike: the run stops here, in one line
-            raise EngineGone(
-                f"vLLM's engine for {label} did not start ({type(error).__name__}: {str(error).splitlines()[0]}); "
-                "vLLM's log above says why. Every finished case is saved: run the same command again to go on"
-            ) from None
+        except Exception as error:  # the method's every batch an error row at once, not one more start each
+            first = (str(error).splitlines() or [""])[0]
+            self.not_started[label] = RuntimeError(
+                f"vLLM's engine for {label} did not start ({type(error).__name__}: {first}); vLLM's log above says why"
+            )
+            raise self.not_started[label] from None
         self.running = (label, llm)
         return llm
 
     def _cpu_cache(self) -> dict:
-        """On a CPU, where ``VLLM_CPU_KVCACHE_SPACE`` does not size the KV cache: a cache for the cases of a submission
-        at the longest length, at most a quarter of the memory free now (vLLM's own default reserves 92% of a NUMA
-        node's memory, and refuses to start where this process already holds more than 8% of it)."""
+        """On a CPU, where ``VLLM_CPU_KVCACHE_SPACE`` does not size the KV cache: each worker's cache for the cases of a
+        submission at the longest length (a worker holds ``1 / (tp x pp)`` of each token's keys and values), all of
+        this run's workers (``tp x pp x dp``) within a quarter of the memory free now. vLLM's own default reserves 92%
+        of a NUMA node's memory, and refuses to start where this process already holds more than 8% of it."""
         import os
 
         import psutil
@@ -180,10 +186,9 @@ class Vllm:
         head = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
         per_token = 2 * text.num_hidden_layers * kv_heads * head * getattr(torch, self.dtype).itemsize
-        wanted = per_token * self.longest * CPU_CACHE_CASES
-        return {
-            "kv_cache_memory_bytes": max(per_token * self.longest, min(wanted, psutil.virtual_memory().available // 4))
-        }
+        one_case = per_token * self.longest // (self.tp * self.pp)
+        share = psutil.virtual_memory().available // (4 * self.tp * self.pp * self.dp)
+        return {"kv_cache_memory_bytes": max(one_case, min(one_case * CPU_CACHE_CASES, share))}
 
     def close(self) -> None:
         """Shut the running engine down: its processes end before another engine reserves memory."""

@@ -62,14 +62,14 @@ def run(
     window = grid.training_window or training_window(config)
     check_lengths(grid.lengths, window)
     labels = {m.label: m for m in grid.methods}
+    path = out / RESULTS
+    earlier = [r for file in [path, *shares(out, RESULTS)] for r in read_results(file)]
+    check_engine(earlier, engine, out)  # first: another engine's folder says so, before this one is set up
     if engine == "vllm":
         resolved = specs.check(grid.methods, config, window)  # every --method, before any engine starts
         decoder = _vllm(grid, config, labels, window, parallel)
     else:  # the server's method is its own: its label stands for it
         resolved, decoder = {label: label for label in labels}, server
-    path = out / RESULTS
-    earlier = [r for file in [path, *shares(out, RESULTS)] for r in read_results(file)]
-    check_engine(earlier, decoder.record["engine"], out)  # first: another engine's folder says so, not its dtype
     check_dtype(earlier, decoder.dtype, out)
     key = models.identity(grid.model)
     setting = Setting(grid.model, key, window, decoder.dtype, labels, resolved, batch_size, None)

@@ -219,7 +219,7 @@ def data_problem(name: str) -> str | None:
     if isinstance(task, infbench.InfiniteBenchTask) and not task.synthetic:
         try:
             infbench.data.records(task.task)
-        except (FileNotFoundError, ValueError) as error:
+        except (OSError, ValueError) as error:  # missing, unreadable, or not upstream's format
             return str(error)
     return None
 

@@ -22,7 +22,7 @@ fp8 KV cache or context parallelism (:mod:`.vllm_cpu`).
 from __future__ import annotations
 
 import json
-import multiprocessing
+import os
 import warnings
 from dataclasses import dataclass
 from typing import Callable
@@ -35,6 +35,7 @@ from ..methods.base import PositionMethod
 from .transformers import CONFIG_KEY
 
 TESTED = ("0.32",)  # the vLLM releases (major.minor) the plugin is tested with: make test-vllm
+LOADED = "LONGREACH_VLLM_PLUGIN"  # the process id of the first process of a tree that loaded the plugin
 # position methods whose parts are the same per layer
 SUPPORTED = ("rope", "string", "rerope", "self_extend", "dca", "dpe")
 FREQUENCY = ("pi", "ntk", "yarn", "llama3")  # frequency methods: the model's rope_parameters, vLLM's own rotary
@@ -295,12 +296,13 @@ def version_problem() -> str | None:
 def prepare() -> None:
     """The CPU kernel built, or found, in this process, before any engine starts: vLLM's workers never build it (a
     build there, on one core beside vLLM's busy threads, outlasted vLLM's step timeout and killed the engine); one that
-    finds none runs the method by the tiled path, with one warning. Nothing where vLLM is absent or not on the CPU."""
+    finds none runs the method by the tiled path, with one warning. Nothing where vLLM is absent, is a release the
+    plugin leaves alone, or does not run on the CPU."""
     try:
         from vllm.platforms import current_platform
     except ImportError:
         return
-    if current_platform.is_cpu():
+    if version_problem() is None and current_platform.is_cpu():
         from ..attention.backends import cpu_fused
 
         cpu_fused.ensure_built()  # where it cannot be built: one warning here, and one in each worker
@@ -310,8 +312,10 @@ def register() -> None:
     """The ``vllm.general_plugins`` entry point, which vLLM calls in each of its processes: on a vLLM release the plugin
     is tested with (:data:`TESTED`), longreach's backends in place of ``CPU_ATTN`` (:mod:`.vllm_cpu`) and
     ``FLASH_ATTN`` (:mod:`.vllm_cuda`, not run on a GPU yet), each of which gives a model without a record vLLM's own
-    implementation class; in the main process (vLLM's own, before its engine and workers start), the CPU kernel
-    built (:func:`prepare`). On any other release, one warning and vLLM left as it is. Cheap, idempotent."""
+    implementation class; in the first process of a tree to load the plugin (vLLM's main process, before its engine
+    and workers start; they inherit :data:`LOADED`), the CPU kernel built or found (:func:`prepare`: about 25 s the
+    first time on a machine and environment, then an import). On any other release, one warning and vLLM left as it
+    is. Idempotent."""
     problem = version_problem()
     if problem:
         warnings.warn(
@@ -324,5 +328,6 @@ def register() -> None:
 
     register_backend(AttentionBackendEnum.CPU_ATTN, "longreach.integrations.vllm_cpu.LongreachCPUBackend")
     register_backend(AttentionBackendEnum.FLASH_ATTN, "longreach.integrations.vllm_cuda.LongreachFlashAttentionBackend")
-    if multiprocessing.parent_process() is None:  # vLLM's engine and workers are its children
+    if LOADED not in os.environ:  # vLLM's engine and workers are this process's children: they inherit it
+        os.environ[LOADED] = str(os.getpid())
         prepare()

@@ -8,6 +8,10 @@ transposed and its values plain, and vLLM's own writer fills it. Its other layou
 interleave keys or values, so there this backend writes both in the plain ``[block, kv head, slot, D]`` layout. What a
 call needs from the step's requests alone (positions, the moved queries' angles, key spans, the kernel's tables) is
 laid out once per step and shared by the layers. Without a method, every call is vLLM's own.
+
+The kernel is built in vLLM's main process (:func:`.vllm.prepare`), never here: a worker that finds none runs the
+method by longreach's tiled kernel, request by request (:func:`longreach.attention.paged.attend_by_request`), with one
+warning.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from .vllm import layer_method, records_a_method
 STEPS: dict[tuple[str, bool], tuple[object, Step]] = {}
 # vLLM's CPU kernels whose cache layout the kernel reads: keys transposed per block, values plain
 TRANSPOSED_KEYS = ("vec", "vec16")
-NO_KERNEL: list[bool] = []  # whether this process has warned that it runs without the kernel
+NO_KERNEL: list[bool] = []  # whether this process found no kernel (and said so): it runs the tiled path from then
 
 
 class LongreachCPUImpl(CPUAttentionBackendImpl):
@@ -60,7 +64,7 @@ class LongreachCPUImpl(CPUAttentionBackendImpl):
         transposed = layer.isa in TRANSPOSED_KEYS
         key_cache, value_cache = _planes(kv_cache, transposed)
         tokens = attn_metadata.num_actual_tokens
-        kernel = prebuilt()  # never built here: see .vllm.prepare
+        kernel = None if NO_KERNEL else prebuilt()  # never built here: see .vllm.prepare
         if kernel is None:
             output[:tokens] = self._by_request(query[:tokens], key_cache, value_cache, attn_metadata, transposed)
             return output
@@ -75,8 +79,8 @@ class LongreachCPUImpl(CPUAttentionBackendImpl):
             NO_KERNEL.append(True)
             warnings.warn(
                 "longreach: vLLM's worker finds no CPU attention kernel built for this environment, and never builds "
-                "one; it runs the method by the tiled path (slower, the same results). Start vLLM from a process that "
-                "loads longreach's plugin (vllm serve, LLM(...)), or call longreach.integrations.vllm.prepare() first",
+                "one; it runs the method by the tiled path (slower, the same results). Build it before vLLM starts: "
+                "longreach.integrations.vllm.prepare() (it needs a C++ compiler)",
                 stacklevel=3,
             )
         requests = len(attn_metadata.query_start_loc) - 1

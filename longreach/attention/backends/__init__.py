@@ -1,6 +1,7 @@
 """The backends: who computes a call's cells, behind one registry.
 
-Each backend is one module here, named after it, holding one :class:`Backend`. It declares where it runs and
+Each backend is one module here, named after it, holding one :class:`Backend` (:mod:`.tiled` holds what the tiled
+ones share: :class:`.tiled.TiledBackend`). It declares where it runs and
 which calls it takes, and says why when a call does not fit (as vLLM's attention backends do with
 ``validate_configuration``); ``prepare(cells, call)`` lays out what depends on the positions alone, once per
 forward pass, and ``run`` computes ``(out, lse)``. :func:`pick` resolves a name (``auto``: the first backend of

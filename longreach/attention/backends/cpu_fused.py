@@ -262,7 +262,9 @@ def prebuilt():
     ``None`` where it is not built. A vLLM worker takes it so (building there, on one core beside vLLM's busy threads,
     can outlast vLLM's step timeout): the main process builds it first (:func:`longreach.integrations.vllm.prepare`)."""
     if not _kernel:
-        module = _imported(_library(_build_folder()))
+        folder = _build_folder()
+        building = (folder / build_lock.LOCK).exists()  # its library may be half-written: not built yet
+        module = None if building else _imported(_library(folder))
         if module is not None:
             _kernel.append(module)
     return _kernel[0] if _kernel else None
@@ -323,14 +325,15 @@ def _library(folder: Path) -> Path:
 
 
 def _imported(library: Path):
-    """The extension module in ``library``, or ``None`` where there is none (or a half-written one)."""
+    """The extension module in ``library``, or ``None`` where there is none, or one that does not load (half-written
+    by a build that died: the loader opens it in ``module_from_spec``)."""
     if not library.exists():
         return None
     spec = importlib.util.spec_from_file_location(library.stem, library)
-    module = importlib.util.module_from_spec(spec)
     try:
+        module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-    except ImportError:
+    except (ImportError, OSError):
         return None
     return module
 

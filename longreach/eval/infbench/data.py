@@ -61,7 +61,7 @@ def records(task: str) -> list[dict]:
 @lru_cache(maxsize=2)
 def _read(path: Path, task: str) -> list[dict]:
     rows = []
-    with path.open("rb") as lines:
+    with path.open("rb") as lines:  # an OSError here names the file
         for number, raw in enumerate(lines, 1):
             try:
                 line = raw.decode("utf-8")
@@ -77,6 +77,8 @@ def _read(path: Path, task: str) -> list[dict]:
             if wrong:
                 raise ValueError(f"{path}, line {number}: {wrong}")
             rows.append(row)
+    if not rows:
+        raise ValueError(f"{path} holds no records")
     return rows
 
 
