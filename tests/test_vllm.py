@@ -37,12 +37,27 @@ METHODS = {
 }
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
+POSITION = ("string", "rerope", "self_extend", "dca", "dpe")
+# the RoPE scaling real checkpoints carry, on a tiny model's scale (L = 512 here, the prompts up to 906 tokens)
+OWN_SCALING = {
+    "llama3": ("llama", {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 256}),  # Llama 3.1's, its window 8192 -> 256
+    "yarn": ("qwen2", {"factor": 4.0, "original_max_position_embeddings": 1024}),  # Qwen2.5's at 128K, scaled down
+    "linear": ("llama", {"factor": 2.0}),
+}  # fmt: skip
 
+
+def save_model(path, family: str = "llama", rope: dict | None = None) -> str:
+    """A random 2-layer model of ``family`` (Llama, or Qwen2: biased q, k, v) saved to ``path``, its RoPE plain or
+    with ``rope``'s scaling."""
+    import transformers
+
+    config_class, model_class = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+    }[family]
     torch.manual_seed(0)
-    config = LlamaConfig(
+    config = config_class(
         vocab_size=4096,
         hidden_size=256,
         intermediate_size=512,
@@ -53,10 +68,22 @@ def model_dir(tmp_path_factory):
         max_position_embeddings=4096,
         bos_token_id=1,
         eos_token_id=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, **(rope or {})},
     )
-    path = tmp_path_factory.mktemp("tiny-llama")
-    LlamaForCausalLM(config).save_pretrained(path)
+    model_class(config).save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="module")
+def llama31_dir(tmp_path_factory):
+    """The Llama 3.1 shape: Llama 3's own RoPE scaling in the config, as its checkpoints carry it."""
+    family, rope = OWN_SCALING["llama3"]
+    return save_model(tmp_path_factory.mktemp("tiny-llama31"), family, {"rope_type": "llama3", **rope})
 
 
 @pytest.fixture(scope="module")
@@ -141,11 +168,24 @@ def assert_equal_runs(rounds, prompts, expected):
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
-def test_every_method_in_vllm_equals_transformers_with_apply(model_dir, prompts, method):
-    params = METHODS[method]
-    expected = transformers_runs(model_dir, prompts, method, params)
-    rounds = vllm_runs(model_dir, prompts, hf_overrides=plugin.overrides(method, training_window=WINDOW, **params))
+def test_every_method_in_vllm_equals_transformers_with_apply(model_dir, llama31_dir, prompts, method):
+    """The position methods over Llama 3.1's own scaling (queries and keys moved by the frequencies vLLM's rotary
+    embedding turned them by); the frequency methods, which are the model's scaling, on plain RoPE."""
+    folder, params = (llama31_dir if method in POSITION else model_dir), METHODS[method]
+    expected = transformers_runs(folder, prompts, method, params)
+    rounds = vllm_runs(folder, prompts, hf_overrides=plugin.overrides(method, training_window=WINDOW, **params))
     assert_equal_runs(rounds, prompts, expected)
+
+
+@pytest.mark.parametrize("scaling", ["yarn", "linear"])
+def test_string_over_the_models_own_scaling_equals_transformers(prompts, tmp_path, scaling):
+    """Qwen2 (biased q, k, v) with YaRN, whose attention factor stays in the vectors as in transformers; a Llama
+    with linear scaling."""
+    family, rope = OWN_SCALING[scaling]
+    folder = save_model(tmp_path, family, {"rope_type": scaling, **rope})
+    expected = transformers_runs(folder, prompts, "string", METHODS["string"])
+    overrides = plugin.overrides("string", training_window=WINDOW, **METHODS["string"])
+    assert_equal_runs(vllm_runs(folder, prompts, hf_overrides=overrides), prompts, expected)
 
 
 def test_past_the_models_own_window_the_context_raises_its_rotary_table(model_dir, prompts, tmp_path):
@@ -305,7 +345,8 @@ def test_a_record_vllm_cannot_run_is_refused_in_one_line_before_any_engine(call,
     [
         ({"kv_lora_rank": 512}, r"^kv_lora_rank: models with multi-head latent attention \(MLA\)"),
         ({"rope_parameters": {"rope_type": "default", "mrope_section": [16, 24, 24]}}, r"^rope_parameters.mrope_sec"),
-        ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0}}, r"^rope_type='llama3': longreach's methods"),
+        ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, r"^rope_type='longrope': longreach's"),
+        ({"rope_parameters": {"rope_type": "linear", "factor": [2.0, 4.0]}}, r"^factor=\[2.0, 4.0\]: linear scaling"),
     ],
 )
 def test_a_model_vllm_cannot_run_a_method_on_is_refused_in_one_line(config, message):
@@ -313,6 +354,14 @@ def test_a_model_vllm_cannot_run_a_method_on_is_refused_in_one_line(config, mess
 
     with pytest.raises(ValueError, match=message):
         plugin.overrides("string")(SimpleNamespace(max_position_embeddings=4096, **config))
+
+
+def test_a_frequency_method_over_the_models_own_scaling_is_refused_in_one_line():
+    from types import SimpleNamespace
+
+    llama31 = SimpleNamespace(max_position_embeddings=4096, rope_parameters={"rope_type": "llama3", "rope_theta": 1e4})
+    with pytest.raises(ValueError, match=r"^method='yarn' over the model's own llama3 scaling: a frequency method"):
+        plugin.overrides("yarn", factor=2.0)(llama31)
 
 
 @pytest.mark.parametrize(

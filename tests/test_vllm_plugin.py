@@ -97,3 +97,10 @@ def test_a_rope_without_its_base_is_refused():
         "rope_parameters has no rope_theta: longreach's methods in vLLM read the RoPE base from it"
     )
     assert plugin.model_problem(transformers.LlamaConfig()) is None
+
+
+def test_the_short_path_is_the_plugins_own():
+    import longreach.vllm
+
+    assert longreach.vllm.overrides is plugin.overrides and longreach.vllm.prepare is plugin.prepare
+    assert longreach.vllm.overrides("string", local_window=9).json == plugin.overrides("string", local_window=9).json

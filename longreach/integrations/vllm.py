@@ -11,12 +11,16 @@ or from a model folder saved after ``longreach.apply``, whose config holds it al
 (:meth:`.transformers.Applied.record`). A record given as JSON (``vllm serve``) is checked where the
 engine starts; one from :func:`overrides` in the main process, against the model's config, before any engine.
 
-A frequency method (PI, NTK, YaRN, llama3) is the model's ``rope_parameters``, written as in the transformers path
+A position method runs over the model's own RoPE, plain or scaled by Llama 3's, linear or YaRN scaling
+(:data:`OWN_SCALING`): its queries and keys are moved by the frequencies vLLM's own rotary embedding turned them by
+(:func:`inverse_frequencies`), as the transformers path moves them by the model's. A frequency method (PI, NTK, YaRN,
+llama3) is the model's ``rope_parameters``, written as in the transformers path
 (:meth:`.methods.scaling.Scaling.rope_parameters`): vLLM's own rotary embedding computes it, and attention stays
 vLLM's. Refused in one line: Dynamic NTK (vLLM fixes its factor at the window; longreach grows it per forward), drop
-methods, compositions, DPE's per-head pairs, a logit scale (``mscale``), a model whose RoPE is scaled already or has
-a RoPE per layer type (Gemma 3), MLA, M-RoPE (:func:`model_problem`), an untested vLLM release, and in the engine an
-fp8 KV cache or context parallelism (:mod:`.vllm_cpu`).
+methods, compositions, a frequency method over the model's own scaling, DPE's per-head pairs, a logit scale
+(``mscale``), a model whose RoPE scaling is of another type or set per layer type (Gemma 3), MLA, M-RoPE
+(:func:`model_problem`), an untested vLLM release, and in the engine an fp8 KV cache or context parallelism
+(:mod:`.vllm_cpu`).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from ..methods.base import PositionMethod
 from .transformers import CONFIG_KEY
 
 TESTED = ("0.32",)  # the vLLM releases (major.minor) the plugin is tested with: make test-vllm
+OWN_SCALING = ("llama3", "linear", "yarn")  # a model's own RoPE scaling that the position methods compose over
 LOADED = "LONGREACH_VLLM_PLUGIN"  # the process id of the first process of a tree that loaded the plugin
 # position methods whose parts are the same per layer
 SUPPORTED = ("rope", "string", "rerope", "self_extend", "dca", "dpe")
@@ -72,6 +77,12 @@ class Overrides:
         if not hasattr(text, "max_position_embeddings"):  # vLLM also calls this on configs that are not the model's
             return hf_config
         problem = model_problem(text)
+        own = dict(getattr(text, "rope_parameters", None) or {}).get("rope_type", "default")
+        if problem is None and _frequency(self.record["method"]) and own != "default":
+            problem = (
+                f"method={self.record['method']!r} over the model's own {own} scaling: a frequency method composed "
+                "over another does not run in vLLM yet"
+            )
         if problem is None and not _frequency(self.record["method"]) and (release := version_problem()):
             problem = f"{release}: its attention methods do not run on it"
         if problem:
@@ -136,7 +147,8 @@ def check(record: dict, window: int) -> PositionMethod:
 
 def model_problem(text_config) -> str | None:
     """Why a model cannot run a longreach method in vLLM (one line), or ``None``: every RoPE layout the backends do not
-    read correctly is refused here (:func:`inverse_frequencies` reads one plain ``rope_theta``)."""
+    read correctly is refused here (:func:`inverse_frequencies` reads one rotary embedding per model, plain or with
+    a scaling of :data:`OWN_SCALING`)."""
     rope = dict(getattr(text_config, "rope_parameters", None) or {})
     if getattr(text_config, "kv_lora_rank", None):
         return "kv_lora_rank: models with multi-head latent attention (MLA) do not run longreach methods in vLLM yet"
@@ -148,10 +160,13 @@ def model_problem(text_config) -> str | None:
         )
     if "mrope_section" in rope or rope.get("rope_type") == "mrope":
         return "rope_parameters.mrope_section: multimodal RoPE (M-RoPE) does not run longreach methods in vLLM yet"
-    if rope.get("rope_type", "default") != "default":
+    if rope.get("rope_type", "default") not in ("default", *OWN_SCALING):
         return (
-            f"rope_type={rope['rope_type']!r}: longreach's methods run in vLLM on models with plain RoPE only, for now"
+            f"rope_type={rope['rope_type']!r}: longreach's methods run in vLLM over a model's own RoPE scaling of type "
+            f"{', '.join(OWN_SCALING)} only, for now"
         )
+    if rope.get("rope_type") == "linear" and isinstance(rope.get("factor"), list):
+        return f"factor={rope['factor']}: linear scaling with several factors does not run longreach methods in vLLM"
     if "rope_theta" not in rope and getattr(text_config, "rope_theta", None) is None:
         return "rope_parameters has no rope_theta: longreach's methods in vLLM read the RoPE base from it"
     return None
@@ -257,17 +272,35 @@ def layer_method(impl, window: int | None, problem_of: Callable[[list[Cell]], st
 
 
 def inverse_frequencies(hf_config, head_size: int) -> torch.Tensor:
-    """The rotary pairs' frequencies ``[P]`` (float32), as transformers computes them for the model (Su et al. 2021,
-    Eq. 15: ``theta_k = base^(-2k / d)`` over the rotary dimensions ``d``), which vLLM's ``get_rope`` matches."""
+    """The rotary pairs' frequencies ``[P]`` (float32) that vLLM's rotary embedding turns the layer's queries and keys
+    by, read from that embedding: ``get_rope`` with the model's ``rope_parameters``, as the model's layers call it
+    (it hands back the layers' own object). Su et al. 2021, Eq. 15, ``theta_k = base^(-2k / d)`` over the rotary
+    dimensions ``d``, as the model's own scaling maps them: Llama 3's per-band factors and YaRN's blend of
+    interpolated and extrapolated frequencies (its attention factor is in the vectors already, and stays there, as in
+    transformers), and linear scaling's positions divided by its factor, written as frequencies divided by it."""
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
     problem = model_problem(text)
     if problem:
         raise ValueError(problem)
-    rope = dict(getattr(text, "rope_parameters", None) or {})
-    partial = rope.get("partial_rotary_factor", getattr(text, "partial_rotary_factor", 1.0))
-    dims = int(head_size * partial)
-    base = float(rope["rope_theta"] if "rope_theta" in rope else text.rope_theta)  # model_problem: one of them is
-    return 1.0 / (base ** (torch.arange(0, dims, 2, dtype=torch.int64).to(torch.float32) / dims))
+    from vllm.model_executor.layers.rotary_embedding import (
+        LinearScalingRotaryEmbedding,
+        YaRNScalingRotaryEmbedding,
+        get_rope,
+    )
+
+    rope = get_rope(
+        head_size,
+        max_position=int(text.max_position_embeddings),
+        rope_parameters=dict(text.rope_parameters),
+        is_neox_style=True,
+    )
+    if isinstance(rope, YaRNScalingRotaryEmbedding):
+        return rope._compute_inv_freq(rope.scaling_factor).float()
+    inv_freq = rope._compute_inv_freq(rope.base).float()
+    if isinstance(rope, LinearScalingRotaryEmbedding):
+        (factor,) = rope.scaling_factors
+        inv_freq = inv_freq / factor
+    return inv_freq
 
 
 def records_a_method() -> bool:
