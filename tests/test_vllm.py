@@ -380,18 +380,27 @@ def test_an_engine_vllm_cannot_run_a_method_in_is_refused_in_one_line(dtype, par
     assert plugin.engine_problem(SimpleNamespace(parallel_config=SimpleNamespace()), "auto") is None
 
 
-def test_gemma3_is_refused_by_llm_in_one_line_before_any_engine(tmp_path):
-    """Issue trust4, defect 10: a tiny Gemma 3 (a RoPE base per layer type) with STRING gave wrong tokens in vLLM."""
+@pytest.mark.parametrize("method", ["string", "dca"])
+def test_gemma3_runs_each_layer_with_its_own_rope_and_window(prompts, tmp_path, method):
+    """A tiny Gemma 3: a sliding-window layer (128 keys, RoPE base 10,000) and a full layer (base 10^6, linear scaling
+    by 8), each turned by its own rotary embedding; the method's parts within each layer's window (STRING's shift is
+    past 128: its sliding layer is RoPE's). Issue trust4, defect 10: every layer read a base of 10,000, silently."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-    from vllm import LLM
 
+    torch.manual_seed(0)
     config = Gemma3TextConfig(
-        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=32, max_position_embeddings=1024, sliding_window=64,
+        vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, max_position_embeddings=4096, sliding_window=128,
+        layer_types=["sliding_attention", "full_attention"], bos_token_id=1, eos_token_id=2,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+        },
     )  # fmt: skip
     Gemma3ForCausalLM(config).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=r"rope_parameters per layer type \(full_attention, sliding_attention\)"):
-        LLM(model=str(tmp_path), skip_tokenizer_init=True, dtype="float32", hf_overrides=plugin.overrides("string"))
+    expected = transformers_runs(str(tmp_path), prompts, method, METHODS[method])
+    overrides = plugin.overrides(method, training_window=WINDOW, **METHODS[method])
+    assert_equal_runs(vllm_runs(str(tmp_path), prompts, hf_overrides=overrides), prompts, expected)
 
 
 def test_the_overrides_are_the_json_of_vllm_serve():

@@ -12,15 +12,15 @@ or from a model folder saved after ``longreach.apply``, whose config holds it al
 engine starts; one from :func:`overrides` in the main process, against the model's config, before any engine.
 
 A position method runs over the model's own RoPE, plain or scaled by Llama 3's, linear or YaRN scaling
-(:data:`OWN_SCALING`): its queries and keys are moved by the frequencies vLLM's own rotary embedding turned them by
-(:func:`inverse_frequencies`), as the transformers path moves them by the model's. A frequency method (PI, NTK, YaRN,
-llama3) is the model's ``rope_parameters``, written as in the transformers path
-(:meth:`.methods.scaling.Scaling.rope_parameters`): vLLM's own rotary embedding computes it, and attention stays
-vLLM's. Refused in one line: Dynamic NTK (vLLM fixes its factor at the window; longreach grows it per forward), drop
-methods, compositions, a frequency method over the model's own scaling, DPE's per-head pairs, a logit scale
-(``mscale``), a model whose RoPE scaling is of another type or set per layer type (Gemma 3), MLA, M-RoPE
-(:func:`model_problem`), an untested vLLM release, and in the engine an fp8 KV cache or context parallelism
-(:mod:`.vllm_cpu`).
+(:data:`OWN_SCALING`), one for the model or one per layer type (Gemma 3's full and sliding-window layers): its queries
+and keys are moved by the frequencies vLLM's own rotary embedding turned them by (:func:`inverse_frequencies`), as the
+transformers path moves them by the model's; on a sliding-window layer, the parts within the window. A frequency method
+(PI, NTK, YaRN, llama3) is the model's ``rope_parameters``, written as in the transformers path
+(:meth:`.methods.scaling.Scaling.rope_parameters`): vLLM's own rotary embedding computes it, and attention stays vLLM's.
+Refused in one line: Dynamic NTK (vLLM fixes its factor at the window; longreach grows it per forward), drop methods,
+compositions, a frequency method over the model's own scaling, DPE's per-head pairs, a logit scale (``mscale``), a model
+whose RoPE scaling is of another type or set for other layer types, capped logits, MLA, M-RoPE (:func:`model_problem`),
+an untested vLLM release, and in the engine an fp8 KV cache or context parallelism (:mod:`.vllm_cpu`).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from .transformers import CONFIG_KEY
 
 TESTED = ("0.32",)  # the vLLM releases (major.minor) the plugin is tested with: make test-vllm
 OWN_SCALING = ("llama3", "linear", "yarn")  # a model's own RoPE scaling that the position methods compose over
+LAYER_TYPES = ("full_attention", "sliding_attention")  # layer types a RoPE may be given for: a sliding window or not
 LOADED = "LONGREACH_VLLM_PLUGIN"  # the process id of the first process of a tree that loaded the plugin
 # position methods whose parts are the same per layer
 SUPPORTED = ("rope", "string", "rerope", "self_extend", "dca", "dpe")
@@ -77,11 +78,11 @@ class Overrides:
         if not hasattr(text, "max_position_embeddings"):  # vLLM also calls this on configs that are not the model's
             return hf_config
         problem = model_problem(text)
-        own = dict(getattr(text, "rope_parameters", None) or {}).get("rope_type", "default")
-        if problem is None and _frequency(self.record["method"]) and own != "default":
+        own = sorted({rope.get("rope_type", "default") for rope in layer_ropes(text).values()} - {"default"})
+        if problem is None and _frequency(self.record["method"]) and (own or None not in layer_ropes(text)):
             problem = (
-                f"method={self.record['method']!r} over the model's own {own} scaling: a frequency method composed "
-                "over another does not run in vLLM yet"
+                f"method={self.record['method']!r} over the model's own {', '.join(own) or 'per-layer-type'} scaling: "
+                "a frequency method composed over another does not run in vLLM yet"
             )
         if problem is None and not _frequency(self.record["method"]) and (release := version_problem()):
             problem = f"{release}: its attention methods do not run on it"
@@ -147,29 +148,39 @@ def check(record: dict, window: int) -> PositionMethod:
 
 def model_problem(text_config) -> str | None:
     """Why a model cannot run a longreach method in vLLM (one line), or ``None``: every RoPE layout the backends do not
-    read correctly is refused here (:func:`inverse_frequencies` reads one rotary embedding per model, plain or with
-    a scaling of :data:`OWN_SCALING`)."""
-    rope = dict(getattr(text_config, "rope_parameters", None) or {})
+    read correctly is refused here (:func:`inverse_frequencies` reads the rotary embedding of a layer, plain or with
+    a scaling of :data:`OWN_SCALING`, one for the model or one per layer type of :data:`LAYER_TYPES`)."""
     if getattr(text_config, "kv_lora_rank", None):
         return "kv_lora_rank: models with multi-head latent attention (MLA) do not run longreach methods in vLLM yet"
-    per_layer_type = sorted(name for name, value in rope.items() if isinstance(value, dict))
-    if per_layer_type:  # Gemma 3: a base and a scaling per layer type, none at the top
+    ropes = layer_ropes(text_config)
+    others = sorted(set(ropes) - {None, *LAYER_TYPES})
+    if others:
         return (
-            f"rope_parameters per layer type ({', '.join(per_layer_type)}): a RoPE of its own per layer type (Gemma 3) "
-            "does not run longreach methods in vLLM yet"
+            f"rope_parameters of layer type {', '.join(others)}: longreach's methods in vLLM know the RoPE of "
+            f"{' and '.join(LAYER_TYPES)} layers only"
         )
-    if "mrope_section" in rope or rope.get("rope_type") == "mrope":
-        return "rope_parameters.mrope_section: multimodal RoPE (M-RoPE) does not run longreach methods in vLLM yet"
-    if rope.get("rope_type", "default") not in ("default", *OWN_SCALING):
-        return (
-            f"rope_type={rope['rope_type']!r}: longreach's methods run in vLLM over a model's own RoPE scaling of type "
-            f"{', '.join(OWN_SCALING)} only, for now"
-        )
-    if rope.get("rope_type") == "linear" and isinstance(rope.get("factor"), list):
-        return f"factor={rope['factor']}: linear scaling with several factors does not run longreach methods in vLLM"
-    if "rope_theta" not in rope and getattr(text_config, "rope_theta", None) is None:
-        return "rope_parameters has no rope_theta: longreach's methods in vLLM read the RoPE base from it"
+    for layer_type, rope in ropes.items():
+        where = "rope_parameters" if layer_type is None else f"rope_parameters[{layer_type!r}]"
+        if "mrope_section" in rope or rope.get("rope_type") == "mrope":
+            return f"{where}.mrope_section: multimodal RoPE (M-RoPE) does not run longreach methods in vLLM yet"
+        if rope.get("rope_type", "default") not in ("default", *OWN_SCALING):
+            return (
+                f"{where}.rope_type={rope['rope_type']!r}: longreach's methods run in vLLM over a model's own RoPE "
+                f"scaling of type {', '.join(OWN_SCALING)} only, for now"
+            )
+        if rope.get("rope_type") == "linear" and isinstance(rope.get("factor"), list):
+            return f"{where}.factor={rope['factor']}: linear scaling with several factors does not run in vLLM"
+        if "rope_theta" not in rope and getattr(text_config, "rope_theta", None) is None:
+            return f"{where} has no rope_theta: longreach's methods in vLLM read the RoPE base from it"
     return None
+
+
+def layer_ropes(text_config) -> dict[str | None, dict]:
+    """The model's ``rope_parameters`` by layer type (Gemma 3: a base and a scaling of its own for its full and its
+    sliding-window layers), or ``{None: rope_parameters}`` where one RoPE serves every layer."""
+    rope = dict(getattr(text_config, "rope_parameters", None) or {})
+    per_type = {name: dict(value) for name, value in rope.items() if isinstance(value, dict)}
+    return per_type or {None: rope}
 
 
 def engine_problem(vllm_config, kv_cache_dtype: str) -> str | None:
@@ -261,6 +272,8 @@ def layer_method(impl, window: int | None, problem_of: Callable[[list[Cell]], st
         return None
     cells = lower(method.parts(), window)
     problem = engine_problem(vllm_config, impl.kv_cache_dtype)
+    if not problem and getattr(impl, "logits_soft_cap", None):  # Gemma 2's attn_logit_softcapping
+        problem = f"logits_soft_cap={impl.logits_soft_cap}: capped attention logits do not run longreach methods yet"
     cells_problem = None if problem or problem_of is None else problem_of(cells)
     if cells_problem:
         problem = f"{method.name} on {type(impl).__name__}: {cells_problem}"
@@ -268,14 +281,15 @@ def layer_method(impl, window: int | None, problem_of: Callable[[list[Cell]], st
         raise ValueError(problem)
     record = json.dumps(getattr(hf_config, CONFIG_KEY), sort_keys=True, default=str)
     signature = f"{record} window={window} head_size={impl.head_size}"
-    return LayerMethod(method, cells, inverse_frequencies(hf_config, impl.head_size), signature, window)
+    return LayerMethod(method, cells, inverse_frequencies(hf_config, impl.head_size, window), signature, window)
 
 
-def inverse_frequencies(hf_config, head_size: int) -> torch.Tensor:
+def inverse_frequencies(hf_config, head_size: int, window: int | None = None) -> torch.Tensor:
     """The rotary pairs' frequencies ``[P]`` (float32) that vLLM's rotary embedding turns the layer's queries and keys
-    by, read from that embedding: ``get_rope`` with the model's ``rope_parameters``, as the model's layers call it
-    (it hands back the layers' own object). Su et al. 2021, Eq. 15, ``theta_k = base^(-2k / d)`` over the rotary
-    dimensions ``d``, as the model's own scaling maps them: Llama 3's per-band factors and YaRN's blend of
+    by, read from that embedding: ``get_rope`` with the model's ``rope_parameters`` (for a model with a RoPE per layer
+    type, the sliding-window layers' where the layer has a ``window``, else the full layers'), as the model's layers
+    call it (it hands back the layers' own object). Su et al. 2021, Eq. 15, ``theta_k = base^(-2k / d)`` over the
+    rotary dimensions ``d``, as the model's own scaling maps them: Llama 3's per-band factors and YaRN's blend of
     interpolated and extrapolated frequencies (its attention factor is in the vectors already, and stays there, as in
     transformers), and linear scaling's positions divided by its factor, written as frequencies divided by it."""
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
@@ -288,12 +302,9 @@ def inverse_frequencies(hf_config, head_size: int) -> torch.Tensor:
         get_rope,
     )
 
-    rope = get_rope(
-        head_size,
-        max_position=int(text.max_position_embeddings),
-        rope_parameters=dict(text.rope_parameters),
-        is_neox_style=True,
-    )
+    ropes = layer_ropes(text)
+    own = ropes[None] if None in ropes else ropes[LAYER_TYPES[window is not None]]
+    rope = get_rope(head_size, max_position=int(text.max_position_embeddings), rope_parameters=own, is_neox_style=True)
     if isinstance(rope, YaRNScalingRotaryEmbedding):
         return rope._compute_inv_freq(rope.scaling_factor).float()
     inv_freq = rope._compute_inv_freq(rope.base).float()
