@@ -48,13 +48,15 @@ OWN_SCALING = {
 
 
 def save_model(path, family: str = "llama", rope: dict | None = None) -> str:
-    """A random 2-layer model of ``family`` (Llama, or Qwen2: biased q, k, v) saved to ``path``, its RoPE plain or
-    with ``rope``'s scaling."""
+    """A random 2-layer model of ``family`` (Llama; Qwen2: biased q, k, v; Qwen3: q and k normed; Mistral: a sliding
+    window of 128 keys) saved to ``path``, its RoPE plain or with ``rope``'s scaling."""
     import transformers
 
     config_class, model_class = {
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
     }[family]
     torch.manual_seed(0)
     config = config_class(
@@ -69,6 +71,7 @@ def save_model(path, family: str = "llama", rope: dict | None = None) -> str:
         bos_token_id=1,
         eos_token_id=2,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, **(rope or {})},
+        **({"sliding_window": 128} if family == "mistral" else {}),
     )
     model_class(config).save_pretrained(path)
     return str(path)
@@ -175,6 +178,16 @@ def test_every_method_in_vllm_equals_transformers_with_apply(model_dir, llama31_
     expected = transformers_runs(folder, prompts, method, params)
     rounds = vllm_runs(folder, prompts, hf_overrides=plugin.overrides(method, training_window=WINDOW, **params))
     assert_equal_runs(rounds, prompts, expected)
+
+
+@pytest.mark.parametrize("family, method", [("qwen3", "string"), ("mistral", "string"), ("mistral", "dca")])
+def test_more_families_equal_transformers(prompts, tmp_path, family, method):
+    """Qwen3 (q and k normed before RoPE) and Mistral (every layer a sliding window of 128 keys: STRING's shift is
+    past it, so RoPE's own; DCA moves the pairs in it that cross a chunk's edge)."""
+    folder = save_model(tmp_path, family)
+    expected = transformers_runs(folder, prompts, method, METHODS[method])
+    overrides = plugin.overrides(method, training_window=WINDOW, **METHODS[method])
+    assert_equal_runs(vllm_runs(folder, prompts, hf_overrides=overrides), prompts, expected)
 
 
 @pytest.mark.parametrize("scaling", ["yarn", "linear"])
