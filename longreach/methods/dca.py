@@ -14,7 +14,7 @@ with the defaults). ``mscale=True`` reproduces the official code's length-depend
 once a sequence of ``n`` tokens is longer than ``L``, cos and sin are multiplied by
 ``0.05 ln(n / L) + 1``, so the rotary logits by its square (``get_mscale`` in
 ``chunkllama_attn_replace.py``, with ``n`` the tokens so far, cache included). The paper's defaults are ``s = 3L/4``;
-the local window is ``L/8`` here (longreach's default, docs/methods.md), ``L/16`` in the official code. Three parts,
+the local window is ``L/8``, as in the official code since April 2024 (``L/16`` before). Three parts,
 one per chunk relation, with per-token shifts and chunk-aligned key spans.
 """
 
@@ -34,7 +34,8 @@ class DualChunk(PositionMethod):
     Args:
         training_window: the model's ``L``.
         chunk_size: ``s``, an integer > ``l``; default ``3L/4``.
-        local_window: ``l``, an integer with ``0 < l < s``; default ``L/8`` (the official code: ``L/16``).
+        local_window: ``l``, an integer with ``0 < l < s``; default ``L/8`` (the official code's since 2024-04,
+            ``L/16`` before).
         mscale: the official code's temperature: cos and sin multiplied by ``0.05 ln(n / L) + 1`` once a
             sequence has ``n > L`` tokens; off by default.
     """
