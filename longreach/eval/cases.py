@@ -153,7 +153,7 @@ def _scored(task, case, fields: dict) -> dict:
     try:
         return _case_fields(task, case, fields)
     except Exception as error:
-        kept = {name: fields[name] for name in ("answer",) if isinstance(fields.get(name), str)}
+        kept = {"answer": fields["answer"]} if isinstance(fields.get("answer"), str) else {}
         return {**kept, "score": None, "error": f"scoring the answer failed: {error.__class__.__name__}: {error}"}
 
 

