@@ -44,12 +44,15 @@ OWN_SCALING = {
                          "original_max_position_embeddings": 256}),  # Llama 3.1's, its window 8192 -> 256
     "yarn": ("qwen2", {"factor": 4.0, "original_max_position_embeddings": 1024}),  # Qwen2.5's at 128K, scaled down
     "linear": ("llama", {"factor": 2.0}),
+    "longrope": ("phi3", {"short_factor": [1.0 + k / 16 for k in range(16)],  # Phi-3's and Phi-4's: per rotary pair
+                          "long_factor": [1.0 + k / 4 for k in range(16)], "original_max_position_embeddings": 128}),
 }  # fmt: skip
 
 
-def save_model(path, family: str = "llama", rope: dict | None = None) -> str:
+def save_model(path, family: str = "llama", rope: dict | None = None, **config) -> str:
     """A random 2-layer model of ``family`` (Llama; Qwen2: biased q, k, v; Qwen3: q and k normed; Mistral: a sliding
-    window of 128 keys) saved to ``path``, its RoPE plain or with ``rope``'s scaling."""
+    window of 128 keys; Phi-3: fused q, k, v and half of each head rotary, as Phi-4-mini's three quarters) saved to
+    ``path``, its RoPE plain or with ``rope``'s scaling, with ``config``'s settings."""
     import transformers
 
     config_class, model_class = {
@@ -57,6 +60,7 @@ def save_model(path, family: str = "llama", rope: dict | None = None) -> str:
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
         "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
     }[family]
     torch.manual_seed(0)
     config = config_class(
@@ -72,6 +76,8 @@ def save_model(path, family: str = "llama", rope: dict | None = None) -> str:
         eos_token_id=2,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, **(rope or {})},
         **({"sliding_window": 128} if family == "mistral" else {}),
+        **({"partial_rotary_factor": 0.5, "pad_token_id": 0} if family == "phi3" else {}),
+        **config,
     )
     model_class(config).save_pretrained(path)
     return str(path)
@@ -97,13 +103,14 @@ def prompts():
     return base + [base[0][:640] + [rng.randrange(3, 4096) for _ in range(100)]]
 
 
-def transformers_runs(model_dir, prompts, method=None, params=None):
-    """Greedy tokens and every step's logits of transformers, with ``longreach.apply(method)`` where given."""
+def transformers_runs(model_dir, prompts, method=None, params=None, window=WINDOW):
+    """Greedy tokens and every step's logits of transformers, with ``longreach.apply(method)`` at L = ``window`` where
+    given."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     if method is not None:
-        longreach.apply(model, method, training_window=WINDOW, **params)
+        longreach.apply(model, method, training_window=window, **params)
     runs = []
     for ids in prompts:
         with torch.no_grad():
@@ -127,18 +134,20 @@ def vllm_runs(model_dir, prompts, dtype="float32", impls=None, **settings):
     from vllm import LLM, SamplingParams
 
     llm = LLM(
-        model=model_dir,
-        skip_tokenizer_init=True,
-        dtype=dtype,
-        enforce_eager=True,
-        max_model_len=2048,
-        logprobs_mode="raw_logits",
-        max_num_batched_tokens=64,  # chunked prefill: a 900-token prompt takes 15 steps
-        max_num_seqs=8,
-        enable_prefix_caching=True,
-        seed=0,
-        gpu_memory_utilization=0.2,  # on the CPU: the share of memory for the cache
-        **settings,
+        **{
+            "model": model_dir,
+            "skip_tokenizer_init": True,
+            "dtype": dtype,
+            "enforce_eager": True,
+            "max_model_len": 2048,
+            "logprobs_mode": "raw_logits",
+            "max_num_batched_tokens": 64,  # chunked prefill: a 900-token prompt takes 15 steps
+            "max_num_seqs": 8,
+            "enable_prefix_caching": True,
+            "seed": 0,
+            "gpu_memory_utilization": 0.2,  # on the CPU: the share of memory for the cache
+            **settings,
+        }
     )
     if impls is not None:
         impls += llm.apply_model(attention_impls)[0]
@@ -156,7 +165,7 @@ def attention_impls(model) -> list[str]:
     return sorted({f"{type(m.impl).__module__}.{type(m.impl).__name__}" for m in model.modules() if hasattr(m, "impl")})
 
 
-def assert_equal_runs(rounds, prompts, expected):
+def assert_equal_runs(rounds, prompts, expected, prefix_cached=True):
     for outputs in rounds:
         for ids, (tokens, logits) in zip(prompts, expected):
             got = outputs[tuple(ids)].outputs[0]
@@ -167,7 +176,8 @@ def assert_equal_runs(rounds, prompts, expected):
                 for token, value in top.items()
             )
             assert difference <= 1e-4, difference
-    assert max(out.num_cached_tokens for out in rounds[1].values()) >= 640  # the prefix cache was hit
+    if prefix_cached:
+        assert max(out.num_cached_tokens for out in rounds[1].values()) >= 640  # the prefix cache was hit
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
@@ -175,6 +185,8 @@ def test_every_method_in_vllm_equals_transformers_with_apply(model_dir, llama31_
     """The position methods over Llama 3.1's own scaling (queries and keys moved by the frequencies vLLM's rotary
     embedding turned them by); the frequency methods, which are the model's scaling, on plain RoPE."""
     folder, params = (llama31_dir if method in POSITION else model_dir), METHODS[method]
+    if method == "string":  # and its official logit scale, a constant one (DCA's, by length: the Qwen2.5-1M test)
+        params = {**params, "mscale": True}
     expected = transformers_runs(folder, prompts, method, params)
     rounds = vllm_runs(folder, prompts, hf_overrides=plugin.overrides(method, training_window=WINDOW, **params))
     assert_equal_runs(rounds, prompts, expected)
@@ -190,15 +202,33 @@ def test_more_families_equal_transformers(prompts, tmp_path, family, method):
     assert_equal_runs(vllm_runs(folder, prompts, hf_overrides=overrides), prompts, expected)
 
 
-@pytest.mark.parametrize("scaling", ["yarn", "linear"])
+@pytest.mark.parametrize("scaling", ["yarn", "linear", "longrope"])
 def test_string_over_the_models_own_scaling_equals_transformers(prompts, tmp_path, scaling):
     """Qwen2 (biased q, k, v) with YaRN, whose attention factor stays in the vectors as in transformers; a Llama
-    with linear scaling."""
+    with linear scaling; Phi-3 with LongRoPE, every prompt past its original window (128): vLLM takes the long factors
+    for every position of an engine whose ``max_model_len`` passes it, transformers for a forward pass past it."""
     family, rope = OWN_SCALING[scaling]
     folder = save_model(tmp_path, family, {"rope_type": scaling, **rope})
     expected = transformers_runs(folder, prompts, "string", METHODS["string"])
     overrides = plugin.overrides("string", training_window=WINDOW, **METHODS["string"])
     assert_equal_runs(vllm_runs(folder, prompts, hf_overrides=overrides), prompts, expected)
+
+
+def test_qwen25_1m_runs_its_own_dual_chunk_attention_config(prompts, tmp_path):
+    """A Qwen2 with Qwen2.5-1M's ``dual_chunk_attention_config`` (scaled down: chunk 192, local 32, trained on 256
+    tokens; the prompts reach 906): ``overrides("dca")`` takes its chunk and local sizes, Qwen's temperature and L from
+    it, and removes it (vLLM 0.32 would build its ``DualChunkRotaryEmbedding``, which no backend runs). Equal to
+    transformers with ``apply(model, "dca", ..., mscale="qwen")``. Each prompt is read in one step, with no prefix
+    cache: vLLM's attention is not told a prompt's whole length, which Qwen's temperature is set by (docs/vllm.md)."""
+    own = {"chunk_size": 192, "local_size": 32, "original_max_position_embeddings": 256}
+    folder = save_model(tmp_path, "qwen2", dual_chunk_attention_config=own)
+    params = {"chunk_size": 192, "local_window": 32, "mscale": "qwen"}
+    expected = transformers_runs(folder, prompts, "dca", {}, window=None)  # apply reads the config too
+    settings = {"max_num_batched_tokens": 2048, "enable_chunked_prefill": False, "enable_prefix_caching": False}
+    rounds = vllm_runs(folder, prompts, hf_overrides=plugin.overrides("dca"), **settings)
+    assert_equal_runs(rounds, prompts, expected, prefix_cached=False)
+    untempered = transformers_runs(folder, prompts[:1], "dca", {**params, "mscale": False}, window=256)
+    assert (expected[0][1] - untempered[0][1]).abs().max() > 1e-3  # the temperature is there: it changes the logits
 
 
 def test_past_the_models_own_window_the_context_raises_its_rotary_table(model_dir, prompts, tmp_path):
@@ -344,7 +374,6 @@ def test_a_saved_applied_model_is_served_without_arguments(model_dir, prompts, t
         ),
         (lambda: plugin.overrides("yarn", factor=2.0).json, r"^method='yarn' is the model's rope_parameters"),
         (lambda: plugin.overrides("strng"), r"strng"),
-        (lambda: plugin.overrides("dca", mscale=True), r"^mscale=True: a logit scale does not run in vLLM"),
     ],
 )
 def test_a_record_vllm_cannot_run_is_refused_in_one_line_before_any_engine(call, message):

@@ -56,6 +56,25 @@ def token_positions(query_start: torch.Tensor, seq_lens: torch.Tensor, tokens: i
     return index - query_start[:-1][request] + (seq_lens - q_lens)[request]
 
 
+def scaled_queries(
+    query: torch.Tensor, factor: float | torch.Tensor, query_start: torch.Tensor, rotary_dims: int
+) -> torch.Tensor:
+    """The queries ``[T, Hq, D]`` with their rotary dimensions multiplied by their sequence's logit factor: a number,
+    or one per request ``[B]`` (a method's :meth:`~longreach.methods.base.PositionMethod.logit_scale_at` of the
+    requests' lengths), so that the rotary logits are multiplied by it, as the kernels' ``logit_scale`` does. The
+    queries themselves where the factor is 1; a copy, float32 where it is a tensor, else; no host sync."""
+    if not isinstance(factor, torch.Tensor) and factor == 1.0:
+        return query
+    tokens = query.shape[0]
+    if isinstance(factor, torch.Tensor):
+        q_lens = query_start[1:] - query_start[:-1]
+        factor = torch.repeat_interleave(factor.to(query.device, torch.float32), q_lens, output_size=tokens)
+        factor = factor[:, None, None]
+    scaled = query.to(torch.float32, copy=True)
+    scaled[..., :rotary_dims] *= factor
+    return scaled
+
+
 @dataclass(frozen=True)
 class Step:
     """What a call takes that depends on the step's requests and the method, not on the layer, built once by

@@ -35,6 +35,7 @@ from ..attention.rotary import rotary_pairs
 from ..attention.shifts import MovedKeys
 from ..methods import drop as drops
 from ..methods.base import PositionMethod, require_bool, require_int
+from ..methods.dca import qwen_dual_chunk
 from ..methods.scaling import Scaling
 from . import kept_keys, recording, rotary_embedding
 from .attention import attention_forward
@@ -109,7 +110,9 @@ def training_window(config) -> int:
 
     It is the text config's ``max_position_embeddings``, what the model was trained or tuned for. Not
     ``original_max_position_embeddings``: on Llama 3.1 that is the window before its long-context stage
-    (8192); the model was trained to 131072 and the STRING paper uses L = 128K for it.
+    (8192); the model was trained to 131072 and the STRING paper uses L = 128K for it. On a model whose config holds
+    Qwen2.5-1M's ``dual_chunk_attention_config``, its ``original_max_position_embeddings`` (262144, the length the
+    model was trained to; its ``max_position_embeddings``, 1010000, is the length its DCA serves).
 
     Args:
         config: a transformers model config (a multimodal one's text config is read).
@@ -118,7 +121,8 @@ def training_window(config) -> int:
         ``L`` in tokens.
     """
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return int(config.max_position_embeddings)
+    own = qwen_dual_chunk(getattr(config, "dual_chunk_attention_config", None) or {})[1]
+    return own or int(config.max_position_embeddings)
 
 
 _model_window = training_window  # apply's keyword argument of the same name hides the function there
@@ -191,6 +195,9 @@ def apply(
     else:
         require_int("training_window", _plain_number(training_window), 2, None, "an integer >= 2 (tokens)")
         window = int(training_window)
+    own_dual_chunk = getattr(model.config.get_text_config(), "dual_chunk_attention_config", None)
+    if method == "dca" and own_dual_chunk:  # Qwen2.5-1M's: its chunk and local sizes and temperature by default
+        params = {**qwen_dual_chunk(own_dual_chunk)[0], **params}
     position_method, frequency, dropping = _resolve(model, window, method, scaling, drop, params)
     text = model.config.get_text_config()
     position_method.check_model(text.num_hidden_layers, text.num_attention_heads, rotary_pairs(rotary))

@@ -35,12 +35,15 @@ import torch
 
 from .. import methods
 from ..attention.cells import Cell, lower
+from ..attention.paged import scaled_queries
 from ..methods.base import PositionMethod
+from ..methods.dca import qwen_dual_chunk
 from .transformers import CONFIG_KEY
 
 TESTED = ("0.32",)  # the vLLM releases (major.minor) the plugin is tested with: make test-vllm
-OWN_SCALING = ("llama3", "linear", "yarn")  # a model's own RoPE scaling that the position methods compose over
+OWN_SCALING = ("llama3", "linear", "yarn", "longrope")  # a model's own RoPE scaling the position methods run over
 LAYER_TYPES = ("full_attention", "sliding_attention")  # layer types a RoPE may be given for: a sliding window or not
+DUAL_CHUNK = "dual_chunk_attention_config"  # Qwen2.5-1M's DCA in its config, which vLLM no longer runs
 LOADED = "LONGREACH_VLLM_PLUGIN"  # the process id of the first process of a tree that loaded the plugin
 # position methods whose parts are the same per layer
 SUPPORTED = ("rope", "string", "rerope", "self_extend", "dca", "dpe")
@@ -89,12 +92,13 @@ class Overrides:
             problem = f"{release}: its attention methods do not run on it"
         if problem:
             raise ValueError(problem)
+        record = _over_own_dual_chunk(self.record, hf_config, text)
         window = int(text.max_position_embeddings)
-        method = check(self.record, window)
-        if _frequency(self.record["method"]):
+        method = check(record, window)
+        if _frequency(record["method"]):
             text.rope_parameters = method.rope_parameters(dict(text.rope_parameters), _rotary_dims(text))
         else:  # L is the record's, or the model's window as it was
-            setattr(hf_config, CONFIG_KEY, {**self.record, "training_window": self.record["training_window"] or window})
+            setattr(hf_config, CONFIG_KEY, {**record, "training_window": record["training_window"] or window})
         if self.context is not None and self.context > window:
             text.max_position_embeddings = self.context  # vLLM's rotary table covers every position the engine holds
         return hf_config
@@ -102,6 +106,23 @@ class Overrides:
     def __repr__(self) -> str:
         context = "" if self.context is None else f", context={self.context}"
         return f"longreach.integrations.vllm.Overrides({json.dumps({CONFIG_KEY: self.record})}{context})"
+
+
+def _over_own_dual_chunk(record: dict, hf_config, text) -> dict:
+    """The record for a model whose config holds Qwen2.5-1M's ``dual_chunk_attention_config``, which this removes
+    (vLLM 0.32 still builds its ``DualChunkRotaryEmbedding`` from it, whose attention backend it no longer has): DCA
+    takes its chunk and local sizes and Qwen's temperature where the record sets none (:func:`.dca.qwen_dual_chunk`),
+    and ``L`` is its ``original_max_position_embeddings`` for every method where the record gives none."""
+    own = getattr(text, DUAL_CHUNK, None)
+    for config in (hf_config, text):
+        if hasattr(config, DUAL_CHUNK):
+            delattr(config, DUAL_CHUNK)
+    if not own:
+        return record
+    params, original = qwen_dual_chunk(own)
+    if record["method"] == "dca":
+        record = {**record, "params": {**params, **(record.get("params") or {})}}
+    return {**record, "training_window": record.get("training_window") or original}
 
 
 def overrides(
@@ -229,8 +250,6 @@ def _runs_in_vllm(record: dict) -> None:
             "dimensions=<per-head pairs>: DPE's per-head rotary pairs do not run in vLLM yet; without dimensions "
             "(top_k=None: every pair) it does"
         )
-    if (record.get("params") or {}).get("mscale"):
-        raise ValueError("mscale=True: a logit scale does not run in vLLM with longreach yet")
 
 
 def _window(hf_config) -> int:
@@ -257,6 +276,14 @@ class LayerMethod:
     inv_freq: torch.Tensor
     signature: str  # equal for the layers whose record, window and head size are equal: they compute alike
     window: int | None
+
+    def scaled(self, query: torch.Tensor, query_start: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+        """The step's queries ``[T, Hq, D]`` with the method's logit factor in their rotary dimensions
+        (:func:`.paged.scaled_queries`; STRING's and DCA's ``mscale``), for the requests' lengths so far: vLLM's
+        attention is not told a prompt's whole length, so a prompt read in chunks takes each chunk's."""
+        requests = len(query_start) - 1
+        factor = self.method.logit_scale_at(seq_lens[:requests])
+        return scaled_queries(query, factor, query_start, 2 * self.inv_freq.shape[-1])
 
 
 def layer_method(impl, window: int | None, problem_of: Callable[[list[Cell]], str | None] | None = None):
@@ -292,13 +319,17 @@ def inverse_frequencies(hf_config, head_size: int, window: int | None = None) ->
     call it (it hands back the layers' own object). Su et al. 2021, Eq. 15, ``theta_k = base^(-2k / d)`` over the
     rotary dimensions ``d``, as the model's own scaling maps them: Llama 3's per-band factors and YaRN's blend of
     interpolated and extrapolated frequencies (its attention factor is in the vectors already, and stays there, as in
-    transformers), and linear scaling's positions divided by its factor, written as frequencies divided by it."""
+    transformers), LongRoPE's per-pair factors (Phi-3: vLLM 0.32 takes the long ones for every position where the
+    engine's ``max_model_len`` passes ``original_max_position_embeddings``, else the short ones; transformers takes the
+    long ones for a forward pass whose sequence passes it: the two agree past it), and linear scaling's positions
+    divided by its factor, written as frequencies divided by it."""
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
     problem = model_problem(text)
     if problem:
         raise ValueError(problem)
     from vllm.model_executor.layers.rotary_embedding import (
         LinearScalingRotaryEmbedding,
+        Phi3LongRoPEScaledRotaryEmbedding,
         YaRNScalingRotaryEmbedding,
         get_rope,
     )
@@ -308,6 +339,8 @@ def inverse_frequencies(hf_config, head_size: int, window: int | None = None) ->
     rope = get_rope(head_size, max_position=int(text.max_position_embeddings), rope_parameters=own, is_neox_style=True)
     if isinstance(rope, YaRNScalingRotaryEmbedding):
         return rope._compute_inv_freq(rope.scaling_factor).float()
+    if isinstance(rope, Phi3LongRoPEScaledRotaryEmbedding):  # the long factors for every position, or the short ones
+        return rope._compute_inv_freq(rope.long_factor if rope.use_long_rope else rope.short_factor).float()
     inv_freq = rope._compute_inv_freq(rope.base).float()
     if isinstance(rope, LinearScalingRotaryEmbedding):
         (factor,) = rope.scaling_factors

@@ -64,12 +64,13 @@ class LongreachCPUImpl(CPUAttentionBackendImpl):
         transposed = layer.isa in TRANSPOSED_KEYS
         key_cache, value_cache = _planes(kv_cache, transposed)
         tokens = attn_metadata.num_actual_tokens
+        query = self.layer.scaled(query[:tokens], attn_metadata.query_start_loc, attn_metadata.seq_lens)
         kernel = None if NO_KERNEL else prebuilt()  # never built here: see .vllm.prepare
         if kernel is None:
-            output[:tokens] = self._by_request(query[:tokens], key_cache, value_cache, attn_metadata, transposed)
+            output[:tokens] = self._by_request(query, key_cache, value_cache, attn_metadata, transposed)
             return output
         step = self._step(attn_metadata, transposed)
-        attended = attend(query[:tokens], key_cache, value_cache, step, self.scale, kernel=kernel)
+        attended = attend(query, key_cache, value_cache, step, self.scale, kernel=kernel)
         output[:tokens] = attended.to(output.dtype)
         return output
 

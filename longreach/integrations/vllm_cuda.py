@@ -54,7 +54,7 @@ class LongreachFlashAttentionImpl(FlashAttentionImpl):
                 self.layer.inv_freq,
             )
         flash_cells(
-            query[:tokens],
+            self.layer.scaled(query[:tokens], attn_metadata.query_start_loc, attn_metadata.seq_lens).to(query.dtype),
             key_cache,
             value_cache,
             [plane[:-1].view(key_cache.shape) for plane in planes],
