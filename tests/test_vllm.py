@@ -388,8 +388,8 @@ def test_a_record_vllm_cannot_run_is_refused_in_one_line_before_any_engine(call,
         ({"kv_lora_rank": 512}, r"^kv_lora_rank: models with multi-head latent attention \(MLA\)"),
         ({"rope_parameters": {"rope_type": "default", "mrope_section": [16, 24, 24]}}, r"^rope_parameters.mrope_sec"),
         (
-            {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}},
-            r"^rope_parameters.rope_type='longrope': longreach's",
+            {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
+            r"^rope_parameters.rope_type='dynamic': vLLM fixes a model's own dynamic NTK at its window",
         ),
         (
             {"rope_parameters": {"rope_type": "linear", "factor": [2.0, 4.0]}},

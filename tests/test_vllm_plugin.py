@@ -86,8 +86,8 @@ def test_a_rope_per_layer_type_is_read_for_full_and_sliding_layers_and_refused_f
         "rope_parameters of layer type chunked_attention: longreach's methods in vLLM know the RoPE of full_attention "
         "and sliding_attention layers only"
     )
-    longrope = types.SimpleNamespace(rope_parameters={"full_attention": {"rope_type": "longrope", "rope_theta": 1e4}})
-    assert plugin.model_problem(longrope).startswith("rope_parameters['full_attention'].rope_type='longrope': ")
+    other = types.SimpleNamespace(rope_parameters={"full_attention": {"rope_type": "deepseek_yarn", "rope_theta": 1e4}})
+    assert plugin.model_problem(other).startswith("rope_parameters['full_attention'].rope_type='deepseek_yarn': ")
 
 
 def test_a_rope_without_its_base_is_refused():

@@ -185,6 +185,11 @@ def model_problem(text_config) -> str | None:
         where = "rope_parameters" if layer_type is None else f"rope_parameters[{layer_type!r}]"
         if "mrope_section" in rope or rope.get("rope_type") == "mrope":
             return f"{where}.mrope_section: multimodal RoPE (M-RoPE) does not run longreach methods in vLLM yet"
+        if rope.get("rope_type") == "dynamic":
+            return (
+                f"{where}.rope_type='dynamic': vLLM fixes a model's own dynamic NTK at its window, transformers grows "
+                "it with each forward pass; longreach's methods run over neither in vLLM"
+            )
         if rope.get("rope_type", "default") not in ("default", *OWN_SCALING):
             return (
                 f"{where}.rope_type={rope['rope_type']!r}: longreach's methods run in vLLM over a model's own RoPE "
