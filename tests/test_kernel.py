@@ -48,6 +48,32 @@ def expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling, wind
     return out, real_rows
 
 
+def rows_strided(x: torch.Tensor) -> torch.Tensor:
+    """The same values, each row's elements a stride apart (as a gathered block of vLLM's transposed key cache)."""
+    return x.float().transpose(-1, -2).contiguous().transpose(-1, -2).requires_grad_(x.requires_grad)
+
+
+@pytest.mark.parametrize("backend", ["cpu_flash", "math"])
+def test_rows_whose_elements_are_strided_give_the_reference_and_its_gradients(backend):
+    """PyTorch's CPU flash attention reads a row's elements as adjacent whatever their stride says (torch 2.13, no
+    error): STRING's unmoved band read vLLM's transposed keys as other numbers. The backends hand it adjacent rows."""
+    method = create("string", training_window=60, shift=20, local_window=4)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(50, pads=(0, 7))
+    for q_len in (50, 1):
+        want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
+        inputs = [x.float().requires_grad_() for x in (q_rot[:, :, -q_len:], k_rot, v)]
+        outs = [
+            kernel.attention(
+                *(rows_strided(x) if strided else x for x in inputs), method.parts(), inv_freq.float(), scaling=0.3,
+                key_padding=padding, positions=positions, backend=backend,
+            )
+            for strided in (False, True)
+        ]  # fmt: skip
+        assert (outs[1] - want)[rows].abs().max() <= 1e-5, q_len
+        grads = [torch.autograd.grad(out[rows].sum(), inputs) for out in outs]
+        assert all((a - b).abs().max() <= 1e-5 for a, b in zip(*grads))
+
+
 STRING_CASES = [(n, S, W) for n, S, W in [(7, 9, 2), (10, 9, 2), (33, 9, 2), (40, 16, 1), (64, 17, 16), (57, 20, 5)]]
 
 

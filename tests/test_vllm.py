@@ -28,7 +28,13 @@ METHODS = {
     "rerope": {"window": 128},
     "self_extend": {"group_size": 4, "neighbor_window": 128},
     "dca": {"chunk_size": 384, "local_window": 64},
-    "dpe": {"group_scales": (2, 3, 1, 4), "local_window": 64, "top_k": None},
+    # DPE's 24 most important of 32 pairs per layer and head (random importances): parts per layer and head
+    "dpe": {
+        "group_scales": (2, 3, 1, 4),
+        "local_window": 64,
+        "top_k": 24,
+        "dimensions": torch.rand(2, 4, 32, generator=torch.Generator().manual_seed(0)),
+    },
     # frequency methods: the model's rope_parameters, vLLM's own rotary embedding and attention
     "pi": {"factor": 2.0},
     "ntk": {"factor": 2.0},
@@ -93,6 +99,27 @@ def llama31_dir(tmp_path_factory):
     """The Llama 3.1 shape: Llama 3's own RoPE scaling in the config, as its checkpoints carry it."""
     family, rope = OWN_SCALING["llama3"]
     return save_model(tmp_path_factory.mktemp("tiny-llama31"), family, {"rope_type": "llama3", **rope})
+
+
+@pytest.fixture(scope="module")
+def gemma3_dir(tmp_path_factory):
+    """A tiny Gemma 3: a sliding-window layer (128 keys, RoPE base 10,000) and a full layer (base 10^6, linear scaling
+    by 8)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(
+        vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, max_position_embeddings=4096, sliding_window=128,
+        layer_types=["sliding_attention", "full_attention"], bos_token_id=1, eos_token_id=2,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+        },
+    )  # fmt: skip
+    folder = tmp_path_factory.mktemp("tiny-gemma3")
+    Gemma3ForCausalLM(config).save_pretrained(folder)
+    return str(folder)
 
 
 @pytest.fixture(scope="module")
@@ -282,17 +309,17 @@ def bfloat16_error(rounds, prompts, expected):
     return sum(differences) / len(differences)
 
 
-@pytest.mark.parametrize("method", ["string", "rerope", "self_extend", "dca", "dpe"])
-def test_tensor_parallel_ranks_each_run_their_heads(model_dir, prompts, monkeypatch, method):
+@pytest.mark.parametrize("model, method", [("llama31_dir", "dpe"), ("gemma3_dir", "string")])
+def test_tensor_parallel_ranks_each_run_their_heads(request, prompts, monkeypatch, model, method):
     """``tensor_parallel_size=2`` (gloo between two CPU workers, one core each): each rank runs the method on its
-    query and key/value heads; every attention method equal to transformers (the frequency methods are vLLM's own
-    rotary embedding)."""
+    query and key/value heads, equal to transformers. Llama 3.1 with DPE's pairs selected per head (each rank takes
+    its heads' selection), and Gemma 3, whose layers each have their RoPE and window."""
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
-    expected = transformers_runs(model_dir, prompts, method, METHODS[method])
+    folder = request.getfixturevalue(model)
+    expected = transformers_runs(folder, prompts, method, METHODS[method])
     overrides = plugin.overrides(method, training_window=WINDOW, **METHODS[method])
-    rounds = vllm_runs(
-        model_dir, prompts, hf_overrides=overrides, tensor_parallel_size=2, distributed_executor_backend="mp"
-    )
+    parallel = {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
+    rounds = vllm_runs(folder, prompts, hf_overrides=overrides, **parallel)
     assert_equal_runs(rounds, prompts, expected)
 
 
@@ -368,10 +395,6 @@ def test_a_saved_applied_model_is_served_without_arguments(model_dir, prompts, t
         ),
         (lambda: plugin.overrides("drop"), r"^method='drop' \(drop\) does not run in vLLM"),
         (lambda: plugin.overrides("dynamic", factor=2.0), r"^method='dynamic': vLLM's dynamic NTK fixes its factor"),
-        (
-            lambda: plugin.overrides("dpe", group_scales=(2, 3, 1, 4), top_k=None, dimensions=[[[True, False] * 16]]),
-            r"^dimensions=<per-head pairs>: DPE's per-head rotary pairs do not run in vLLM",
-        ),
         (lambda: plugin.overrides("yarn", factor=2.0).json, r"^method='yarn' is the model's rope_parameters"),
         (lambda: plugin.overrides("strng"), r"strng"),
     ],
@@ -429,26 +452,13 @@ def test_an_engine_vllm_cannot_run_a_method_in_is_refused_in_one_line(dtype, par
 
 
 @pytest.mark.parametrize("method", ["string", "dca"])
-def test_gemma3_runs_each_layer_with_its_own_rope_and_window(prompts, tmp_path, method):
-    """A tiny Gemma 3: a sliding-window layer (128 keys, RoPE base 10,000) and a full layer (base 10^6, linear scaling
-    by 8), each turned by its own rotary embedding; the method's parts within each layer's window (STRING's shift is
-    past 128: its sliding layer is RoPE's). Issue trust4, defect 10: every layer read a base of 10,000, silently."""
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-    torch.manual_seed(0)
-    config = Gemma3TextConfig(
-        vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=64, max_position_embeddings=4096, sliding_window=128,
-        layer_types=["sliding_attention", "full_attention"], bos_token_id=1, eos_token_id=2,
-        rope_parameters={
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
-        },
-    )  # fmt: skip
-    Gemma3ForCausalLM(config).save_pretrained(tmp_path)
-    expected = transformers_runs(str(tmp_path), prompts, method, METHODS[method])
+def test_gemma3_runs_each_layer_with_its_own_rope_and_window(prompts, gemma3_dir, method):
+    """Gemma 3: each layer turned by its own rotary embedding; the method's parts within each layer's window
+    (STRING's shift is past 128: its sliding layer is RoPE's). Issue trust4, defect 10: every layer read a base of
+    10,000, silently."""
+    expected = transformers_runs(gemma3_dir, prompts, method, METHODS[method])
     overrides = plugin.overrides(method, training_window=WINDOW, **METHODS[method])
-    assert_equal_runs(vllm_runs(str(tmp_path), prompts, hf_overrides=overrides), prompts, expected)
+    assert_equal_runs(vllm_runs(gemma3_dir, prompts, hf_overrides=overrides), prompts, expected)
 
 
 def test_the_overrides_are_the_json_of_vllm_serve():
@@ -464,6 +474,9 @@ def test_a_record_out_of_range_for_the_model_is_refused_by_llm_before_any_engine
 
     with pytest.raises(ValueError, match=r"\bshift=5000 is out of range: local_window < shift < L = 4096\b"):
         LLM(model=model_dir, skip_tokenizer_init=True, dtype="float32", hf_overrides=plugin.overrides(shift=5000))
+    one_head = plugin.overrides("dpe", group_scales=(2, 3, 1, 4), top_k=None, dimensions=[[[True, False] * 16]])
+    with pytest.raises(ValueError, match=r"\bdimensions has shape \(1, 1, 32\); this model needs \[layers, query "):
+        LLM(model=model_dir, skip_tokenizer_init=True, dtype="float32", hf_overrides=one_head)
 
 
 def test_vllm_serve_with_the_record_answers_an_openai_client_as_the_offline_api(model_dir, prompts):

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -36,7 +36,7 @@ import torch
 from .. import methods
 from ..attention.cells import Cell, lower
 from ..attention.paged import scaled_queries
-from ..methods.base import PositionMethod
+from ..methods.base import Part, PositionMethod
 from ..methods.dca import qwen_dual_chunk
 from .transformers import CONFIG_KEY
 
@@ -98,6 +98,7 @@ class Overrides:
         if _frequency(record["method"]):
             text.rope_parameters = method.rope_parameters(dict(text.rope_parameters), _rotary_dims(text))
         else:  # L is the record's, or the model's window as it was
+            method.check_model(text.num_hidden_layers, text.num_attention_heads, _rotary_dims(text) // 2)
             setattr(hf_config, CONFIG_KEY, {**record, "training_window": record["training_window"] or window})
         if self.context is not None and self.context > window:
             text.max_position_embeddings = self.context  # vLLM's rotary table covers every position the engine holds
@@ -150,6 +151,10 @@ def overrides(
     Raises:
         ValueError: one line naming what vLLM cannot run, or the parameter, its value and what is allowed.
     """
+    if method == "dpe" and params.get("dimensions") is not None and not isinstance(params["dimensions"], dict):
+        # DPE's selected pairs in the record itself, as a saved model keeps them: no file for the workers to read
+        selected = methods.create("dpe", training_window=2, **params).saved_params()["dimensions"]
+        params = {**params, "dimensions": selected}
     record = json.loads(json.dumps({"method": method, "params": params, "training_window": training_window}))
     _runs_in_vllm(record)
     if training_window is not None:
@@ -250,11 +255,6 @@ def _runs_in_vllm(record: dict) -> None:
     for composed in ("scaling", "drop"):
         if record.get(composed):
             raise ValueError(f"{composed}={record[composed]!r}: composed methods do not run in vLLM yet")
-    if (record.get("params") or {}).get("dimensions") is not None:
-        raise ValueError(
-            "dimensions=<per-head pairs>: DPE's per-head rotary pairs do not run in vLLM yet; without dimensions "
-            "(top_k=None: every pair) it does"
-        )
 
 
 def _window(hf_config) -> int:
@@ -274,10 +274,11 @@ def method_of(hf_config) -> PositionMethod | None:
 @dataclass(frozen=True)
 class LayerMethod:
     """What a backend's attention layer runs: the method, its cells for the layer's sliding ``window``
-    (:func:`.cells.lower`; ``None``: none), and the rotary frequencies ``[P]``."""
+    (:func:`.cells.lower`; ``None``: none; the cells ``None`` where the parts differ by layer and head, DPE's selected
+    pairs: :meth:`parts_of`), and the rotary frequencies ``[P]``."""
 
     method: PositionMethod
-    cells: list[Cell]
+    cells: list[Cell] | None
     inv_freq: torch.Tensor
     signature: str  # equal for the layers whose record, window and head size are equal: they compute alike
     window: int | None
@@ -289,6 +290,15 @@ class LayerMethod:
         requests = len(query_start) - 1
         factor = self.method.logit_scale_at(seq_lens[:requests])
         return scaled_queries(query, factor, query_start, 2 * self.inv_freq.shape[-1])
+
+    def parts_of(self, layer_name: str, heads: slice) -> tuple[Part, ...]:
+        """The method's parts in the model's layer ``layer_name`` (vLLM's ``model.layers.<index>...``) for the query
+        heads ``heads`` of the model's (a tensor-parallel rank holds a slice of them): DPE's pairs selected for
+        that layer and those heads."""
+        from vllm.model_executor.models.utils import extract_layer_index
+
+        parts = self.method.layer_parts(extract_layer_index(layer_name))
+        return tuple(part if part.pairs is None else replace(part, pairs=part.pairs[heads]) for part in parts)
 
 
 def layer_method(impl, window: int | None, problem_of: Callable[[list[Cell]], str | None] | None = None):
@@ -303,11 +313,15 @@ def layer_method(impl, window: int | None, problem_of: Callable[[list[Cell]], st
     method = method_of(hf_config) if impl.attn_type == "decoder" else None
     if method is None:
         return None
-    cells = lower(method.parts(), window)
+    cells = None if method.parts_differ_by_layer else lower(method.parts(), window)
     problem = engine_problem(vllm_config, impl.kv_cache_dtype)
     if not problem and getattr(impl, "logits_soft_cap", None):  # Gemma 2's attn_logit_softcapping
         problem = f"logits_soft_cap={impl.logits_soft_cap}: capped attention logits do not run longreach methods yet"
-    cells_problem = None if problem or problem_of is None else problem_of(cells)
+    cells_problem = None
+    if not problem and problem_of is not None and cells is None:
+        cells_problem = "its pairs selected per layer and head (dimensions=) do not run here yet"
+    elif not problem and problem_of is not None:
+        cells_problem = problem_of(cells)
     if cells_problem:
         problem = f"{method.name} on {type(impl).__name__}: {cells_problem}"
     if problem:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+from vllm.distributed import get_tensor_model_parallel_rank
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 
 from ..attention.backends.cpu_fused import prebuilt
@@ -39,6 +40,7 @@ class LongreachCPUImpl(CPUAttentionBackendImpl):
         super().__init__(*args, **kwargs)
         window = None if self.sliding_window in (None, -1) else int(self.sliding_window)
         self.layer = layer_method(self, window)
+        self.parts = None  # where the parts differ by layer and head: this layer's, for this rank's heads
         if self.layer is not None:
             self.key_angles = KeyAngles(self.layer.inv_freq)
 
@@ -65,25 +67,38 @@ class LongreachCPUImpl(CPUAttentionBackendImpl):
         key_cache, value_cache = _planes(kv_cache, transposed)
         tokens = attn_metadata.num_actual_tokens
         query = self.layer.scaled(query[:tokens], attn_metadata.query_start_loc, attn_metadata.seq_lens)
+        if self.layer.cells is None:  # parts per layer and head (DPE's selected pairs): the tiled path
+            if self.parts is None:
+                first = get_tensor_model_parallel_rank() * self.num_heads  # this rank's query heads
+                self.parts = self.layer.parts_of(layer.layer_name, slice(first, first + self.num_heads))
+            output[:tokens] = self._by_request(query, key_cache, value_cache, attn_metadata, transposed, self.parts)
+            return output
         kernel = None if NO_KERNEL else prebuilt()  # never built here: see .vllm.prepare
         if kernel is None:
-            output[:tokens] = self._by_request(query, key_cache, value_cache, attn_metadata, transposed)
+            self._warn_no_kernel()
+            parts = self.layer.method.parts()
+            output[:tokens] = self._by_request(query, key_cache, value_cache, attn_metadata, transposed, parts)
             return output
         step = self._step(attn_metadata, transposed)
         attended = attend(query, key_cache, value_cache, step, self.scale, kernel=kernel)
         output[:tokens] = attended.to(output.dtype)
         return output
 
-    def _by_request(self, query, key_cache, value_cache, attn_metadata, transposed: bool) -> torch.Tensor:
-        """The tiled path, request by request, where this process finds no built kernel (one warning)."""
+    @staticmethod
+    def _warn_no_kernel() -> None:
+        """One warning per process that finds no built kernel, which then runs the tiled path."""
         if not NO_KERNEL:
             NO_KERNEL.append(True)
             warnings.warn(
                 "longreach: vLLM's worker finds no CPU attention kernel built for this environment, and never builds "
                 "one; it runs the method by the tiled path (slower, the same results). Build it before vLLM starts: "
                 "longreach.integrations.vllm.prepare() (it needs a C++ compiler)",
-                stacklevel=3,
+                stacklevel=4,
             )
+
+    def _by_request(self, query, key_cache, value_cache, attn_metadata, transposed: bool, parts) -> torch.Tensor:
+        """The tiled path with ``parts``, request by request: where this process finds no built kernel, or the parts
+        differ by head."""
         requests = len(attn_metadata.query_start_loc) - 1
         return attend_by_request(
             query,
@@ -92,7 +107,7 @@ class LongreachCPUImpl(CPUAttentionBackendImpl):
             attn_metadata.block_table[:requests],
             attn_metadata.query_start_loc,
             attn_metadata.seq_lens[:requests],
-            self.layer.method.parts(),
+            parts,
             self.layer.inv_freq,
             self.scale,
             self.layer.window,

@@ -14,9 +14,17 @@ from ..rotary import compute_dtype
 from .tiled import TiledBackend
 
 
+def rows_contiguous(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The tensors with each row's elements adjacent (a copy of those whose last dimension has a stride): PyTorch's
+    CPU flash attention reads them as adjacent whatever the stride says (torch 2.13: a key cache whose blocks store
+    keys transposed, vLLM's, gave wrong scores, with no error)."""
+    return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in tensors)
+
+
 def block(q, k, v, mask, causal, scaling):
     """PyTorch's CPU flash attention, which also returns the log-sum-exp (grouped-query natively where the
     release can, :func:`~longreach.compat.cpu_flash_takes_grouped_heads`; else keys and values repeated per head)."""
+    q, k, v = rows_contiguous(q, k, v)
     if not compat.cpu_flash_takes_grouped_heads():
         k, v = expand_heads(k, q.shape[1]), expand_heads(v, q.shape[1])
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
@@ -29,6 +37,7 @@ def backward(grad_out, q, k, v, out, lse, mask, causal, scaling):
     """PyTorch's CPU flash-attention backward, given the merged output and log-sum-exp (grouped-query natively,
     or on keys and values repeated per head and their gradients summed back, as :func:`block`)."""
     dtype, kv_heads = q.dtype, k.shape[1]
+    grad_out, q, k, v = rows_contiguous(grad_out, q, k, v)
     if not compat.cpu_flash_takes_grouped_heads():
         k, v = expand_heads(k, q.shape[1]), expand_heads(v, q.shape[1])
     grad_q, grad_k, grad_v = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
