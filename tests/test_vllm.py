@@ -20,6 +20,7 @@ vllm = pytest.importorskip("vllm")
 
 import longreach  # noqa: E402
 from longreach.integrations import vllm as plugin  # noqa: E402
+from longreach.integrations import vllm_layer  # noqa: E402
 
 WINDOW = 512  # the methods' training window L: prompts reach beyond it (the model's own limit is 4096)
 STEPS = 6
@@ -258,6 +259,22 @@ def test_qwen25_1m_runs_its_own_dual_chunk_attention_config(prompts, tmp_path):
     assert (expected[0][1] - untempered[0][1]).abs().max() > 1e-3  # the temperature is there: it changes the logits
 
 
+def test_a_position_method_composed_with_a_frequency_and_a_drop_method_equals_transformers(model_dir, prompts):
+    """STRING with NTK (vLLM's rotary embedding computes it) and Dynamic Drop Attention in the first layer (the tiled
+    kernel, request by request): past L = 512 each 128-token chunk drops more, and the generated tokens, which vLLM
+    tells from its ``is_prefilling``, drop at their own rate."""
+    composed = {
+        "scaling": {"rope_type": "ntk", "factor": 2.0},
+        "drop": {"method": "dynamic_drop", "chunk": 128, "generated_rate": 0.1, "layers": [0]},
+    }
+    expected = transformers_runs(model_dir, prompts, "string", {**METHODS["string"], **composed})
+    overrides = plugin.overrides("string", training_window=WINDOW, **METHODS["string"], **composed)
+    assert_equal_runs(vllm_runs(model_dir, prompts, hf_overrides=overrides), prompts, expected)
+    scaled = {**METHODS["string"], "scaling": composed["scaling"]}
+    dropless = transformers_runs(model_dir, prompts[:1], "string", scaled)
+    assert (expected[0][1] - dropless[0][1]).abs().max() > 1e-3  # the drop method is there: it changes the logits
+
+
 def test_past_the_models_own_window_the_context_raises_its_rotary_table(model_dir, prompts, tmp_path):
     """A model whose own window (``max_position_embeddings`` 512) the prompts pass (up to 906 tokens): Self-Extend with
     ``context=2048`` (the engine's ``max_model_len``) equals transformers with ``apply`` at L = 512. vLLM sizes its
@@ -393,9 +410,15 @@ def test_a_saved_applied_model_is_served_without_arguments(model_dir, prompts, t
             lambda: plugin.overrides("string", training_window=WINDOW, shift=-3),
             r"^shift=-3 is out of range: .* L = 512$",
         ),
-        (lambda: plugin.overrides("drop"), r"^method='drop' \(drop\) does not run in vLLM"),
+        (lambda: plugin.overrides("string", drop={"method": "string"}), r"^unknown drop method 'string'"),
+        (lambda: plugin.overrides("string", scaling="yarn"), r"^scaling='yarn' must be a dict such as \{'rope_type'"),
+        (lambda: plugin.overrides("dca", scaling={"rope_type": "dynamic"}), r"^method='dynamic': vLLM's dynamic NTK"),
+        (lambda: plugin.overrides("yarn", scaling={"rope_type": "ntk"}), r"^yarn is a frequency method already"),
         (lambda: plugin.overrides("dynamic", factor=2.0), r"^method='dynamic': vLLM's dynamic NTK fixes its factor"),
-        (lambda: plugin.overrides("yarn", factor=2.0).json, r"^method='yarn' is the model's rope_parameters"),
+        (
+            lambda: plugin.overrides("yarn", factor=2.0).json,
+            r"^scaling=\{'rope_type': 'yarn', 'factor': 2.0\} is the model's rope_parameters",
+        ),
         (lambda: plugin.overrides("strng"), r"strng"),
     ],
 )
@@ -431,7 +454,7 @@ def test_a_frequency_method_over_the_models_own_scaling_is_refused_in_one_line()
     from types import SimpleNamespace
 
     llama31 = SimpleNamespace(max_position_embeddings=4096, rope_parameters={"rope_type": "llama3", "rope_theta": 1e4})
-    with pytest.raises(ValueError, match=r"^method='yarn' over the model's own llama3 scaling: a frequency method"):
+    with pytest.raises(ValueError, match=r"^yarn over the model's own llama3 scaling: a frequency method"):
         plugin.overrides("yarn", factor=2.0)(llama31)
 
 
@@ -447,8 +470,8 @@ def test_an_engine_vllm_cannot_run_a_method_in_is_refused_in_one_line(dtype, par
     from types import SimpleNamespace
 
     engine = SimpleNamespace(parallel_config=SimpleNamespace(**parallel))
-    assert re.match(message, plugin.engine_problem(engine, dtype))
-    assert plugin.engine_problem(SimpleNamespace(parallel_config=SimpleNamespace()), "auto") is None
+    assert re.match(message, vllm_layer.engine_problem(engine, dtype))
+    assert vllm_layer.engine_problem(SimpleNamespace(parallel_config=SimpleNamespace()), "auto") is None
 
 
 @pytest.mark.parametrize("method", ["string", "dca"])

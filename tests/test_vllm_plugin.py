@@ -103,3 +103,28 @@ def test_the_short_path_is_the_plugins_own():
 
     assert longreach.vllm.overrides is plugin.overrides and longreach.vllm.prepare is plugin.prepare
     assert longreach.vllm.overrides("string", local_window=9).json == plugin.overrides("string", local_window=9).json
+
+
+def test_a_saved_composition_the_configs_rope_cannot_hold_is_refused_and_one_it_holds_runs():
+    """A model saved after ``apply(..., scaling=...)``: over plain RoPE its rope_parameters hold the frequency method,
+    which vLLM's rotary embedding computes; over the model's own scaling they stay the model's (transformers cannot
+    write the composition there), and vLLM would run without it, so it is refused."""
+    own = {"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4}
+    record = {"method": "string", "params": {}, "training_window": 512, "scaling": {"rope_type": "ntk", "factor": 2.0}}
+    over_own = types.SimpleNamespace(
+        max_position_embeddings=4096, rope_parameters=own, longreach={**record, "replaced_rope_parameters": own}
+    )
+    with pytest.raises(ValueError, match=r"^scaling=\{'rope_type': 'ntk', 'factor': 2.0\}: the model's rope_param"):
+        plugin.methods_of(over_own)
+    plain = {"rope_type": "default", "rope_theta": 1e4}
+    over_plain = types.SimpleNamespace(
+        max_position_embeddings=4096,
+        rope_parameters={**plain, "rope_theta": 4e4},
+        longreach={**record, "replaced_rope_parameters": plain},
+    )
+    method, drop = plugin.methods_of(over_plain)
+    assert method.name == "string" and drop is None
+    frequency_alone = types.SimpleNamespace(
+        max_position_embeddings=4096, rope_parameters=plain, longreach={**record, "method": "rope"}
+    )
+    assert plugin.methods_of(frequency_alone) is None  # vLLM's own attention

@@ -227,11 +227,13 @@ def attend_by_request(
     scaling: float,
     window: int | None = None,
     keys_transposed: bool = False,
+    drop: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """What :func:`paged_attention` computes, ``[T, Hq, Dv]`` float32, by the tiled kernel (:func:`.kernel.attention`,
     backend ``cpu_flash``) one request at a time, its keys and values gathered from the cache: where the C++ kernel is
-    not built (a vLLM worker never builds it). Slower, the same results; ``parts`` the method's, ``window`` the
-    layer's sliding window."""
+    not built (a vLLM worker never builds it), or cannot compute the call (DPE's pairs per head; Drop Attention,
+    ``drop``: each query's rate ``[T]``). Slower, the same results; ``parts`` the method's (this layer's and these
+    heads'), ``window`` the layer's sliding window."""
     from .kernel import attention
 
     tokens, block_size = query.shape[0], value_cache.shape[2]
@@ -245,7 +247,8 @@ def attend_by_request(
         keys = key_cache[blocks].transpose(-1, -2) if keys_transposed else key_cache[blocks]  # [n, Hkv, slot, D]
         keys, values = (x.transpose(0, 1).flatten(1, 2)[None, :, :length].float() for x in (keys, value_cache[blocks]))
         rows = query[first:stop].transpose(0, 1)[None].float()  # [1, Hq, q_len, D]
+        rates = None if drop is None else drop[first:stop][None]
         out[first:stop] = attention(
-            rows, keys, values, parts, inv_freq, scaling=scaling, sliding_window=window, backend="cpu_flash"
+            rows, keys, values, parts, inv_freq, scaling=scaling, sliding_window=window, drop=rates, backend="cpu_flash"
         )[0]
     return out

@@ -28,16 +28,12 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from dataclasses import dataclass, replace
-from typing import Callable
-
-import torch
 
 from .. import methods
-from ..attention.cells import Cell, lower
-from ..attention.paged import scaled_queries
-from ..methods.base import Part, PositionMethod
+from ..methods.base import PositionMethod
 from ..methods.dca import qwen_dual_chunk
+from ..methods.drop import Drop, DynamicDrop
+from ..methods.scaling import Scaling
 from .transformers import CONFIG_KEY
 
 TESTED = ("0.32",)  # the vLLM releases (major.minor) the plugin is tested with: make test-vllm
@@ -48,6 +44,8 @@ LOADED = "LONGREACH_VLLM_PLUGIN"  # the process id of the first process of a tre
 # position methods whose parts are the same per layer
 SUPPORTED = ("rope", "string", "rerope", "self_extend", "dca", "dpe")
 FREQUENCY = ("pi", "ntk", "yarn", "llama3")  # frequency methods: the model's rope_parameters, vLLM's own rotary
+DROP = ("drop", "dynamic_drop")  # drop methods: per query, in the layers they name (the CPU backend)
+_EXAMPLES = {"scaling": "{'rope_type': 'yarn', 'factor': 2.0}", "drop": "{'method': 'dynamic_drop'}"}
 
 
 class Overrides:
@@ -62,9 +60,9 @@ class Overrides:
     def json(self) -> str:
         """``{"longreach": record}`` as JSON (a frequency method needs the model's own ``rope_parameters``: none), with
         ``max_position_embeddings`` raised to the context where one is given."""
-        if _frequency(self.record["method"]):
+        if self.record.get("scaling"):
             raise ValueError(
-                f"method={self.record['method']!r} is the model's rope_parameters, which vllm serve --hf-overrides "
+                f"scaling={self.record['scaling']!r} is the model's rope_parameters, which vllm serve --hf-overrides "
                 'replaces whole: give them whole, \'{"rope_parameters": {"rope_theta": ..., "rope_type": ...}}\''
             )
         if self.context is None:
@@ -83,22 +81,26 @@ class Overrides:
         problem = model_problem(text)
         ropes = layer_ropes(text)
         own = sorted({rope.get("rope_type", "default") for rope in ropes.values()} - {"default"})
-        if problem is None and _frequency(self.record["method"]) and (own or None not in ropes):
+        if problem is None and self.record.get("scaling") and (own or None not in ropes):
             problem = (
-                f"method={self.record['method']!r} over the model's own {', '.join(own) or 'per-layer-type'} scaling: "
-                "a frequency method composed over another does not run in vLLM yet"
+                f"{self.record['scaling']['rope_type']} over the model's own {', '.join(own) or 'per-layer-type'} "
+                "scaling: a frequency method composed over another does not run in vLLM yet"
             )
-        if problem is None and not _frequency(self.record["method"]) and (release := version_problem()):
+        if problem is None and runs_attention(self.record) and (release := version_problem()):
             problem = f"{release}: its attention methods do not run on it"
         if problem:
             raise ValueError(problem)
         record = _over_own_dual_chunk(self.record, hf_config, text)
         window = int(text.max_position_embeddings)
-        method = check(record, window)
-        if _frequency(record["method"]):
-            text.rope_parameters = method.rope_parameters(dict(text.rope_parameters), _rotary_dims(text))
-        else:  # L is the record's, or the model's window as it was
+        method, frequency, drop = resolve(record, window)
+        if frequency is not None:
+            text.rope_parameters = frequency.rope_parameters(dict(text.rope_parameters), _rotary_dims(text))
+        if runs_attention(record):  # L is the record's, or the model's window as it was
             method.check_model(text.num_hidden_layers, text.num_attention_heads, _rotary_dims(text) // 2)
+            if drop is not None and max(drop.layers) >= text.num_hidden_layers:
+                raise ValueError(
+                    f"layers={list(drop.layers)} is out of range: layer indices 0 .. {text.num_hidden_layers - 1}"
+                )
             setattr(hf_config, CONFIG_KEY, {**record, "training_window": record["training_window"] or window})
         if self.context is not None and self.context > window:
             text.max_position_embeddings = self.context  # vLLM's rotary table covers every position the engine holds
@@ -127,20 +129,30 @@ def _over_own_dual_chunk(record: dict, hf_config, text) -> dict:
 
 
 def overrides(
-    method: str = "string", *, training_window: int | None = None, context: int | None = None, **params
+    method: str = "string",
+    *,
+    training_window: int | None = None,
+    context: int | None = None,
+    scaling: dict | None = None,
+    drop: dict | None = None,
+    **params,
 ) -> Overrides:
     """vLLM's ``hf_overrides`` that run ``method`` with ``params``: ``LLM(model, hf_overrides=overrides("string"))``.
 
     Args:
         method: a position method vLLM runs with longreach (``rope``, ``string``, ``rerope``, ``self_extend``,
-            ``dca``, ``dpe``), or a frequency method vLLM's rotary embedding computes (``pi``, ``ntk``, ``yarn``,
-            ``llama3``).
+            ``dca``, ``dpe``), a frequency method vLLM's rotary embedding computes (``pi``, ``ntk``, ``yarn``,
+            ``llama3``), or a drop method (``drop``, ``dynamic_drop``), as for ``longreach.apply``.
         training_window: ``L``; default: the model's ``max_position_embeddings``.
         context: the longest sequence the engine is to hold (its ``max_model_len``) where that is past the model's
             window (ReRoPE, Self-Extend, DCA and the frequency methods reach past it): the config's
             ``max_position_embeddings`` is raised to it, so that vLLM's rotary embedding, whose table of angles it
             sizes, covers every position (``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` alone leaves positions past the table
             reading outside it), while ``L`` stays the model's own window or ``training_window``.
+        scaling: a frequency method composed with the position method, as for ``longreach.apply``
+            (``{"rope_type": "yarn", "factor": 2.0}``): vLLM's rotary embedding computes it, on a model whose own RoPE
+            is plain.
+        drop: a drop method composed with it, as for ``longreach.apply`` (``{"method": "dynamic_drop"}``).
         **params: the method's parameters, as for ``longreach.apply``.
 
     Returns:
@@ -155,22 +167,48 @@ def overrides(
         # DPE's selected pairs in the record itself, as a saved model keeps them: no file for the workers to read
         selected = methods.create("dpe", training_window=2, **params).saved_params()["dimensions"]
         params = {**params, "dimensions": selected}
-    record = json.loads(json.dumps({"method": method, "params": params, "training_window": training_window}))
+    record = json.loads(json.dumps(_record(method, params, training_window, scaling, drop)))
     _runs_in_vllm(record)
     if training_window is not None:
-        check(record, training_window)
+        resolve(record, training_window)
     if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 1):
         raise ValueError(f"context={context!r} is out of range: a whole number of tokens >= 1 (vLLM's max_model_len)")
-    if not _frequency(method):
+    if runs_attention(record):
         prepare()
     return Overrides(record, context)
 
 
-def check(record: dict, window: int) -> PositionMethod:
-    """The method a record describes for a model of training window ``window``, or a one-line ``ValueError``."""
+def _record(method: str, params: dict, training_window: int | None, scaling, drop) -> dict:
+    """The record of ``longreach.apply``'s arguments, in :meth:`.transformers.Applied.record`'s form: a frequency
+    method alone is RoPE with it as ``scaling``, a drop method alone RoPE with it as ``drop``."""
+    kind = methods.kind_of(method)
+    for composed, value in (("frequency", scaling), ("drop", drop)):
+        if kind == composed and value is not None:
+            raise ValueError(f"{method} is a {composed} method already; give it with a position method instead")
+    if kind == "frequency":
+        method, scaling, params = "rope", {"rope_type": method, **params}, {}
+    elif kind == "drop":
+        method, drop, params = "rope", {"method": method, **params}, {}
+    composed = {name: value for name, value in (("scaling", scaling), ("drop", drop)) if value is not None}
+    return {"method": method, "params": params, "training_window": training_window, **composed}
+
+
+def runs_attention(record: dict) -> bool:
+    """Whether a record changes attention (longreach's backends run it), not only vLLM's rotary embedding: a position
+    method other than RoPE, or a drop method."""
+    return record["method"] != "rope" or bool(record.get("params")) or bool(record.get("drop"))
+
+
+def resolve(record: dict, window: int) -> tuple[PositionMethod, Scaling | None, Drop | DynamicDrop | None]:
+    """The position, frequency and drop methods a record describes for a model of training window ``window``, or a
+    one-line ``ValueError``."""
     _runs_in_vllm(record)
-    params = record.get("params") or {}
-    return methods.create(record["method"], training_window=int(record.get("training_window") or window), **params)
+    window = int(record.get("training_window") or window)
+    position = methods.create(record["method"], training_window=window, **(record.get("params") or {}))
+    scaling, drop = dict(record.get("scaling") or {}), dict(record.get("drop") or {})
+    frequency = methods.create(scaling.pop("rope_type"), window, **scaling) if scaling else None
+    dropping = methods.create(drop.pop("method", "drop"), window, **drop) if drop else None
+    return position, frequency, dropping
 
 
 def model_problem(text_config) -> str | None:
@@ -215,21 +253,6 @@ def layer_ropes(text_config) -> dict[str | None, dict]:
     return per_type or {None: rope}
 
 
-def engine_problem(vllm_config, kv_cache_dtype: str) -> str | None:
-    """Why an engine cannot run a longreach method (one line), or ``None``."""
-    if str(kv_cache_dtype).startswith("fp8"):
-        return f"kv_cache_dtype={kv_cache_dtype!r}: longreach's methods read an unquantised KV cache; use 'auto'"
-    parallel = vllm_config.parallel_config
-    for name in ("prefill_context_parallel_size", "decode_context_parallel_size"):
-        if getattr(parallel, name, 1) > 1:
-            return f"{name}={getattr(parallel, name)}: context parallelism does not run longreach methods yet; use 1"
-    return None
-
-
-def _frequency(name: str) -> bool:
-    return methods.kind_of(name) == "frequency"
-
-
 def _rotary_dims(text_config) -> int:
     rope = dict(getattr(text_config, "rope_parameters", None) or {})
     head = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
@@ -240,21 +263,29 @@ def _runs_in_vllm(record: dict) -> None:
     """A one-line ``ValueError`` unless vLLM runs what the record asks for."""
     if not isinstance(record, dict) or not isinstance(record.get("method"), str):
         raise ValueError(f"{CONFIG_KEY}={record!r} must be a record such as {{'method': 'string', 'params': {{}}}}")
-    name = record["method"]
-    if name == "dynamic":
-        raise ValueError(
-            "method='dynamic': vLLM's dynamic NTK fixes its factor at the model's window, longreach's grows it with "
-            "each forward pass; use ntk"
-        )
-    if name not in SUPPORTED + FREQUENCY:
-        kind = methods.kind_of(name)  # an unknown name: its own one-line error
-        raise ValueError(
-            f"method={name!r} ({kind}) does not run in vLLM with longreach yet; supported: "
-            f"{', '.join(SUPPORTED + FREQUENCY)}"
-        )
-    for composed in ("scaling", "drop"):
-        if record.get(composed):
-            raise ValueError(f"{composed}={record[composed]!r}: composed methods do not run in vLLM yet")
+    scaling, drop = record.get("scaling"), record.get("drop")
+    for value, kind in ((scaling, "scaling"), (drop, "drop")):
+        if value is not None and not isinstance(value, dict):
+            raise ValueError(f"{kind}={value!r} must be a dict such as {_EXAMPLES[kind]}")
+    named = [(record["method"], None, SUPPORTED)]
+    if scaling:
+        named.append((scaling.get("rope_type"), "frequency", FREQUENCY))
+    if drop:
+        named.append((drop.get("method", "drop"), "drop", DROP))
+    for name, kind, allowed in named:
+        if kind is not None:
+            methods.find(name, kind)  # a method of another kind, or none: its own one-line error
+        if name == "dynamic":
+            raise ValueError(
+                "method='dynamic': vLLM's dynamic NTK fixes its factor at the model's window, longreach's grows it "
+                "with each forward pass; use ntk"
+            )
+        if name is not None and name not in allowed:
+            kind = methods.kind_of(name)  # an unknown name: its own one-line error
+            raise ValueError(
+                f"method={name!r} ({kind}) does not run in vLLM with longreach yet; supported: "
+                f"{', '.join(SUPPORTED + FREQUENCY + DROP)}"
+            )
 
 
 def _window(hf_config) -> int:
@@ -262,109 +293,20 @@ def _window(hf_config) -> int:
     return int(text.max_position_embeddings)
 
 
-def method_of(hf_config) -> PositionMethod | None:
-    """The method a model's config records (``None``: the model runs as in stock vLLM)."""
+def methods_of(hf_config) -> tuple[PositionMethod, Drop | DynamicDrop | None] | None:
+    """The position and drop methods a model's config records for its attention (``None``: the model's attention
+    runs as in stock vLLM: no record, or one of a frequency method alone, which is the config's rope_parameters)."""
     record = getattr(hf_config, CONFIG_KEY, None)
-    if not record:
+    if not record or not runs_attention(record):
         return None
-    method = check(record, _window(hf_config))
-    return None if _frequency(record["method"]) else method  # a frequency method is the config's rope_parameters
-
-
-@dataclass(frozen=True)
-class LayerMethod:
-    """What a backend's attention layer runs: the method, its cells for the layer's sliding ``window``
-    (:func:`.cells.lower`; ``None``: none; the cells ``None`` where the parts differ by layer and head, DPE's selected
-    pairs: :meth:`parts_of`), and the rotary frequencies ``[P]``."""
-
-    method: PositionMethod
-    cells: list[Cell] | None
-    inv_freq: torch.Tensor
-    signature: str  # equal for the layers whose record, window and head size are equal: they compute alike
-    window: int | None
-
-    def scaled(self, query: torch.Tensor, query_start: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
-        """The step's queries ``[T, Hq, D]`` with the method's logit factor in their rotary dimensions
-        (:func:`.paged.scaled_queries`; STRING's and DCA's ``mscale``), for the requests' lengths so far: vLLM's
-        attention is not told a prompt's whole length, so a prompt read in chunks takes each chunk's."""
-        requests = len(query_start) - 1
-        factor = self.method.logit_scale_at(seq_lens[:requests])
-        return scaled_queries(query, factor, query_start, 2 * self.inv_freq.shape[-1])
-
-    def parts_of(self, layer_name: str, heads: slice) -> tuple[Part, ...]:
-        """The method's parts in the model's layer ``layer_name`` (vLLM's ``model.layers.<index>...``) for the query
-        heads ``heads`` of the model's (a tensor-parallel rank holds a slice of them): DPE's pairs selected for
-        that layer and those heads."""
-        from vllm.model_executor.models.utils import extract_layer_index
-
-        parts = self.method.layer_parts(extract_layer_index(layer_name))
-        return tuple(part if part.pairs is None else replace(part, pairs=part.pairs[heads]) for part in parts)
-
-
-def layer_method(impl, window: int | None, problem_of: Callable[[list[Cell]], str | None] | None = None):
-    """The method the engine's model config records, for the backend layer ``impl`` (vLLM's attention implementation:
-    its ``attn_type``, ``kv_cache_dtype``, ``head_size``) with sliding ``window`` (``None``: none); ``None`` where
-    the layer runs as in stock vLLM (no record, a frequency method, or not a decoder layer). A one-line ``ValueError``
-    where the engine, or the backend's ``problem_of`` the cells, cannot run it."""
-    from vllm.config import get_current_vllm_config
-
-    vllm_config = get_current_vllm_config()
-    hf_config = vllm_config.model_config.hf_config
-    method = method_of(hf_config) if impl.attn_type == "decoder" else None
-    if method is None:
-        return None
-    cells = None if method.parts_differ_by_layer else lower(method.parts(), window)
-    problem = engine_problem(vllm_config, impl.kv_cache_dtype)
-    if not problem and getattr(impl, "logits_soft_cap", None):  # Gemma 2's attn_logit_softcapping
-        problem = f"logits_soft_cap={impl.logits_soft_cap}: capped attention logits do not run longreach methods yet"
-    cells_problem = None
-    if not problem and problem_of is not None and cells is None:
-        cells_problem = "its pairs selected per layer and head (dimensions=) do not run here yet"
-    elif not problem and problem_of is not None:
-        cells_problem = problem_of(cells)
-    if cells_problem:
-        problem = f"{method.name} on {type(impl).__name__}: {cells_problem}"
-    if problem:
-        raise ValueError(problem)
-    record = json.dumps(getattr(hf_config, CONFIG_KEY), sort_keys=True, default=str)
-    signature = f"{record} window={window} head_size={impl.head_size}"
-    return LayerMethod(method, cells, inverse_frequencies(hf_config, impl.head_size, window), signature, window)
-
-
-def inverse_frequencies(hf_config, head_size: int, window: int | None = None) -> torch.Tensor:
-    """The rotary pairs' frequencies ``[P]`` (float32) that vLLM's rotary embedding turns the layer's queries and keys
-    by, read from that embedding: ``get_rope`` with the model's ``rope_parameters`` (for a model with a RoPE per layer
-    type, the sliding-window layers' where the layer has a ``window``, else the full layers'), as the model's layers
-    call it (it hands back the layers' own object). Su et al. 2021, Eq. 15, ``theta_k = base^(-2k / d)`` over the
-    rotary dimensions ``d``, as the model's own scaling maps them: Llama 3's per-band factors and YaRN's blend of
-    interpolated and extrapolated frequencies (its attention factor is in the vectors already, and stays there, as in
-    transformers), LongRoPE's per-pair factors (Phi-3: vLLM 0.32 takes the long ones for every position where the
-    engine's ``max_model_len`` passes ``original_max_position_embeddings``, else the short ones; transformers takes the
-    long ones for a forward pass whose sequence passes it: the two agree past it), and linear scaling's positions
-    divided by its factor, written as frequencies divided by it."""
+    method, frequency, drop = resolve(record, _window(hf_config))
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
-    problem = model_problem(text)
-    if problem:
-        raise ValueError(problem)
-    from vllm.model_executor.layers.rotary_embedding import (
-        LinearScalingRotaryEmbedding,
-        Phi3LongRoPEScaledRotaryEmbedding,
-        YaRNScalingRotaryEmbedding,
-        get_rope,
-    )
-
-    ropes = layer_ropes(text)
-    own = ropes[None] if None in ropes else ropes[LAYER_TYPES[window is not None]]
-    rope = get_rope(head_size, max_position=int(text.max_position_embeddings), rope_parameters=own, is_neox_style=True)
-    if isinstance(rope, YaRNScalingRotaryEmbedding):
-        return rope._compute_inv_freq(rope.scaling_factor).float()
-    if isinstance(rope, Phi3LongRoPEScaledRotaryEmbedding):  # the long factors for every position, or the short ones
-        return rope._compute_inv_freq(rope.long_factor if rope.use_long_rope else rope.short_factor).float()
-    inv_freq = rope._compute_inv_freq(rope.base).float()
-    if isinstance(rope, LinearScalingRotaryEmbedding):
-        (factor,) = rope.scaling_factors
-        inv_freq = inv_freq / factor
-    return inv_freq
+    if frequency is not None and dict(text.rope_parameters) == (record.get("replaced_rope_parameters") or {}):
+        raise ValueError(
+            f"scaling={record['scaling']!r}: the model's rope_parameters do not hold it (composed over the model's "
+            "own scaling, saved by longreach.apply), and vLLM's rotary embedding cannot compute it"
+        )
+    return method, drop
 
 
 def records_a_method() -> bool:
@@ -373,7 +315,7 @@ def records_a_method() -> bool:
     from vllm.config import get_current_vllm_config_or_none
 
     model = getattr(get_current_vllm_config_or_none(), "model_config", None)
-    return model is not None and method_of(model.hf_config) is not None
+    return model is not None and methods_of(model.hf_config) is not None
 
 
 def tested(version: str) -> bool:

@@ -17,14 +17,21 @@ warning.
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass, fields
 
 import torch
 from vllm.distributed import get_tensor_model_parallel_rank
-from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
+from vllm.v1.attention.backends.cpu_attn import (
+    CPUAttentionBackend,
+    CPUAttentionBackendImpl,
+    CPUAttentionMetadata,
+    CPUAttentionMetadataBuilder,
+)
 
 from ..attention.backends.cpu_fused import prebuilt
 from ..attention.paged import KeyAngles, Step, attend, attend_by_request, step_layout
-from .vllm import layer_method, records_a_method
+from .vllm import records_a_method
+from .vllm_layer import layer_method
 
 # per layer signature (:class:`.vllm.LayerMethod`) and key layout, the step in progress: its metadata and layout
 STEPS: dict[tuple[str, bool], tuple[object, Step]] = {}
@@ -40,7 +47,8 @@ class LongreachCPUImpl(CPUAttentionBackendImpl):
         super().__init__(*args, **kwargs)
         window = None if self.sliding_window in (None, -1) else int(self.sliding_window)
         self.layer = layer_method(self, window)
-        self.parts = None  # where the parts differ by layer and head: this layer's, for this rank's heads
+        self.tiled: tuple | None = None  # this layer's parts and whether it drops, where the kernel cannot run it
+        self.seen = False  # whether a forward pass has read the layer's name (``tiled``)
         if self.layer is not None:
             self.key_angles = KeyAngles(self.layer.inv_freq)
 
@@ -67,22 +75,35 @@ class LongreachCPUImpl(CPUAttentionBackendImpl):
         key_cache, value_cache = _planes(kv_cache, transposed)
         tokens = attn_metadata.num_actual_tokens
         query = self.layer.scaled(query[:tokens], attn_metadata.query_start_loc, attn_metadata.seq_lens)
-        if self.layer.cells is None:  # parts per layer and head (DPE's selected pairs): the tiled path
-            if self.parts is None:
-                first = get_tensor_model_parallel_rank() * self.num_heads  # this rank's query heads
-                self.parts = self.layer.parts_of(layer.layer_name, slice(first, first + self.num_heads))
-            output[:tokens] = self._by_request(query, key_cache, value_cache, attn_metadata, transposed, self.parts)
-            return output
-        kernel = None if NO_KERNEL else prebuilt()  # never built here: see .vllm.prepare
+        if not self.seen:
+            self.tiled, self.seen = self._tiled(layer.layer_name), True
+        kernel = None if self.tiled or NO_KERNEL else prebuilt()  # never built here: see .vllm.prepare
         if kernel is None:
-            self._warn_no_kernel()
-            parts = self.layer.method.parts()
-            output[:tokens] = self._by_request(query, key_cache, value_cache, attn_metadata, transposed, parts)
+            if not self.tiled:
+                self._warn_no_kernel()
+            parts, drops = self.tiled or (self.layer.method.parts(), False)
+            rates = None
+            if drops:
+                prefilling = getattr(attn_metadata, "is_prefilling", None)
+                rates = self.layer.drop_rates(attn_metadata.query_start_loc, attn_metadata.seq_lens, prefilling, tokens)
+            output[:tokens] = self._by_request(query, key_cache, value_cache, attn_metadata, transposed, parts, rates)
             return output
         step = self._step(attn_metadata, transposed)
         attended = attend(query, key_cache, value_cache, step, self.scale, kernel=kernel)
         output[:tokens] = attended.to(output.dtype)
         return output
+
+    def _tiled(self, layer_name: str) -> tuple | None:
+        """``(parts, drops)`` where the C++ kernel cannot compute this layer's calls, which the tiled path then computes
+        request by request: DPE's pairs selected per layer and head (this rank's heads), or a layer where a drop method
+        drops; ``None`` where it can."""
+        drops = self.layer.drops_in(layer_name)
+        if self.layer.cells is not None and not drops:
+            return None
+        if self.layer.cells is not None:
+            return self.layer.method.parts(), drops
+        first = get_tensor_model_parallel_rank() * self.num_heads  # this rank's query heads
+        return self.layer.parts_of(layer_name, slice(first, first + self.num_heads)), drops
 
     @staticmethod
     def _warn_no_kernel() -> None:
@@ -96,9 +117,9 @@ class LongreachCPUImpl(CPUAttentionBackendImpl):
                 stacklevel=4,
             )
 
-    def _by_request(self, query, key_cache, value_cache, attn_metadata, transposed: bool, parts) -> torch.Tensor:
-        """The tiled path with ``parts``, request by request: where this process finds no built kernel, or the parts
-        differ by head."""
+    def _by_request(self, query, key_cache, value_cache, attn_metadata, transposed: bool, parts, rates=None):
+        """The tiled path with ``parts`` (and each query's drop rate, ``rates [T]``), request by request: where this
+        process finds no built kernel, or the kernel cannot compute the layer's calls."""
         requests = len(attn_metadata.query_start_loc) - 1
         return attend_by_request(
             query,
@@ -112,6 +133,7 @@ class LongreachCPUImpl(CPUAttentionBackendImpl):
             self.scale,
             self.layer.window,
             transposed,
+            rates,
         ).to(query.dtype)
 
     def _step(self, attn_metadata, keys_transposed: bool) -> Step:
@@ -144,10 +166,31 @@ def _planes(kv_cache: torch.Tensor, keys_transposed: bool = False) -> tuple[torc
     return key_cache, value_cache
 
 
+@dataclass
+class LongreachCPUMetadata(CPUAttentionMetadata):
+    """vLLM's CPU attention metadata and whether each request still reads its prompt (``[B]``, vLLM's common metadata
+    has it): Dynamic Drop Attention gives the tokens generated after it a rate of their own."""
+
+    is_prefilling: torch.Tensor | None = None
+
+
+class LongreachCPUMetadataBuilder(CPUAttentionMetadataBuilder):
+    """vLLM's CPU metadata builder, whose metadata also holds ``is_prefilling``."""
+
+    def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False) -> LongreachCPUMetadata:
+        built = super().build(common_prefix_len, common_attn_metadata, fast_build)
+        held = {field.name: getattr(built, field.name) for field in fields(built)}
+        return LongreachCPUMetadata(**held, is_prefilling=common_attn_metadata.is_prefilling)
+
+
 class LongreachCPUBackend(CPUAttentionBackend):
     """vLLM's CPU backend, whose implementation runs a longreach method where the model's config records one: vLLM's own
-    class for a model without a record."""
+    classes for a model without a record."""
 
     @staticmethod
     def get_impl_cls():
         return LongreachCPUImpl if records_a_method() else CPUAttentionBackendImpl
+
+    @staticmethod
+    def get_builder_cls():
+        return LongreachCPUMetadataBuilder if records_a_method() else CPUAttentionMetadataBuilder

@@ -22,7 +22,8 @@ from vllm.v1.attention.ops.merge_attn_states import merge_attn_states
 from ..attention.cells import key_views
 from ..attention.paged import token_positions
 from ..attention.paged_flash import flash_cells, spans_problem, write_moved_keys
-from .vllm import layer_method, records_a_method
+from .vllm import records_a_method
+from .vllm_layer import layer_method
 
 
 class LongreachFlashAttentionImpl(FlashAttentionImpl):
