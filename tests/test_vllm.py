@@ -242,21 +242,33 @@ def test_string_over_the_models_own_scaling_equals_transformers(prompts, tmp_pat
     assert_equal_runs(vllm_runs(folder, prompts, hf_overrides=overrides), prompts, expected)
 
 
-def test_qwen25_1m_runs_its_own_dual_chunk_attention_config(prompts, tmp_path):
-    """A Qwen2 with Qwen2.5-1M's ``dual_chunk_attention_config`` (scaled down: chunk 192, local 32, trained on 256
-    tokens; the prompts reach 906): ``overrides("dca")`` takes its chunk and local sizes, Qwen's temperature and L from
-    it, and removes it (vLLM 0.32 would build its ``DualChunkRotaryEmbedding``, which no backend runs). Equal to
-    transformers with ``apply(model, "dca", ..., mscale="qwen")``. Each prompt is read in one step, with no prefix
-    cache: vLLM's attention is not told a prompt's whole length, which Qwen's temperature is set by (docs/vllm.md)."""
+@pytest.fixture(scope="module")
+def qwen1m_dir(tmp_path_factory):
+    """A Qwen2 with Qwen2.5-1M's ``dual_chunk_attention_config``, scaled down: chunk 192, local 32, trained on 256
+    tokens (the prompts reach 906)."""
     own = {"chunk_size": 192, "local_size": 32, "original_max_position_embeddings": 256}
-    folder = save_model(tmp_path, "qwen2", dual_chunk_attention_config=own)
+    return save_model(tmp_path_factory.mktemp("tiny-qwen-1m"), "qwen2", dual_chunk_attention_config=own)
+
+
+def test_qwen25_1m_runs_its_own_dual_chunk_attention_config(prompts, qwen1m_dir):
+    """``overrides("dca")`` takes the config's chunk and local sizes, Qwen's temperature and L from it, and removes it
+    (vLLM 0.32 would build its ``DualChunkRotaryEmbedding``, which no backend runs). Equal to transformers with
+    ``apply(model, "dca")``, which reads the config too. Each prompt is read in one step, with no prefix cache: vLLM's
+    attention is not told a prompt's whole length, which Qwen's temperature is set by (docs/vllm.md)."""
     params = {"chunk_size": 192, "local_window": 32, "mscale": "qwen"}
-    expected = transformers_runs(folder, prompts, "dca", {}, window=None)  # apply reads the config too
+    expected = transformers_runs(qwen1m_dir, prompts, "dca", {}, window=None)
     settings = {"max_num_batched_tokens": 2048, "enable_chunked_prefill": False, "enable_prefix_caching": False}
-    rounds = vllm_runs(folder, prompts, hf_overrides=plugin.overrides("dca"), **settings)
+    rounds = vllm_runs(qwen1m_dir, prompts, hf_overrides=plugin.overrides("dca"), **settings)
     assert_equal_runs(rounds, prompts, expected, prefix_cached=False)
-    untempered = transformers_runs(folder, prompts[:1], "dca", {**params, "mscale": False}, window=256)
+    untempered = transformers_runs(qwen1m_dir, prompts[:1], "dca", {**params, "mscale": False}, window=256)
     assert (expected[0][1] - untempered[0][1]).abs().max() > 1e-3  # the temperature is there: it changes the logits
+
+
+def test_string_on_a_qwen25_1m_config_drops_its_dual_chunk_attention(prompts, qwen1m_dir):
+    """Another method on such a model: the config's DCA removed, L the length it was trained to (256), in both
+    engines; chunked prefill and the prefix cache as everywhere else."""
+    expected = transformers_runs(qwen1m_dir, prompts, "string", {}, window=None)
+    assert_equal_runs(vllm_runs(qwen1m_dir, prompts, hf_overrides=plugin.overrides("string")), prompts, expected)
 
 
 def test_a_position_method_composed_with_a_frequency_and_a_drop_method_equals_transformers(model_dir, prompts):

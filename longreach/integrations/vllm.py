@@ -11,16 +11,18 @@ or from a model folder saved after ``longreach.apply``, whose config holds it al
 (:meth:`.transformers.Applied.record`). A record given as JSON (``vllm serve``) is checked where the
 engine starts; one from :func:`overrides` in the main process, against the model's config, before any engine.
 
-A position method runs over the model's own RoPE, plain or scaled by Llama 3's, linear or YaRN scaling
+A position method runs over the model's own RoPE, plain or scaled by Llama 3's, linear, YaRN or LongRoPE scaling
 (:data:`OWN_SCALING`), one for the model or one per layer type (Gemma 3's full and sliding-window layers): its queries
-and keys are moved by the frequencies vLLM's own rotary embedding turned them by (:func:`inverse_frequencies`), as the
-transformers path moves them by the model's; on a sliding-window layer, the parts within the window. A frequency method
-(PI, NTK, YaRN, llama3) is the model's ``rope_parameters``, written as in the transformers path
-(:meth:`.methods.scaling.Scaling.rope_parameters`): vLLM's own rotary embedding computes it, and attention stays vLLM's.
-Refused in one line: Dynamic NTK (vLLM fixes its factor at the window; longreach grows it per forward), drop methods,
-compositions, a frequency method over the model's own scaling, DPE's per-head pairs, a logit scale (``mscale``), a model
-whose RoPE scaling is of another type or set for other layer types, capped logits, MLA, M-RoPE (:func:`model_problem`),
-an untested vLLM release, and in the engine an fp8 KV cache or context parallelism (:mod:`.vllm_cpu`).
+and keys are moved by the frequencies vLLM's own rotary embedding turned them by
+(:func:`.vllm_layer.inverse_frequencies`), as the transformers path moves them by the model's; on a sliding-window
+layer, the parts within the window. A frequency method (PI, NTK, YaRN, llama3), alone or as ``scaling=``, is the
+model's ``rope_parameters``, written as in the transformers path (:meth:`.methods.scaling.Scaling.rope_parameters`):
+vLLM's own rotary embedding computes it. A drop method, alone or as ``drop=``, runs in the layers it names. Qwen2.5-1M's
+``dual_chunk_attention_config`` becomes longreach's DCA (:func:`_over_own_dual_chunk`). Refused in one line: Dynamic
+NTK (vLLM fixes its factor at the window; longreach grows it per forward), a frequency method over the model's own
+scaling, a model whose RoPE scaling is of another type or set for other layer types, capped logits, MLA, M-RoPE
+(:func:`model_problem`), an untested vLLM release, and in the engine an fp8 KV cache or context parallelism
+(:mod:`.vllm_layer`).
 """
 
 from __future__ import annotations
