@@ -352,14 +352,15 @@ def test_tensor_parallel_ranks_each_run_their_heads(request, prompts, monkeypatc
     assert_equal_runs(rounds, prompts, expected)
 
 
-def test_a_model_without_a_record_runs_as_in_stock_vllm(model_dir, prompts, monkeypatch):
-    """The plugin loaded, no record: vLLM's own implementation class (not a subclass), the same as plain transformers;
-    with a record, longreach's (issue trust4, defect 9)."""
+def test_a_model_without_a_record_runs_as_in_stock_vllm(model_dir, gemma3_dir, prompts, monkeypatch):
+    """The plugin loaded, no record: vLLM's own implementation class (not a subclass), the same as plain transformers,
+    on a Llama and on Gemma 3 (sliding-window and full layers); with a record, longreach's (issue trust4, defect 9)."""
     monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model's function, to the engine's process
     stock, recorded = [], []
-    assert_equal_runs(vllm_runs(model_dir, prompts, impls=stock), prompts, transformers_runs(model_dir, prompts))
+    for folder in (model_dir, gemma3_dir):
+        assert_equal_runs(vllm_runs(folder, prompts, impls=stock), prompts, transformers_runs(folder, prompts))
     vllm_runs(model_dir, prompts[:1], impls=recorded, hf_overrides=plugin.overrides("string", training_window=WINDOW))
-    assert stock == ["vllm.v1.attention.backends.cpu_attn.CPUAttentionBackendImpl"]
+    assert stock == ["vllm.v1.attention.backends.cpu_attn.CPUAttentionBackendImpl"] * 2
     assert recorded == ["longreach.integrations.vllm_cpu.LongreachCPUImpl"]
 
 
