@@ -4,7 +4,8 @@
 #
 #   bench/gpu.sh 1    the probe (bench/gpu_probe.py: every never-run path checked, auto's choices, each route's time
 #                     and memory against SDPA at 8K, 32K and 128K; then generate under CUDA graphs), then the
-#                     attention tables
+#                     attention tables, then the FlashAttention emulation of the CUDA tests against PyTorch's
+#                     own kernel (bench/flash_emulation_check.py)
 #   bench/gpu.sh 2    tests/test_cuda.py in three groups, the riskiest paths first, each in its own process; then the
 #                     default model end to end
 #   add --device cpu  a dry run on the CPU at small sizes (the CUDA tests skip)
@@ -12,7 +13,8 @@
 # Nothing stops at a failure: every step has its own time budget, its log ($OUT/NAME.log) and its exit status
 # ($OUT/steps.tsv). Everything is written under $OUT (default bench/out), the only folder a device machine sends
 # back: the tables go to $OUT/RESULTS.md, a fragment to paste into bench/RESULTS.md (bench/RESULTS.md is left
-# alone), the junit files to $OUT/tests-*.xml, the probe to $OUT/gpu_probe_kernels.json and gpu_probe_generate.json.
+# alone), the junit files to $OUT/tests-*.xml, the probe to $OUT/gpu_probe_kernels.json and gpu_probe_generate.json,
+# the emulation check to $OUT/flash_emulation.json.
 # Python: $PYTHON, else the project's .venv, else python3 (the device machine's own torch and transformers).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -68,6 +70,7 @@ if [ "$part" = 1 ]; then
   step generate 120 "$python" bench/gpu_probe.py --device "$device" --part generate
   step prefill-auto 80 "$python" bench/attention.py "${layer[@]}" --rounds 3 --lengths "$prefill_lengths" --methods "$methods"
   step decode-auto 50 "$python" bench/attention.py "${layer[@]}" --rounds 10 --lengths "$decode_lengths" --methods "$methods" --decode
+  step emulation 30 "$python" bench/flash_emulation_check.py --device "$device"
 else
   # the paths that have never run on a GPU first, in their own process: an illegal address poisons a process
   step tests-new 120 "$python" -m pytest tests/test_cuda.py -q -p no:cacheprovider --junitxml="$out/tests-new.xml" -k "triton or flash or cudnn or bfloat16 or auto_takes"

@@ -22,9 +22,10 @@ def flash_attn_varlen_func(
     """``q [T, Hq, D]``; ``k``, ``v`` ``[blocks, block size, Hkv, D]`` read through ``block_table [B, n]``, request
     ``b`` using its first ``seqused_k[b]`` keys. With ``causal``, the mask is aligned to the bottom right: query ``t``
     of ``Q`` reaches key ``j <= t + K - Q``; a window ``(left, right)`` keeps ``[t + K - Q - left, t + K - Q + right]``
-    (-1: unbounded). Grouped heads: query head ``h`` reads key/value head ``h // (Hq / Hkv)``. A row with no key is 0,
-    its log-sum-exp +inf (FlashAttention 2's). Returns ``(out [T, Hq, D], lse [Hq, T] float32)``."""
-    assert causal and return_softmax_lse and seqused_k.shape[0] == cu_seqlens_q.shape[0] - 1
+    (-1: unbounded). Without, every query reaches every key (windows ``(-1, -1)``). Grouped heads: query head ``h``
+    reads key/value head ``h // (Hq / Hkv)``. A row with no key is 0, its log-sum-exp +inf (FlashAttention 2's).
+    Returns ``(out [T, Hq, D], lse [Hq, T] float32)``."""
+    assert return_softmax_lse and seqused_k.shape[0] == cu_seqlens_q.shape[0] - 1
     tokens, q_heads, _ = q.shape
     block_size, kv_heads = k.shape[1], k.shape[2]
     out = torch.zeros(tokens, q_heads, v.shape[-1], dtype=torch.float64)
@@ -37,7 +38,7 @@ def flash_attn_varlen_func(
         key = k[blocks, index % block_size].double().repeat_interleave(q_heads // kv_heads, dim=1)  # [K, Hq, D]
         value = v[blocks, index % block_size].double().repeat_interleave(q_heads // kv_heads, dim=1)
         rows = torch.arange(stop - first)[:, None] + keys - (stop - first)  # the diagonal's key per query
-        allowed = index[None, :] <= rows + max(window_size[1], 0)
+        allowed = index[None, :] <= rows + max(window_size[1], 0) if causal else torch.ones(1, keys, dtype=torch.bool)
         if window_size[0] >= 0:
             allowed &= index[None, :] >= rows - window_size[0]
         scores = torch.einsum("thd,khd->htk", q[first:stop].double(), key) * softmax_scale

@@ -22,9 +22,9 @@ def gpu_script(*arguments: str, out: Path) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_both_parts_dry_run_on_the_cpu_and_write_everything_under_out(tmp_path):
     """Part 1: the probe (JSON: which backend ran each timed call), generate compiled against eager (JSON), the
-    attention tables in prefill and decoding with the kernel SDPA picked; part 2: the CUDA tests in three groups
-    (skipped here, junit written), the default model end to end. Each step's status is in steps.tsv;
-    bench/RESULTS.md is left alone."""
+    attention tables in prefill and decoding with the kernel SDPA picked, the FlashAttention emulation's check (JSON);
+    part 2: the CUDA tests in three groups (skipped here, junit written), the default model end to end. Each step's
+    status is in steps.tsv; bench/RESULTS.md is left alone."""
     results = ROOT / "bench" / "RESULTS.md"
     before = results.read_text()
     for part in ("1", "2"):
@@ -37,6 +37,7 @@ def test_both_parts_dry_run_on_the_cpu_and_write_everything_under_out(tmp_path):
         "generate",
         "prefill-auto",
         "decode-auto",
+        "emulation",
         "tests-new",
         "tests-kernel",
         "tests-models",
@@ -47,6 +48,8 @@ def test_both_parts_dry_run_on_the_cpu_and_write_everything_under_out(tmp_path):
         assert "testsuite" in (tmp_path / f"tests-{group}.xml").read_text()
     probe = json.loads((tmp_path / "gpu_probe_kernels.json").read_text())
     generated = json.loads((tmp_path / "gpu_probe_generate.json").read_text())["generate"]
+    emulation = json.loads((tmp_path / "flash_emulation.json").read_text())  # the dry run: against a dense softmax
+    assert len(emulation["cases"]) == 5 and all(case["ok"] for case in emulation["cases"])
     assert probe["auto"]["prefill"] in backends.REGISTRY
     assert probe["ran"]["string_cpu_flash_1024"] == ["cpu_flash"]
     ran_for_auto = probe["ran"]["string_auto_1024"]  # auto's choice, or the backend it handed the calls on to

@@ -8,12 +8,12 @@ import torch
 from test_paged import METHODS, REQUESTS, expected, paged_case
 
 from longreach.attention.cells import key_views, lower
-from longreach.attention.paged_flash import flash_cells, spans_problem, write_moved_keys
+from longreach.attention.paged_flash import flash_cells, flash_dual_chunk, spans_problem, write_moved_keys
 from longreach.methods import create
 
 
-def run(method, dtype=torch.float32, window=None):
-    raw, query, key_cache, value_cache, block_table, query_start, seq_lens, inv_freq = paged_case(128, dtype)
+def run(method, dtype=torch.float32, window=None, block_size=128):
+    raw, query, key_cache, value_cache, block_table, query_start, seq_lens, inv_freq = paged_case(block_size, dtype)
     key_cache, value_cache = key_cache.transpose(1, 2), value_cache.transpose(1, 2)  # FlashAttention's layout
     cells = lower(method.parts(), window)
     blocks, block_size, kv_heads, dim = key_cache.shape
@@ -25,11 +25,18 @@ def run(method, dtype=torch.float32, window=None):
         write_moved_keys(planes, keys, slots, cells, positions, inv_freq.float())
     write_moved_keys(planes, keys[:2], torch.tensor([-1, -1]), cells, positions[:2], inv_freq.float())  # padding
     output = torch.full_like(query, float("nan"))
-    flash_cells(
-        query, key_cache, value_cache, [plane[:-1].view(key_cache.shape) for plane in planes], block_table.int(),
-        query_start.int(), seq_lens.int(), max(q for _, q in REQUESTS), int(seq_lens.max()), cells, inv_freq.float(),
-        0.3, flash_emulation.flash_attn_varlen_func, flash_emulation.merge_attn_states, output,
-    )  # fmt: skip
+    moved = [plane[:-1].view(key_cache.shape) for plane in planes]
+    common = (block_table.int(), query_start.int(), seq_lens.int(), max(q for _, q in REQUESTS), int(seq_lens.max()))
+    if method.name == "dca":
+        flash_dual_chunk(
+            query, key_cache, value_cache, moved[0], *common, method.parts(), method.chunk, inv_freq.float(), 0.3,
+            flash_emulation.flash_attn_varlen_func, flash_emulation.merge_attn_states, output,
+        )  # fmt: skip
+    else:
+        flash_cells(
+            query, key_cache, value_cache, moved, *common, cells, inv_freq.float(), 0.3,
+            flash_emulation.flash_attn_varlen_func, flash_emulation.merge_attn_states, output,
+        )  # fmt: skip
     return output, expected(method, raw, inv_freq, 0.3), cells
 
 
@@ -66,6 +73,18 @@ def test_bfloat16_and_the_models_sliding_window():
     assert (got - windowed).abs().max() <= 2e-5  # STRING's far part lies beyond a window of 100
 
 
-def test_dca_is_refused_where_its_spans_are_no_distance_bound():
-    cells = lower(create("dca", training_window=600, chunk_size=200, local_window=20).parts(), None)
-    assert "DCA" in spans_problem(cells)
+@pytest.mark.parametrize("chunk_size, local_window", [(180, 20), (90, 10)])
+def test_dca_by_three_calls_over_pieces_cut_at_chunk_edges_matches_the_reference(chunk_size, local_window):
+    """Chunks of 160 and 80 keys (whole blocks of 16) over requests of up to 1,300 keys: prefills across several
+    chunks, a chunk, decoding steps; each request's queries cut at the chunk edges, three calls and two merges."""
+    method = create("dca", training_window=600, chunk_size=chunk_size, local_window=local_window)
+    got, want, cells = run(method, block_size=16)
+    assert spans_problem(cells, method.chunk, 16) is None
+    assert (got - want).abs().max() <= 2e-5
+
+
+def test_dca_is_refused_where_its_chunk_is_no_whole_number_of_blocks_or_the_layer_has_a_window():
+    method = create("dca", training_window=600, chunk_size=200, local_window=20)
+    assert "DCA" in spans_problem(lower(method.parts(), None))  # no block size: no distance bound
+    assert spans_problem(lower(method.parts(), None), 180, 16).startswith("chunk_size - local_window = 180 is not")
+    assert "sliding-window" in spans_problem(lower(method.parts(), 100), 180, 20)

@@ -155,36 +155,40 @@ def transformers_runs(model_dir, prompts, method=None, params=None, window=WINDO
     return runs
 
 
-def vllm_runs(model_dir, prompts, dtype="float32", impls=None, **settings):
+def vllm_runs(model_dir, prompts, dtype="float32", impls=None, engine_process=False, **settings):
     """vLLM's greedy tokens and raw logits (the top 5 of each step), for the prompts and then in reverse order;
     ``impls``: a list that gets the attention implementation classes the engine's layers have (their qualified
-    names)."""
+    names). The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the same model runner and
+    backends, a third of the time) unless ``engine_process``, vLLM's default, which the tests of processes use."""
     from vllm import LLM, SamplingParams
 
-    llm = LLM(
-        **{
-            "model": model_dir,
-            "skip_tokenizer_init": True,
-            "dtype": dtype,
-            "enforce_eager": True,
-            "max_model_len": 2048,
-            "logprobs_mode": "raw_logits",
-            "max_num_batched_tokens": 64,  # chunked prefill: a 900-token prompt takes 15 steps
-            "max_num_seqs": 8,
-            "enable_prefix_caching": True,
-            "seed": 0,
-            "gpu_memory_utilization": 0.2,  # on the CPU: the share of memory for the cache
-            **settings,
-        }
-    )
-    if impls is not None:
-        impls += llm.apply_model(attention_impls)[0]
-    sampling = SamplingParams(max_tokens=STEPS, min_tokens=STEPS, temperature=0, logprobs=5, detokenize=False)
-    rounds = []
-    for batch in (prompts, prompts[::-1]):  # the second round hits the prefix cache
-        outputs = llm.generate([{"prompt_token_ids": ids} for ids in batch], sampling)
-        rounds.append({tuple(ids): out for ids, out in zip(batch, outputs)})
-    del llm
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if engine_process else "0")
+        llm = LLM(
+            **{
+                "model": model_dir,
+                "skip_tokenizer_init": True,
+                "dtype": dtype,
+                "enforce_eager": True,
+                "max_model_len": 2048,
+                "logprobs_mode": "raw_logits",
+                "max_num_batched_tokens": 64,  # chunked prefill: a 900-token prompt takes 15 steps
+                "max_num_seqs": 8,
+                "enable_prefix_caching": True,
+                "seed": 0,
+                "gpu_memory_utilization": 0.2,  # on the CPU: the share of memory for the cache
+                **settings,
+            }
+        )
+        if impls is not None:
+            impls += llm.apply_model(attention_impls)[0]
+        sampling = SamplingParams(max_tokens=STEPS, min_tokens=STEPS, temperature=0, logprobs=5, detokenize=False)
+        rounds = []
+        for batch in (prompts, prompts[::-1]):  # the second round hits the prefix cache
+            outputs = llm.generate([{"prompt_token_ids": ids} for ids in batch], sampling)
+            rounds.append({tuple(ids): out for ids, out in zip(batch, outputs)})
+        llm.llm_engine.engine_core.shutdown()
+        del llm
     return rounds
 
 
@@ -364,6 +368,19 @@ def test_a_model_without_a_record_runs_as_in_stock_vllm(model_dir, gemma3_dir, p
     assert recorded == ["longreach.integrations.vllm_cpu.LongreachCPUImpl"]
 
 
+@pytest.mark.parametrize(
+    "family, scaling", [("qwen2", "yarn"), ("qwen3", None), ("mistral", None), ("phi3", "longrope")]
+)
+def test_every_family_without_a_record_runs_as_in_stock_vllm(prompts, tmp_path, monkeypatch, family, scaling):
+    """The other families with the RoPE their checkpoints carry, no record: vLLM's own implementation class, the same
+    as plain transformers (Qwen2.5-1M's own config runs in no stock vLLM 0.32: its rotary embedding needs CUDA)."""
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    rope = None if scaling is None else {"rope_type": scaling, **OWN_SCALING[scaling][1]}
+    folder, stock = save_model(tmp_path, family, rope), []
+    assert_equal_runs(vllm_runs(folder, prompts, impls=stock), prompts, transformers_runs(folder, prompts))
+    assert stock == ["vllm.v1.attention.backends.cpu_attn.CPUAttentionBackendImpl"]
+
+
 def test_a_worker_that_finds_no_kernel_never_builds_and_runs_the_tiled_path(model_dir, prompts, tmp_path, monkeypatch,
                                                                              capfd):  # fmt: skip
     """Issue trust4, defect 11: the engine's process started afresh (spawn) where no kernel is built, and nothing built
@@ -373,7 +390,7 @@ def test_a_worker_that_finds_no_kernel_never_builds_and_runs_the_tiled_path(mode
     monkeypatch.setattr(plugin, "prepare", lambda: None)
     expected = transformers_runs(model_dir, prompts, "dca", METHODS["dca"])
     overrides = plugin.overrides("dca", training_window=WINDOW, **METHODS["dca"])
-    assert_equal_runs(vllm_runs(model_dir, prompts, hf_overrides=overrides), prompts, expected)
+    assert_equal_runs(vllm_runs(model_dir, prompts, engine_process=True, hf_overrides=overrides), prompts, expected)
     err = capfd.readouterr().err
     assert not list((tmp_path / "extensions").rglob("*.so")) and "building the CPU attention kernel" not in err
     assert err.count("finds no CPU attention kernel built for this environment") == 1
@@ -563,7 +580,8 @@ def test_vllm_serve_with_the_record_answers_an_openai_client_as_the_offline_api(
 def test_the_cuda_backends_calls_merged_by_vllms_own_merge_match_the_reference():
     """The CUDA backend imports against vLLM's FlashAttention classes; its algorithm with vLLM's real
     ``merge_attn_states`` (its CPU path) and the emulated FlashAttention call equals the float64 reference (STRING:
-    two calls, one merge; Self-Extend: moved keys and queries, three cells)."""
+    two calls, one merge; Self-Extend: moved keys and queries, three cells; DCA: three calls over pieces cut at chunk
+    edges, two merges, with rows that reach no key)."""
     import flash_emulation
     from test_paged_flash import run
     from vllm.v1.attention.ops.merge_attn_states import merge_attn_states
@@ -571,8 +589,13 @@ def test_the_cuda_backends_calls_merged_by_vllms_own_merge_match_the_reference()
     from longreach.integrations import vllm_cuda
 
     assert vllm_cuda.LongreachFlashAttentionBackend.get_impl_cls() is vllm_cuda.FlashAttentionImpl  # no record
-    for name, params in [("string", {"shift": 300, "local_window": 30}), ("self_extend", {"group_size": 3})]:
+    cases = [
+        ("string", {"shift": 300, "local_window": 30}),
+        ("self_extend", {"group_size": 3}),
+        ("dca", {"chunk_size": 180, "local_window": 20}),
+    ]
+    for name, params in cases:
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(flash_emulation, "merge_attn_states", merge_attn_states)
-            got, want, _ = run(longreach.methods.create(name, training_window=600, **params))
+            got, want, _ = run(longreach.methods.create(name, training_window=600, **params), block_size=16)
         assert (got - want).abs().max() <= 2e-5, name

@@ -9,7 +9,10 @@ and the far part with the query turned by ``-(S - W)`` and ``seqused_k = max(seq
 3). A part that moves its query (Self-Extend's groups, ReRoPE's fixed far position) has its query turned here at
 each token's position; a part that moves its keys by a per-token shift reads planes of moved keys the caller keeps
 (:func:`write_moved_keys`). A row with no key comes back empty (FlashAttention's log-sum-exp +inf or -inf, both read
-as empty by the merge). No host sync: CUDA graphs can capture it. DCA's key spans are no distance bounds, so not here.
+as empty by the merge). No host sync: CUDA graphs can capture it.
+
+DCA's key spans are chunks, no distance bounds: :func:`flash_dual_chunk` cuts each request's queries at the chunk
+edges, and makes three calls over those pieces with block tables that start at a chunk (a chunk is whole blocks).
 """
 
 from __future__ import annotations
@@ -18,14 +21,26 @@ from typing import Callable, Sequence
 
 import torch
 
-from .cells import Cell, key_views, query_views, view_angles
+from .cells import Cell, key_views, lower, query_views, view_angles
 from .paged import token_positions
+from .parts import Part
 from .rotary import apply_rotation
 from .shifts import shift_angles
 
 
-def spans_problem(cells: Sequence[Cell]) -> str | None:
-    """Why FlashAttention's calls cannot compute ``cells`` (one line), or ``None``."""
+def spans_problem(cells: Sequence[Cell], chunk: int | None = None, block_size: int | None = None) -> str | None:
+    """Why FlashAttention's calls cannot compute ``cells`` (one line), or ``None``: DCA's (its ``chunk``, ``c = s -
+    l``, given) run by :func:`flash_dual_chunk` where a chunk is whole blocks of ``block_size`` keys and the layer has
+    no window."""
+    if chunk is not None and block_size is not None:
+        if chunk % block_size:
+            return (
+                f"chunk_size - local_window = {chunk} is not a whole number of vLLM's blocks of {block_size} keys, "
+                "which FlashAttention's calls read DCA's chunks by"
+            )
+        if len(cells) < 3 or any(cell.hi != cell.part.max_distance for cell in cells):
+            return "DCA on a sliding-window layer: FlashAttention's calls do not run it yet"
+        return None
     if any(not cell.by_distance_alone for cell in cells):
         return (
             "a part with key spans (DCA) or per-head rotary pairs is no distance bound: FlashAttention's calls cannot"
@@ -114,4 +129,86 @@ def flash_cells(
         merged_lse = None if last else torch.empty_like(cell_lse)
         merge(merged, out, lse, cell_out, cell_lse, output_lse=merged_lse)
         out, lse = merged, merged_lse
+    return output
+
+
+def flash_dual_chunk(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    moved_key_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_query_len: int,
+    max_seq_len: int,
+    parts: Sequence[Part],
+    chunk: int,
+    inv_freq: torch.Tensor,
+    scale: float,
+    varlen: Callable,
+    merge: Callable,
+    output: torch.Tensor,
+) -> torch.Tensor:
+    """DCA's attention (An et al. 2024, section 3; :class:`longreach.methods.dca.DualChunk`: its three ``parts``, its
+    chunk ``c``) by three FlashAttention calls, written into ``output [T, Hq, D]``; the other arguments as
+    :func:`flash_cells`'s, ``moved_key_cache`` the plane of keys at ``j mod c``. Each request's queries are cut at chunk
+    edges into pieces (at most ``requests + T / c + 1``, known without a host sync); the piece of chunk ``m`` attends,
+    each call with its query turned as its part says:
+
+    * its own chunk, causally: block table from key ``m c``, ``m c .. i`` (``seqused_k`` = its last position + 1 -
+      ``m c``, the causal mask aligned to the bottom right);
+    * the previous chunk, whole: block table from ``(m - 1) c``, ``c`` keys, not causal;
+    * every earlier chunk: the request's block table, ``(m - 1) c`` keys, not causal.
+    """
+    c, tokens, requests = chunk, query.shape[0], len(seq_lens)
+    block_size, device = key_cache.shape[1], query.device
+    positions = token_positions(query_start, seq_lens, tokens)
+    queries, view_of = moved_queries(query, lower(parts, None), positions, inv_freq)
+    q_lens = query_start[1:] - query_start[:-1]
+    first_chunk = torch.div(seq_lens - q_lens, c, rounding_mode="floor")
+    pieces_per = torch.where(q_lens > 0, torch.div(seq_lens - 1, c, rounding_mode="floor") - first_chunk + 1, 0)
+    ends = pieces_per.cumsum(0)
+    bound = requests + tokens // c + 1
+    piece = torch.arange(bound, device=device)
+    request = torch.searchsorted(ends, piece, right=True).clamp(max=requests - 1)
+    real = piece < ends[-1]
+    chunk = first_chunk[request] + piece - (ends - pieces_per)[request]
+    begin = torch.maximum(seq_lens[request] - q_lens[request], chunk * c)
+    end = torch.minimum(seq_lens[request], (chunk + 1) * c)
+    counts = torch.where(real, end - begin, 0)
+    cu_pieces = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(query_start.dtype)
+    width = block_table.shape[1]
+    columns = torch.arange(width, device=device)
+
+    def table_from(first_key: torch.Tensor) -> torch.Tensor:  # each piece's block table from a chunk's first key
+        start = torch.div(first_key.clamp(min=0), block_size, rounding_mode="floor")
+        return block_table[request].gather(1, (start[:, None] + columns).clamp(max=width - 1))
+
+    calls = [  # (block table, keys used, causal) per part: own chunk, previous chunk, earlier chunks
+        (table_from(chunk * c), torch.where(real, end - chunk * c, 0), True),
+        (table_from((chunk - 1) * c), torch.where(real & (chunk >= 1), c, 0), False),
+        (block_table[request], torch.where(real & (chunk >= 2), (chunk - 1) * c, 0), False),
+    ]
+    results = [
+        varlen(
+            q=queries[view],
+            k=moved_key_cache,
+            v=value_cache,
+            max_seqlen_q=min(max_query_len, c),
+            cu_seqlens_q=cu_pieces,
+            max_seqlen_k=max_seq_len,
+            seqused_k=used.to(seq_lens.dtype),
+            softmax_scale=scale,
+            causal=causal,
+            window_size=[-1, -1 if not causal else 0],
+            block_table=table,
+            return_softmax_lse=True,
+        )
+        for view, (table, used, causal) in zip(view_of, calls)
+    ]
+    (own, own_lse), (previous, previous_lse), (earlier, earlier_lse) = results
+    near, near_lse = torch.empty_like(own), torch.empty_like(own_lse)
+    merge(near, own, own_lse, previous, previous_lse, output_lse=near_lse)
+    merge(output, near, near_lse, earlier, earlier_lse)
     return output

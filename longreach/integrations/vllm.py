@@ -285,8 +285,7 @@ def _runs_in_vllm(record: dict) -> None:
         if name is not None and name not in allowed:
             kind = methods.kind_of(name)  # an unknown name: its own one-line error
             raise ValueError(
-                f"method={name!r} ({kind}) does not run in vLLM with longreach yet; supported: "
-                f"{', '.join(SUPPORTED + FREQUENCY + DROP)}"
+                f"method={name!r} ({kind}) does not run in vLLM with longreach yet; supported: {', '.join(allowed)}"
             )
 
 

@@ -4,10 +4,11 @@
 flash_cells`, is checked on the CPU against the float64 reference through an emulation of the two vLLM functions it
 calls (``tests/flash_emulation.py``). Per layer and step: one ``flash_attn_varlen_func`` call per cell of the method on
 the paged cache (STRING: two), merged by ``merge_attn_states``, with no host sync, so that vLLM's CUDA graphs can
-capture it. Keys a part moves by a per-token shift (ReRoPE, Self-Extend, DPE) are written moved, once, into a plane
-per shift that this backend keeps beside vLLM's cache: as large as the layer's key cache, memory vLLM's block manager
-does not count (one warning says how much). DCA, whose key spans are no distance bounds, is refused here in one line.
-Without a method, every call is vLLM's own.
+capture it. Keys a part moves by a per-token shift (ReRoPE, Self-Extend, DCA, DPE) are written moved, once, into a
+plane per shift that this backend keeps beside vLLM's cache: as large as the layer's key cache, memory vLLM's block
+manager does not count (one warning says how much). DCA, whose key spans are chunks, is three calls over each
+request's queries cut at chunk edges (:func:`longreach.attention.paged_flash.flash_dual_chunk`), where its chunk is
+whole blocks. Without a method, every call is vLLM's own.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from vllm.v1.attention.ops.merge_attn_states import merge_attn_states
 
 from ..attention.cells import key_views
 from ..attention.paged import token_positions
-from ..attention.paged_flash import flash_cells, spans_problem, write_moved_keys
+from ..attention.paged_flash import flash_cells, flash_dual_chunk, spans_problem, write_moved_keys
+from ..methods.dca import DualChunk
 from .vllm import records_a_method
 from .vllm_layer import layer_method
 
@@ -32,7 +34,7 @@ class LongreachFlashAttentionImpl(FlashAttentionImpl):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         left = self.sliding_window[0]  # FlashAttention's (window - 1, 0), or (-1, -1)
-        self.layer = layer_method(self, None if left < 0 else left + 1, spans_problem)
+        self.layer = layer_method(self, None if left < 0 else left + 1, _problem)
         self.planes: list[torch.Tensor] | None = None
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None, **kwargs):
@@ -54,20 +56,32 @@ class LongreachFlashAttentionImpl(FlashAttentionImpl):
                 positions,
                 self.layer.inv_freq,
             )
-        flash_cells(
-            self.layer.scaled(query[:tokens], attn_metadata.query_start_loc, attn_metadata.seq_lens).to(query.dtype),
-            key_cache,
-            value_cache,
-            [plane[:-1].view(key_cache.shape) for plane in planes],
+        moved = [plane[:-1].view(key_cache.shape) for plane in planes]
+        requests = (
             attn_metadata.block_table,
             attn_metadata.query_start_loc,
             attn_metadata.seq_lens,
             attn_metadata.max_query_len,
             attn_metadata.max_seq_len,
+        )
+        query = self.layer.scaled(query[:tokens], attn_metadata.query_start_loc, attn_metadata.seq_lens)
+        varlen = functools.partial(_flash_attn_varlen_func(), fa_version=self.vllm_flash_attn_version)
+        method = self.layer.method
+        if isinstance(method, DualChunk):  # its one plane: keys at j mod c
+            last = (self.layer.inv_freq, self.scale, varlen, merge_attn_states, output[:tokens])
+            flash_dual_chunk(query.to(output.dtype), key_cache, value_cache, moved[0], *requests, method.parts(),
+                             method.chunk, *last)  # fmt: skip
+            return output
+        flash_cells(
+            query.to(output.dtype),
+            key_cache,
+            value_cache,
+            moved,
+            *requests,
             self.layer.cells,
             self.layer.inv_freq,
             self.scale,
-            functools.partial(_flash_attn_varlen_func(), fa_version=self.vllm_flash_attn_version),
+            varlen,
             merge_attn_states,
             output[:tokens],
         )
@@ -87,6 +101,14 @@ class LongreachFlashAttentionImpl(FlashAttentionImpl):
                     stacklevel=2,
                 )
         return self.planes
+
+
+def _problem(cells, method) -> str | None:
+    """Why FlashAttention's calls cannot run ``method``'s ``cells`` with this engine's block size, or ``None``."""
+    from vllm.config import get_current_vllm_config
+
+    chunk = method.chunk if isinstance(method, DualChunk) else None
+    return spans_problem(cells, chunk, get_current_vllm_config().cache_config.block_size)
 
 
 def _flash_attn_varlen_func():

@@ -78,11 +78,14 @@ class LayerMethod:
         return tuple(part if part.pairs is None else replace(part, pairs=part.pairs[heads]) for part in parts)
 
 
-def layer_method(impl, window: int | None, problem_of: Callable[[list[Cell]], str | None] | None = None):
+CellsProblem = Callable[[list[Cell], PositionMethod], "str | None"]  # a backend's: why it cannot run a method's cells
+
+
+def layer_method(impl, window: int | None, problem_of: CellsProblem | None = None):
     """The method the engine's model config records, for the backend layer ``impl`` (vLLM's attention implementation:
     its ``attn_type``, ``kv_cache_dtype``, ``head_size``) with sliding ``window`` (``None``: none); ``None`` where
     the layer runs as in stock vLLM (no record, a frequency method, or not a decoder layer). A one-line ``ValueError``
-    where the engine, or the backend's ``problem_of`` the cells, cannot run it."""
+    where the engine, or the backend's ``problem_of`` the cells and the method, cannot run it."""
     from vllm.config import get_current_vllm_config
 
     vllm_config = get_current_vllm_config()
@@ -101,7 +104,7 @@ def layer_method(impl, window: int | None, problem_of: Callable[[list[Cell]], st
     elif not problem and problem_of is not None and drop is not None:
         cells_problem = f"{drop.name} drops scores per query, which this backend does not do yet; the CPU backend does"
     elif not problem and problem_of is not None:
-        cells_problem = problem_of(cells)
+        cells_problem = problem_of(cells, method)
     if cells_problem:
         problem = f"{method.name} on {type(impl).__name__}: {cells_problem}"
     if problem:
