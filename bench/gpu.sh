@@ -2,10 +2,11 @@
 # A GPU session's first two commands, meant to run back to back on one warm machine (each under about 7 minutes
 # on an H100, so that both fit a session's 15 minutes with the machine's start):
 #
-#   bench/gpu.sh 1    the probe (bench/gpu_probe.py: every never-run path checked, auto's choices, each route's time
-#                     and memory against SDPA at 8K, 32K and 128K; then generate under CUDA graphs), then the
-#                     attention tables, then the FlashAttention emulation of the CUDA tests against PyTorch's
-#                     own kernel (bench/flash_emulation_check.py)
+#   bench/gpu.sh 1    a decoding step against SDPA's at 32K and 128K (eager), generate under CUDA graphs
+#                     (bench/gpu_probe.py --part generate), prefill at 8K and 32K, the probe (every never-run path
+#                     checked, auto's choices, each route's time and memory against SDPA at 8K, 32K and 128K), then
+#                     the FlashAttention emulation of the CUDA tests against PyTorch's own kernel
+#                     (bench/flash_emulation_check.py)
 #   bench/gpu.sh 2    tests/test_cuda.py in three groups, the riskiest paths first, each in its own process; then the
 #                     default model end to end
 #   add --device cpu  a dry run on the CPU at small sizes (the CUDA tests skip)
@@ -66,10 +67,11 @@ step() {  # step NAME SECONDS COMMAND...: runs it within its budget, never stops
 "$python" -c 'import torch; print("torch", torch.__version__, "cuDNN", torch.backends.cudnn.version(), torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")' | tee "$out/env-$part.txt"
 start=$SECONDS
 if [ "$part" = 1 ]; then
-  step probe 140 "$python" bench/gpu_probe.py --device "$device" --part kernels
+  # decoding first (eager, then under CUDA graphs), then prefill, then every path's check, then the emulation's
+  step decode-auto 50 "$python" bench/attention.py "${layer[@]}" --rounds 10 --lengths "$decode_lengths" --methods "$methods" --decode
   step generate 120 "$python" bench/gpu_probe.py --device "$device" --part generate
   step prefill-auto 80 "$python" bench/attention.py "${layer[@]}" --rounds 3 --lengths "$prefill_lengths" --methods "$methods"
-  step decode-auto 50 "$python" bench/attention.py "${layer[@]}" --rounds 10 --lengths "$decode_lengths" --methods "$methods" --decode
+  step probe 140 "$python" bench/gpu_probe.py --device "$device" --part kernels
   step emulation 30 "$python" bench/flash_emulation_check.py --device "$device"
 else
   # the paths that have never run on a GPU first, in their own process: an illegal address poisons a process

@@ -21,8 +21,8 @@ def gpu_script(*arguments: str, out: Path) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_both_parts_dry_run_on_the_cpu_and_write_everything_under_out(tmp_path):
-    """Part 1: the probe (JSON: which backend ran each timed call), generate compiled against eager (JSON), the
-    attention tables in prefill and decoding with the kernel SDPA picked, the FlashAttention emulation's check (JSON);
+    """Part 1, decoding first: the decoding table with the kernel SDPA picked, generate compiled against eager (JSON),
+    the prefill table, the probe (JSON: which backend ran each timed call), the FlashAttention emulation's check (JSON);
     part 2: the CUDA tests in three groups (skipped here, junit written), the default model end to end. Each step's
     status is in steps.tsv; bench/RESULTS.md is left alone."""
     results = ROOT / "bench" / "RESULTS.md"
@@ -33,10 +33,10 @@ def test_both_parts_dry_run_on_the_cpu_and_write_everything_under_out(tmp_path):
     assert results.read_text() == before
     steps = [line.split("\t") for line in (tmp_path / "steps.tsv").read_text().splitlines()]
     assert [name for name, *_ in steps] == [
-        "probe",
+        "decode-auto",
         "generate",
         "prefill-auto",
-        "decode-auto",
+        "probe",
         "emulation",
         "tests-new",
         "tests-kernel",
