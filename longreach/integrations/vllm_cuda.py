@@ -65,26 +65,14 @@ class LongreachFlashAttentionImpl(FlashAttentionImpl):
             attn_metadata.max_seq_len,
         )
         query = self.layer.scaled(query[:tokens], attn_metadata.query_start_loc, attn_metadata.seq_lens)
+        query = query.to(output.dtype)
         varlen = functools.partial(_flash_attn_varlen_func(), fa_version=self.vllm_flash_attn_version)
+        last = (self.layer.inv_freq, self.scale, varlen, merge_attn_states, output[:tokens])
         method = self.layer.method
-        if isinstance(method, DualChunk):  # its one plane: keys at j mod c
-            last = (self.layer.inv_freq, self.scale, varlen, merge_attn_states, output[:tokens])
-            flash_dual_chunk(query.to(output.dtype), key_cache, value_cache, moved[0], *requests, method.parts(),
-                             method.chunk, *last)  # fmt: skip
-            return output
-        flash_cells(
-            query.to(output.dtype),
-            key_cache,
-            value_cache,
-            moved,
-            *requests,
-            self.layer.cells,
-            self.layer.inv_freq,
-            self.scale,
-            varlen,
-            merge_attn_states,
-            output[:tokens],
-        )
+        if isinstance(method, DualChunk):  # three calls over pieces cut at chunk edges, on its plane of keys
+            flash_dual_chunk(query, key_cache, value_cache, moved[0], *requests, method.parts(), method.chunk, *last)
+        else:
+            flash_cells(query, key_cache, value_cache, moved, *requests, self.layer.cells, *last)
         return output
 
     def _planes(self, key_cache: torch.Tensor) -> list[torch.Tensor]:
