@@ -8,7 +8,7 @@ import torch
 from test_paged import METHODS, REQUESTS, expected, paged_case
 
 from longreach.attention.cells import key_views, lower
-from longreach.attention.paged_flash import flash_cells, flash_dual_chunk, spans_problem, write_moved_keys
+from longreach.attention.paged_flash import Requests, flash_cells, flash_dual_chunk, spans_problem, write_moved_keys
 from longreach.methods import create
 
 
@@ -26,17 +26,14 @@ def run(method, dtype=torch.float32, window=None, block_size=128):
     write_moved_keys(planes, keys[:2], torch.tensor([-1, -1]), cells, positions[:2], inv_freq.float())  # padding
     output = torch.full_like(query, float("nan"))
     moved = [plane[:-1].view(key_cache.shape) for plane in planes]
-    common = (block_table.int(), query_start.int(), seq_lens.int(), max(q for _, q in REQUESTS), int(seq_lens.max()))
+    requests = Requests(
+        block_table.int(), query_start.int(), seq_lens.int(), max(q for _, q in REQUESTS), int(seq_lens.max())
+    )
+    calls = (inv_freq.float(), 0.3, flash_emulation.flash_attn_varlen_func, flash_emulation.merge_attn_states, output)
     if method.name == "dca":
-        flash_dual_chunk(
-            query, key_cache, value_cache, moved[0], *common, method.parts(), method.chunk, inv_freq.float(), 0.3,
-            flash_emulation.flash_attn_varlen_func, flash_emulation.merge_attn_states, output,
-        )  # fmt: skip
+        flash_dual_chunk(query, key_cache, value_cache, moved[0], requests, method.parts(), method.chunk, *calls)
     else:
-        flash_cells(
-            query, key_cache, value_cache, moved, *common, cells, inv_freq.float(), 0.3,
-            flash_emulation.flash_attn_varlen_func, flash_emulation.merge_attn_states, output,
-        )  # fmt: skip
+        flash_cells(query, key_cache, value_cache, moved, requests, cells, *calls)
     return output, expected(method, raw, inv_freq, 0.3), cells
 
 

@@ -17,6 +17,7 @@ edges, and makes three calls over those pieces with block tables that start at a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -26,6 +27,18 @@ from .paged import token_positions
 from .parts import Part
 from .rotary import apply_rotation
 from .shifts import shift_angles
+
+
+@dataclass(frozen=True)
+class Requests:
+    """What a step's calls read of vLLM's attention metadata: the block table ``[B, n]``, the queries' starts
+    ``[B + 1]``, the sequences' lengths ``[B]`` (device tensors), the longest query and sequence (host numbers)."""
+
+    block_table: torch.Tensor
+    query_start: torch.Tensor
+    seq_lens: torch.Tensor
+    max_query_len: int
+    max_seq_len: int
 
 
 def spans_problem(cells: Sequence[Cell], chunk: int | None = None, block_size: int | None = None) -> str | None:
@@ -76,11 +89,7 @@ def flash_cells(
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     moved_key_caches: Sequence[torch.Tensor],
-    block_table: torch.Tensor,
-    query_start: torch.Tensor,
-    seq_lens: torch.Tensor,
-    max_query_len: int,
-    max_seq_len: int,
+    requests: Requests,
     cells: Sequence[Cell],
     inv_freq: torch.Tensor,
     scale: float,
@@ -95,9 +104,10 @@ def flash_cells(
         key_cache, value_cache: ``[blocks, block size, Hkv, D]``, FlashAttention's paged layout.
         moved_key_caches: per key shift of :func:`.cells.key_views`, its plane of moved keys, laid out as
             ``key_cache``.
-        block_table, query_start, seq_lens, max_query_len, max_seq_len: vLLM's attention metadata.
+        requests: vLLM's attention metadata.
         varlen: ``flash_attn_varlen_func``; merge: ``merge_attn_states``.
     """
+    query_start, seq_lens = requests.query_start, requests.seq_lens
     positions = token_positions(query_start, seq_lens, query.shape[0])
     queries, view_of = moved_queries(query, cells, positions, inv_freq)
     _, key_of = key_views(cells)
@@ -108,14 +118,14 @@ def flash_cells(
                 q=queries[query_view],
                 k=key_cache if key_view == 0 else moved_key_caches[key_view - 1],
                 v=value_cache,
-                max_seqlen_q=max_query_len,
+                max_seqlen_q=requests.max_query_len,
                 cu_seqlens_q=query_start,
-                max_seqlen_k=max_seq_len,
+                max_seqlen_k=requests.max_seq_len,
                 seqused_k=(seq_lens - cell.lo).clamp(min=0).to(seq_lens.dtype),
                 softmax_scale=scale,
                 causal=True,
                 window_size=[-1 if cell.hi is None else cell.hi - 1 - cell.lo, 0],
-                block_table=block_table,
+                block_table=requests.block_table,
                 return_softmax_lse=True,
             )
         )
@@ -137,11 +147,7 @@ def flash_dual_chunk(
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     moved_key_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    query_start: torch.Tensor,
-    seq_lens: torch.Tensor,
-    max_query_len: int,
-    max_seq_len: int,
+    requests: Requests,
     parts: Sequence[Part],
     chunk: int,
     inv_freq: torch.Tensor,
@@ -161,21 +167,20 @@ def flash_dual_chunk(
     * the previous chunk, whole: block table from ``(m - 1) c``, ``c`` keys, not causal;
     * every earlier chunk: the request's block table, ``(m - 1) c`` keys, not causal.
     """
-    c, tokens, requests = chunk, query.shape[0], len(seq_lens)
-    block_size, device = key_cache.shape[1], query.device
+    c, tokens, block_size, device = chunk, query.shape[0], key_cache.shape[1], query.device
+    query_start, seq_lens, block_table = requests.query_start, requests.seq_lens, requests.block_table
     positions = token_positions(query_start, seq_lens, tokens)
     queries, view_of = moved_queries(query, lower(parts, None), positions, inv_freq)
     q_lens = query_start[1:] - query_start[:-1]
     first_chunk = torch.div(seq_lens - q_lens, c, rounding_mode="floor")
     pieces_per = torch.where(q_lens > 0, torch.div(seq_lens - 1, c, rounding_mode="floor") - first_chunk + 1, 0)
     ends = pieces_per.cumsum(0)
-    bound = requests + tokens // c + 1
-    piece = torch.arange(bound, device=device)
-    request = torch.searchsorted(ends, piece, right=True).clamp(max=requests - 1)
+    piece = torch.arange(len(seq_lens) + tokens // c + 1, device=device)  # a bound on the pieces: no host sync
+    request = torch.searchsorted(ends, piece, right=True).clamp(max=len(seq_lens) - 1)
     real = piece < ends[-1]
-    chunk = first_chunk[request] + piece - (ends - pieces_per)[request]
-    begin = torch.maximum(seq_lens[request] - q_lens[request], chunk * c)
-    end = torch.minimum(seq_lens[request], (chunk + 1) * c)
+    m = first_chunk[request] + piece - (ends - pieces_per)[request]  # each piece's chunk
+    begin = torch.maximum(seq_lens[request] - q_lens[request], m * c)
+    end = torch.minimum(seq_lens[request], (m + 1) * c)
     counts = torch.where(real, end - begin, 0)
     cu_pieces = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(query_start.dtype)
     width = block_table.shape[1]
@@ -186,18 +191,18 @@ def flash_dual_chunk(
         return block_table[request].gather(1, (start[:, None] + columns).clamp(max=width - 1))
 
     calls = [  # (block table, keys used, causal) per part: own chunk, previous chunk, earlier chunks
-        (table_from(chunk * c), torch.where(real, end - chunk * c, 0), True),
-        (table_from((chunk - 1) * c), torch.where(real & (chunk >= 1), c, 0), False),
-        (block_table[request], torch.where(real & (chunk >= 2), (chunk - 1) * c, 0), False),
+        (table_from(m * c), torch.where(real, end - m * c, 0), True),
+        (table_from((m - 1) * c), torch.where(real & (m >= 1), c, 0), False),
+        (block_table[request], torch.where(real & (m >= 2), (m - 1) * c, 0), False),
     ]
     results = [
         varlen(
             q=queries[view],
             k=moved_key_cache,
             v=value_cache,
-            max_seqlen_q=min(max_query_len, c),
+            max_seqlen_q=min(requests.max_query_len, c),
             cu_seqlens_q=cu_pieces,
-            max_seqlen_k=max_seq_len,
+            max_seqlen_k=requests.max_seq_len,
             seqused_k=used.to(seq_lens.dtype),
             softmax_scale=scale,
             causal=causal,

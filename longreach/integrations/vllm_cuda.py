@@ -22,7 +22,7 @@ from vllm.v1.attention.ops.merge_attn_states import merge_attn_states
 
 from ..attention.cells import key_views
 from ..attention.paged import token_positions
-from ..attention.paged_flash import flash_cells, flash_dual_chunk, spans_problem, write_moved_keys
+from ..attention.paged_flash import Requests, flash_cells, flash_dual_chunk, spans_problem, write_moved_keys
 from ..methods.dca import DualChunk
 from .vllm import records_a_method
 from .vllm_layer import layer_method
@@ -57,7 +57,7 @@ class LongreachFlashAttentionImpl(FlashAttentionImpl):
                 self.layer.inv_freq,
             )
         moved = [plane[:-1].view(key_cache.shape) for plane in planes]
-        requests = (
+        requests = Requests(
             attn_metadata.block_table,
             attn_metadata.query_start_loc,
             attn_metadata.seq_lens,
@@ -70,9 +70,9 @@ class LongreachFlashAttentionImpl(FlashAttentionImpl):
         last = (self.layer.inv_freq, self.scale, varlen, merge_attn_states, output[:tokens])
         method = self.layer.method
         if isinstance(method, DualChunk):  # three calls over pieces cut at chunk edges, on its plane of keys
-            flash_dual_chunk(query, key_cache, value_cache, moved[0], *requests, method.parts(), method.chunk, *last)
+            flash_dual_chunk(query, key_cache, value_cache, moved[0], requests, method.parts(), method.chunk, *last)
         else:
-            flash_cells(query, key_cache, value_cache, moved, *requests, self.layer.cells, *last)
+            flash_cells(query, key_cache, value_cache, moved, requests, self.layer.cells, *last)
         return output
 
     def _planes(self, key_cache: torch.Tensor) -> list[torch.Tensor]:
