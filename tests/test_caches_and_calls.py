@@ -429,7 +429,7 @@ def test_a_decoding_step_with_a_static_cache_compiles_whole(family, name, backen
     slots): no graph break -- no host sync, no data-dependent shape -- so CUDA graphs can capture it; the
     same logits as the eager step. Sliding-window and hybrid caches too. ``auto`` calls the fused Triton kernel as
     an operator where it can (here under Triton's interpreter; not Drop Attention, not DPE), ``math`` scores every
-    slot with torch operations (:mod:`longreach.attention.static`)."""
+    slot with torch operations (:mod:`longreach.attention.compiled_step`)."""
     # each case compiles anew: a fresh model is a new guard on the same code, and PyTorch caps recompiles at 8
     torch._dynamo.reset()
     model = tiny_model(family, **CACHE_FAMILIES[family])

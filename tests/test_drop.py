@@ -8,7 +8,7 @@ from conftest import tiny_model
 from test_kernel import case, measure_peak_growth
 
 import longreach
-from longreach.attention import kernel, reference, rows
+from longreach.attention import kernel, reference, whole_rows
 from longreach.methods import create
 from longreach.methods.drop import Drop, DynamicDrop
 
@@ -19,7 +19,7 @@ def test_drop_rule_on_hand_made_rows():
     scores = torch.tensor([[[[3.0, 1.0, 5.0, 2.0, 4.0, NEG]]]])  # 5 attendable keys, one masked
 
     def kept(rate):
-        return torch.isfinite(rows.drop_below_quantile(scores, torch.tensor([[rate]])))[0, 0, 0].tolist()
+        return torch.isfinite(whole_rows.drop_below_quantile(scores, torch.tensor([[rate]])))[0, 0, 0].tolist()
 
     assert kept(0.0) == [True, True, True, True, True, False]
     assert kept(0.5) == [True, False, True, False, True, False]  # k = ceil(0.5 * 4) = 2: keep >= 3
@@ -31,7 +31,7 @@ def test_drop_rule_on_hand_made_rows():
 
 def test_ties_at_the_quantile_are_kept_and_empty_rows_stay_empty():
     scores = torch.tensor([[[[2.0, 2.0, 2.0, 1.0], [NEG, NEG, NEG, NEG]]]])
-    out = rows.drop_below_quantile(scores, torch.tensor([[0.6, 0.6]]))
+    out = whole_rows.drop_below_quantile(scores, torch.tensor([[0.6, 0.6]]))
     assert torch.isfinite(out[0, 0, 0]).tolist() == [True, True, True, False]
     assert torch.isneginf(out[0, 0, 1]).all()
 

@@ -128,27 +128,27 @@ def test_every_host_integer_the_kernel_takes_fits_int32(name, params, monkeypatc
     "name, params", [(n, p) for n, p in FUSABLE if n in ("string", "rerope", "self_extend", "dca")]
 )
 def test_a_static_cache_by_position_with_slots_in_any_order(name, params):
-    """A compiled decoding step's call (:func:`longreach.attention.static.attention`): distances from the slots'
+    """A compiled decoding step's call (:func:`longreach.attention.compiled_step.attention`): distances from the slots'
     positions, read on the device -- slots rolled (the kernel's index distances would be wrong), empty slots (-2),
     left padding, a logit scale per sequence -- equal to scoring every slot with torch operations
     (``backend="math"``), for two queries; the kernel is the operator a compiled graph calls."""
-    from longreach.attention import static
+    from longreach.attention import compiled_step
 
     method = create(name, training_window=60, **params)
     generator = torch.Generator().manual_seed(3)
     slots, pads, written = 96, (0, 7), (90, 83)
-    positions = torch.full((2, slots), static.EMPTY)
+    positions = torch.full((2, slots), compiled_step.EMPTY)
     for b, (pad, count) in enumerate(zip(pads, written)):
         positions[b, :count] = torch.arange(count) - pad  # padding: negative positions
     positions = positions.roll(-25, dims=1)  # a rolled buffer: the newest slots are not the last
     q, k, v = (torch.randn(2, h, n, 16, generator=generator) for h, n in ((4, 2), (2, slots), (2, slots)))
     inv_freq = 1.0 / (10000 ** (torch.arange(0, 16, 2).float() / 16))
     common = dict(scaling=0.3, logit_scale=torch.tensor([1.0, 1.3]))
-    got = static.attention(q, k, v, method.parts(), inv_freq, positions, backend="triton", **common)
-    want = static.attention(q, k, v, method.parts(), inv_freq, positions, backend="math", **common)
+    got = compiled_step.attention(q, k, v, method.parts(), inv_freq, positions, backend="triton", **common)
+    want = compiled_step.attention(q, k, v, method.parts(), inv_freq, positions, backend="math", **common)
     assert (got - want).abs().max() <= 1e-5
     half = [x.bfloat16() for x in (q, k, v)]  # the model's dtype comes back, whatever the logit scale's
-    got = static.attention(*half, method.parts(), inv_freq, positions, backend="triton", **common)
+    got = compiled_step.attention(*half, method.parts(), inv_freq, positions, backend="triton", **common)
     assert got.dtype == torch.bfloat16 and (got.float() - want).abs().max() <= 0.05
 
 

@@ -632,9 +632,9 @@ def test_dca_decoding_turns_the_query_per_chunk_instead_of_the_cached_keys(monke
 
 @pytest.mark.parametrize("name, params", [("rope", {}), ("string", {"shift": 20, "local_window": 4}), *BASELINES])
 def test_the_compiled_decoding_step_equals_the_reference(name, params):
-    """static.attention, the sync-free step: every cache slot scored, padding and a static cache's empty slots
+    """compiled_step.attention, the sync-free step: every cache slot scored, padding and a static cache's empty slots
     (-1, -2) masked on the device; one step and a chunk of 5, GQA, float64."""
-    from longreach.attention import static
+    from longreach.attention import compiled_step
 
     method = create(name, training_window=40, **params)
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(61, batch=2, pads=(0, 7))
@@ -644,7 +644,7 @@ def test_the_compiled_decoding_step_equals_the_reference(name, params):
     marks = torch.cat([positions.masked_fill(~padding, -1), torch.full((2, 9), -2)], dim=1)
     for q_len in (1, 5):
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
-        got = static.attention(
+        got = compiled_step.attention(
             q_rot[:, :, -q_len:],
             torch.cat([k_rot, extra], 2),
             torch.cat([v, extra], 2),
@@ -658,15 +658,16 @@ def test_the_compiled_decoding_step_equals_the_reference(name, params):
 
 
 def test_the_compiled_steps_drop_attention_equals_the_tiled_one():
-    """static.drop_below_quantile (a sort) keeps exactly the scores rows.drop_below_quantile (a selection) keeps."""
-    from longreach.attention import rows, static
+    """compiled_step.drop_below_quantile (a sort) keeps exactly the scores whole_rows.drop_below_quantile (a selection)
+    keeps."""
+    from longreach.attention import compiled_step, whole_rows
 
     generator = torch.Generator().manual_seed(2)
     scores = torch.randn(2, 3, 4, 50, generator=generator, dtype=torch.float64).round(decimals=1)  # ties included
     scores[..., 40:] = float("-inf")
     scores[1, :, 2] = float("-inf")  # a row that attends nothing
     rates = torch.tensor([[0.0, 0.3, 0.5, 0.99], [0.2, 0.01, 0.4, 0.7]], dtype=torch.float64)
-    assert torch.equal(static.drop_below_quantile(scores, rates), rows.drop_below_quantile(scores, rates))
+    assert torch.equal(compiled_step.drop_below_quantile(scores, rates), whole_rows.drop_below_quantile(scores, rates))
 
 
 @pytest.mark.parametrize(

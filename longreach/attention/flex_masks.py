@@ -14,13 +14,9 @@ import functools
 from dataclasses import dataclass
 
 import torch
+from torch.nn.attention import flex_attention as _flex_module
 
 from .parts import covers
-
-try:  # PyTorch >= 2.5
-    from torch.nn.attention import flex_attention as _flex_module
-except ImportError:  # pragma: no cover - depends on the installed PyTorch
-    _flex_module = None
 
 TILE = 128  # FlexAttention's default sparse block size
 INT32 = torch.iinfo(torch.int32)

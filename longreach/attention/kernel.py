@@ -5,7 +5,7 @@ shifts). The kernel lowers them to cells (:mod:`.cells`), picks a backend (:mod:
 has it lay out what the positions decide once per forward pass (:meth:`.backends.base.Backend.prepare`, held in a
 :class:`.memo.Memo`) and run. A backend that declines a call hands it to its ``fallback``; a backend ``auto`` chose
 that fails to compile is given up with one warning, and the call computed again. Drop Attention needs whole rows:
-:mod:`.rows` computes them a tile of queries at a time. A part may move some rotary pairs only, per query head
+:mod:`.whole_rows` computes them a tile of queries at a time. A part may move some rotary pairs only, per query head
 (DPE): where query heads sharing a key/value head move different pairs, prefill repeats keys and values per query
 head and decoding puts the moved and the plain keys side by side (:func:`.shifts.augmented`).
 
@@ -20,7 +20,7 @@ from typing import Sequence
 
 import torch
 
-from . import rows
+from . import whole_rows
 from .backends import REGISTRY, pick
 from .backends.base import Backend, nothing_attended
 from .call import Call
@@ -57,7 +57,7 @@ def attention(
     ``logit_scale`` (a number, or one per sequence ``[B]``) multiplies the rotary part of the logits.
     ``positions [B, Lkv]``: the keys' absolute positions, for parts whose shifts or spans depend on them (default
     ``0 .. Lkv-1``; the queries are the last ``Lq``). ``drop [B, Lq]``: Drop Attention rates per query (see
-    :func:`.rows.drop_below_quantile`); rows from the first dropping one on are computed whole, a tile
+    :func:`.whole_rows.drop_below_quantile`); rows from the first dropping one on are computed whole, a tile
     at a time. Grouped-query attention when ``Hq`` is a multiple of ``Hkv``. Accumulates in float32;
     returns ``[B, Lq, Hq, D]`` in the input dtype. Rows that attend no key are 0.
 
@@ -173,7 +173,7 @@ def first_dropping_row(drop: torch.Tensor) -> int | None:
 
 def _attention_with_drop(query, key, value, parts, inv_freq, drop, first, common, backend, tile):
     """Rows before ``first``, the first dropping one, take the fast path (DDA drops only beyond the window);
-    the rest are computed whole, a tile at a time (:func:`.rows.dropped_attention`)."""
+    the rest are computed whole, a tile at a time (:func:`.whole_rows.dropped_attention`)."""
     offset = key.shape[2] - query.shape[2]
     accumulate = compute_dtype(query.dtype)
     pieces = []
@@ -197,6 +197,8 @@ def _attention_with_drop(query, key, value, parts, inv_freq, drop, first, common
         pieces.append(out.transpose(1, 2).to(accumulate))
     indices = torch.arange(offset + first, key.shape[2], device=query.device)
     pieces.append(
-        rows.dropped_attention(query[:, :, first:], key, value, parts, inv_freq, indices, drop[:, first:], **common)
+        whole_rows.dropped_attention(
+            query[:, :, first:], key, value, parts, inv_freq, indices, drop[:, first:], **common
+        )
     )
     return torch.cat(pieces, dim=2).to(query.dtype).transpose(1, 2)

@@ -42,10 +42,6 @@ class Part:
     key_shift_block: int | None = None
     pairs: torch.Tensor | None = None
 
-    @property
-    def needs_positions(self) -> bool:
-        return callable(self.query_shift) or callable(self.key_shift) or self.key_span is not None
-
 
 NEG_INF = float("-inf")
 """The score of a pair no part covers (and a row's log-sum-exp when it attends no key)."""

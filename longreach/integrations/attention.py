@@ -1,6 +1,6 @@
 """The attention function registered with transformers' ``AttentionInterface``: it reads the method applied
 to a layer from the module (``module._longreach``, set by :func:`longreach.apply`) and runs the kernel
-(:mod:`longreach.attention.kernel`), the compiled decoding step (:mod:`longreach.attention.static`) or the
+(:mod:`longreach.attention.kernel`), the compiled decoding step (:mod:`longreach.attention.compiled_step`) or the
 dense reference, with one :class:`~longreach.attention.memo.Memo` per forward pass shared by its layers."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import warnings
 
 import torch
 
-from ..attention import kernel, reference, rows, static
+from ..attention import compiled_step, kernel, reference, whole_rows
 from ..attention.plan import SMALL_QUERY
 from ..attention.rotary import inverse_frequencies
 from . import recording
@@ -95,7 +95,7 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
 
 def _compiled_step(state, module, query, key, value, attention_mask, scaling, sliding_window) -> torch.Tensor:
     """A decoding step (a few queries) under ``torch.compile``: every cache slot scored on the device, no host
-    sync and no data-dependent shape (:mod:`longreach.attention.static`), so the step compiles with
+    sync and no data-dependent shape (:mod:`longreach.attention.compiled_step`), so the step compiles with
     ``fullgraph=True`` and can be captured in a CUDA graph."""
     kv_len = key.shape[2]
     if attention_mask is None:
@@ -103,10 +103,10 @@ def _compiled_step(state, module, query, key, value, attention_mask, scaling, sl
     else:
         positions = attention_mask[:, 0, 0, :].to(query.device)
     layer = getattr(module, "layer_idx", None)
-    query_positions = static.query_positions(positions, query.shape[2])
+    query_positions = compiled_step.query_positions(positions, query.shape[2])
     logit_scale, rates = _logit_scale_and_rates(state, layer, positions, query_positions)
     inv_freq = inverse_frequencies(state.rotary, getattr(module, "layer_type", None))
-    return static.attention(
+    return compiled_step.attention(
         query,
         key,
         value,
@@ -145,7 +145,7 @@ def _record(probe, method, module, query, key, inv_freq, scaling, keys, sliding_
     sampled = sampled[sampled < query.shape[2]].to(query.device)
     tops = [
         probabilities.topk(min(top_k, probabilities.shape[-1]), dim=-1).values.mean(-1).mean(1)  # [B, T]
-        for probabilities, _ in rows.attention_probabilities(
+        for probabilities, _ in whole_rows.attention_probabilities(
             query[:, :, sampled],
             key,
             method.layer_parts(module.layer_idx),

@@ -14,7 +14,9 @@ from typing import Callable
 import torch
 from transformers.masking_utils import causal_mask_function
 
-PADDING, EMPTY = -1, -2  # the mask's marks: a padding key (attended by no query), a static cache's empty slot (no key)
+from ..attention.compiled_step import EMPTY
+
+PADDING = -1  # the mask's mark of a padding key (attended by no query); EMPTY: a static cache's empty slot (no key)
 
 
 def _plain_causal(mask_function: Callable | None) -> bool:

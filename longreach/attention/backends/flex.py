@@ -63,9 +63,9 @@ def give_up(error: BaseException) -> None:
 
 
 def available(device: torch.device | str, for_auto: bool = False) -> bool:
-    """Whether FlexAttention can run on ``device``: PyTorch has it, and on CUDA Triton is installed to compile it
-    (``for_auto``: and compiling it has not failed in this process)."""
-    if _flex_module is None or (for_auto and _compile_failure):
+    """Whether FlexAttention can run on ``device``: on CUDA, Triton is installed to compile it (``for_auto``: and
+    compiling it has not failed in this process)."""
+    if for_auto and _compile_failure:
         return False
     if torch.device(device).type != "cuda":
         return True

@@ -16,7 +16,7 @@ every query head that shares a key/value head (grouped-query attention reads eac
 positions decide (moved queries, key angle tables, key spans) is laid out once per forward pass (:func:`lay_out`); the
 cells' distance bounds are scalar arguments, so a launch uploads nothing. A compiled decoding step calls the kernel
 as the operator :data:`..triton_launch.key_splits` (``torch.library.triton_op``), with distances taken from the
-slots' positions on the device (:mod:`..static`), so that a CUDA graph captures it.
+slots' positions on the device (:mod:`..compiled_step`), so that a CUDA graph captures it.
 
 Runs compiled on CUDA, and on the CPU under Triton's interpreter (``TRITON_INTERPRET=1``, set before
 Triton is imported), which the tests use; there bfloat16 inputs are computed in float32 (the interpreter's
@@ -66,8 +66,8 @@ def takes(dtype: torch.dtype) -> bool:
 
 
 def takes_compiled_step(query: torch.Tensor, cells) -> bool:
-    """Whether a compiled decoding step calls the kernel (:func:`..static.attention`): Triton on the query's device
-    and dtype, and cells it takes -- at most :data:`MAX_CELLS`, none with per-head pairs (DPE)."""
+    """Whether a compiled decoding step calls the kernel (:func:`..compiled_step.attention`): Triton on the query's
+    device and dtype, and cells it takes -- at most :data:`MAX_CELLS`, none with per-head pairs (DPE)."""
     return (
         available(query.device, for_auto=True)
         and takes(query.dtype)

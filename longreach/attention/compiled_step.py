@@ -26,8 +26,8 @@ from .cells import lower
 from .heads import expand_heads, grouped_matmul
 from .parts import NEG_INF, Part, covers
 from .rotary import compute_dtype
-from .rows import threshold_rank
 from .shifts import per_sequence, shift_angles, shifted
+from .whole_rows import threshold_rank
 
 EMPTY = -2  # a static cache's empty slot, as the transformers integration marks it
 
@@ -129,7 +129,7 @@ def query_positions(positions: torch.Tensor, q_len: int) -> torch.Tensor:
 
 def drop_below_quantile(scores: torch.Tensor, rates: torch.Tensor) -> torch.Tensor:
     """Drop Attention on whole rows ``[B, H, Lq, Lkv]`` (-inf where not attendable), as
-    :func:`.rows.drop_below_quantile` decides it -- scores below the order statistic ``s_k``, ``k = ceil(rate (m -
+    :func:`.whole_rows.drop_below_quantile` decides it -- scores below the order statistic ``s_k``, ``k = ceil(rate (m -
     1))`` of a row's ``m`` attendable scores, become -inf -- with a sort in place of a selection whose size the
     host would have to know."""
     attendable = torch.isfinite(scores[:, :1]).sum(-1, keepdim=True)  # [B, 1, Lq, 1]: the same keys for every head
