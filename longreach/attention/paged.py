@@ -47,11 +47,17 @@ class KeyAngles:
         return table
 
 
+def per_token(values: torch.Tensor, query_start: torch.Tensor, tokens: int) -> torch.Tensor:
+    """A value per request ``[B]`` repeated for each of the request's query tokens: ``[tokens]``, without a host
+    sync (requests delimited by ``query_start [B + 1]``)."""
+    return torch.repeat_interleave(values, query_start[1:] - query_start[:-1], output_size=tokens)
+
+
 def token_positions(query_start: torch.Tensor, seq_lens: torch.Tensor, tokens: int) -> torch.Tensor:
     """Each query token's position ``[tokens]`` on the tensors' device, without a host sync: request ``b``'s ``t``-th
     query is at ``seq_lens[b] - q_len + t``."""
     q_lens = query_start[1:] - query_start[:-1]
-    request = torch.repeat_interleave(torch.arange(len(q_lens), device=q_lens.device), q_lens, output_size=tokens)
+    request = per_token(torch.arange(len(q_lens), device=q_lens.device), query_start, tokens)
     index = torch.arange(tokens, device=q_lens.device)
     return index - query_start[:-1][request] + (seq_lens - q_lens)[request]
 
@@ -65,11 +71,8 @@ def scaled_queries(
     queries themselves where the factor is 1; a copy, float32 where it is a tensor, else; no host sync."""
     if not isinstance(factor, torch.Tensor) and factor == 1.0:
         return query
-    tokens = query.shape[0]
     if isinstance(factor, torch.Tensor):
-        q_lens = query_start[1:] - query_start[:-1]
-        factor = torch.repeat_interleave(factor.to(query.device, torch.float32), q_lens, output_size=tokens)
-        factor = factor[:, None, None]
+        factor = per_token(factor.to(query.device, torch.float32), query_start, query.shape[0])[:, None, None]
     scaled = query.to(torch.float32, copy=True)
     scaled[..., :rotary_dims] *= factor
     return scaled

@@ -283,9 +283,9 @@ def _runs_in_vllm(record: dict) -> None:
                 "with each forward pass; use ntk"
             )
         if name is not None and name not in allowed:
-            kind = methods.kind_of(name)  # an unknown name: its own one-line error
+            actual = methods.kind_of(name)  # an unknown name: its own one-line error
             raise ValueError(
-                f"method={name!r} ({kind}) does not run in vLLM with longreach yet; supported: {', '.join(allowed)}"
+                f"method={name!r} ({actual}) does not run in vLLM with longreach yet; supported: {', '.join(allowed)}"
             )
 
 

@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 
 from ..attention.cells import Cell, lower
-from ..attention.paged import scaled_queries, token_positions
+from ..attention.paged import per_token, scaled_queries, token_positions
 from ..methods.base import Part, PositionMethod
 from ..methods.drop import Drop, DynamicDrop
 from .transformers import CONFIG_KEY
@@ -55,9 +55,7 @@ class LayerMethod:
         positions = token_positions(query_start, seq_lens, tokens)[None]
         generated = None
         if prefilling is not None:
-            q_lens = query_start[1:] - query_start[:-1]
-            requests = len(q_lens)
-            generated = torch.repeat_interleave(~prefilling[:requests].bool(), q_lens, output_size=tokens)[None]
+            generated = per_token(~prefilling[: len(query_start) - 1].bool(), query_start, tokens)[None]
         return self.drop.rates(positions, self.method.training_window, generated)[0]
 
     def scaled(self, query: torch.Tensor, query_start: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
