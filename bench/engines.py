@@ -30,7 +30,9 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{os.cpu_count() - 1}")  # every core to the engine
-    from longreach.eval import runner, served
+    from longreach.eval import runner
+    from longreach.eval.engines.transformers import Transformers
+    from longreach.eval.engines.vllm import Vllm
     from longreach.methods.spec import MethodSpec
 
     grid = runner.Grid(
@@ -41,10 +43,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         for batch in map(int, args.batches.split(",")):
             out = Path(folder) / f"transformers-{batch}"
-            runs[f"transformers, batch {batch}"] = runner.read_results(runner.run(grid, out, batch_size=batch))
+            runs[f"transformers, batch {batch}"] = runner.read_results(runner.run(grid, out, Transformers(), batch_size=batch))
             print(row(f"transformers, batch {batch}", runs), flush=True)
         out = Path(folder) / "vllm"
-        runs["vllm"] = runner.read_results(served.run(grid, out, "vllm", batch_size=len(grid)))
+        runs["vllm"] = runner.read_results(runner.run(grid, out, Vllm(), batch_size=len(grid)))
         print(row("vllm", runs), flush=True)
     best = max((name for name in runs if name.startswith("transformers")), key=lambda name: per_minute(runs[name]))
     lines = [

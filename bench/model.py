@@ -29,7 +29,7 @@ from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
 
 import longreach
 from longreach import models
-from longreach.eval import specs
+from longreach.eval import on_model
 from longreach.methods.spec import MethodSpec
 
 METHODS = ["rope", "string", "rerope", "self_extend", "dca"]
@@ -47,7 +47,7 @@ def switch(model, method: str) -> None:
         longreach.remove(model)
     else:
         name = method.removesuffix(KEPT)
-        specs.apply(
+        on_model.apply(
             model, MethodSpec.parse(name), longreach.training_window(model.config), keep_moved_keys=name != method
         )
 

@@ -20,7 +20,7 @@ from results import machine, timed, write_section
 
 import longreach
 from longreach import models
-from longreach.eval import generate, haystack, specs
+from longreach.eval import generate, haystack, on_model
 from longreach.methods.spec import MethodSpec
 
 
@@ -44,7 +44,7 @@ def main() -> None:
     args = parser.parse_args()
     budgets = [int(t) for t in args.tokens.split(",")]
     model, tokenizer = models.load("default", dtype=getattr(torch, args.dtype), device=args.device)
-    specs.apply(model, MethodSpec.parse(args.method), longreach.training_window(model.config))
+    on_model.apply(model, MethodSpec.parse(args.method), longreach.training_window(model.config))
     batch = prompts(tokenizer, args.length, args.batch)
     header = (
         f"SmolLM2-135M-Instruct, {args.dtype}, {args.method}, {args.batch} prompts of "

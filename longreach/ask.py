@@ -57,10 +57,10 @@ def load(model_name: str, methods: list[MethodSpec], training_window: int | None
     """``(model, tokenizer, L)`` for ``longreach ask`` and the page: every method checked on the model's config first,
     then the model; a checkpoint without a tokenizer (a probe model) is refused in one line."""
     from . import models
-    from .eval import specs
+    from .eval import on_model
     from .integrations.transformers import training_window as window_of
 
-    specs.check(methods, models.load_config(model_name), training_window)
+    on_model.check(methods, models.load_config(model_name), training_window)
     model, tokenizer = models.load(model_name)
     if tokenizer is None:
         raise ValueError(
@@ -138,12 +138,12 @@ def string_shift(window: int) -> int:
 def warm_up(model, methods: list[MethodSpec], window: int) -> float:
     """The one-time set-up (:func:`longreach.eval.generate.warm_up`) under the first method, so that no answer's time
     holds it; the model is left as it came. Returns its seconds."""
-    from .eval import specs
+    from .eval import on_model
     from .eval.generate import warm_up as first_forward
     from .integrations.transformers import remove
 
     try:
-        specs.apply(model, methods[0], window)
+        on_model.apply(model, methods[0], window)
         return first_forward(model)
     finally:
         remove(model)
@@ -153,14 +153,14 @@ def answers(
     model, tokenizer, text: str, methods: list[MethodSpec], window: int, max_new_tokens: int = MAX_NEW_TOKENS
 ) -> list[Answer]:
     """Each method's greedy answer to the prompt ``text``, the method applied in turn; the model is left as it came."""
-    from .eval import specs
+    from .eval import on_model
     from .eval.generate import greedy
     from .integrations.transformers import describe, remove
 
     results = []
     try:
         for spec in methods:
-            specs.apply(model, spec, window)
+            on_model.apply(model, spec, window)
             started = time.perf_counter()
             (reply,) = greedy(model, tokenizer, [text], max_new_tokens=max_new_tokens)
             results.append(Answer(spec.label, describe(model), reply, time.perf_counter() - started))

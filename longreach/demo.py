@@ -44,7 +44,7 @@ def run(out: Path, cases: int = CASES, progress: bool = True) -> dict:
     """Measure RoPE and STRING by distance on the probe model into ``out`` (resumable); returns the summary."""
     from tqdm.auto import tqdm
 
-    from .eval import specs
+    from .eval import on_model
     from .integrations.transformers import remove
     from .methods import create
     from .methods.spec import MethodSpec
@@ -71,7 +71,7 @@ def run(out: Path, cases: int = CASES, progress: bool = True) -> dict:
         missing = [d for m, d in cells if m == method]
         if not missing:
             continue
-        specs.apply(model, MethodSpec.parse(method), window)
+        on_model.apply(model, MethodSpec.parse(method), window)
         for distance in missing:
             row = measure.by_distance(model, window, [distance], cases)[distance]
             done["tables"].setdefault(method, {})[str(distance)] = row

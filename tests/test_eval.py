@@ -8,7 +8,12 @@ import torch
 from conftest import TINY_VOCAB, byte_tokenizer, tiny_model
 
 from longreach import provenance
-from longreach.eval import haystack, pictures, report, report_cells, report_runs, runner, scoring, tasks
+from longreach.eval import haystack, report, runner, tasks
+from longreach.eval.engines.transformers import Transformers
+from longreach.eval.report import cells as report_cells
+from longreach.eval.report import pictures
+from longreach.eval.report import run_sections as report_runs
+from longreach.eval.string_match import needles_found, string_match_all, string_match_part
 from longreach.methods.spec import MethodSpec
 
 
@@ -18,12 +23,17 @@ def tokenizer():
 
 
 def test_scoring_rules_on_hand_made_answers():
-    assert scoring.string_match_all("The numbers are 123 and 456.", ["123", "456", "789"]) == pytest.approx(200 / 3)
-    assert scoring.string_match_all("ABC", ["abc"]) == 100.0
-    assert scoring.string_match_part("Paris, France", ["London", "paris"]) == 100.0
-    assert scoring.string_match_part("Rome", ["London", "Paris"]) == 0.0
+    assert string_match_all("The numbers are 123 and 456.", ["123", "456", "789"]) == pytest.approx(200 / 3)
+    assert string_match_all("ABC", ["abc"]) == 100.0
+    assert string_match_part("Paris, France", ["London", "paris"]) == 100.0
+    assert string_match_part("Rome", ["London", "Paris"]) == 0.0
     answer = "1. 1111111 2. 2222222 3. 9999999"
-    assert scoring.needles_found(answer, ["1111111", "2222222", "3333333", "4444444"]) == [True, True, False, False]
+    assert needles_found(answer, ["1111111", "2222222", "3333333", "4444444"]) == [
+        True,
+        True,
+        False,
+        False,
+    ]
 
 
 def test_fit_largest_packs_the_budget_and_names_what_does_not_fit(tokenizer):
@@ -148,7 +158,7 @@ def test_file_names_of_long_method_labels_stay_short_and_apart():
 
 def test_the_pipeline_end_to_end_on_a_tiny_model(tmp_path):
     grid, loaded = tiny_grid(tmp_path)
-    path = runner.run(grid, tmp_path, loaded=loaded)
+    path = runner.run(grid, tmp_path, Transformers(loaded))
     records = runner.read_results(path)
     assert len(records) == len(grid) == 5 * 2 * 2 * 2
     assert {(r["model"], r["method"], r["task"], r["length"], r["depth"], r["seed"]) for r in records} == set(
@@ -215,7 +225,7 @@ def test_records_and_summary_say_what_a_length_meant(tmp_path):
     summary.json and summary.md give per task and length the prompt tokens (mean, min, max) and that size."""
     model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024)
     grid = runner.Grid("tiny", ["ruler:niah_single_1", "passkey"], [MethodSpec.parse("rope")], [1000], [0.5], 3)
-    records = runner.read_results(runner.run(grid, tmp_path, loaded=(model, byte_tokenizer())))
+    records = runner.read_results(runner.run(grid, tmp_path, Transformers((model, byte_tokenizer()))))
     ruler_cases = [r for r in records if r["task"] == "ruler:niah_single_1"]
     (searched,) = {r["searched_units"] for r in ruler_cases}
     assert all(r["haystack_units"] <= searched and (searched - r["haystack_units"]) % 5 == 0 for r in ruler_cases)
@@ -281,7 +291,7 @@ def write_records(folder, scores: dict, **fields):
 
 
 def test_the_study_picks_the_best_complete_methods_and_publishes_every_folder(tmp_path):
-    from longreach.eval import study
+    from longreach import study
 
     mean_of = {"rope": 0, "string": 100, "a": 50, "b": 75, "c": 25, "partial": 100}
     scores = {
@@ -336,14 +346,14 @@ def test_a_crash_mid_run_loses_nothing_and_a_rerun_duplicates_nothing(tmp_path, 
     grid, loaded = tiny_grid(tmp_path)
     greedy_raising_on_call(monkeypatch, 5, KeyboardInterrupt())
     with pytest.raises(KeyboardInterrupt):
-        runner.run(grid, tmp_path, loaded=loaded)
+        runner.run(grid, tmp_path, Transformers(loaded))
     saved = runner.read_results(tmp_path / runner.RESULTS)
     assert len(saved) == 4
     with (tmp_path / runner.RESULTS).open("a") as sink:  # a line cut short by the crash
         sink.write(json.dumps(saved[0])[:40])
-    runner.run(grid, tmp_path, loaded=loaded, limit=3)
+    runner.run(grid, tmp_path, Transformers(loaded), limit=3)
     assert len(runner.read_results(tmp_path / runner.RESULTS)) == 7
-    runner.run(grid, tmp_path, loaded=loaded)
+    runner.run(grid, tmp_path, Transformers(loaded))
     records = runner.read_results(tmp_path / runner.RESULTS)
     keys = [runner.case_key(r) for r in records]
     assert len(keys) == len(set(keys)) == len(grid)
@@ -366,7 +376,7 @@ def test_the_dtype_reaches_the_loader_and_a_folder_keeps_one_precision(tmp_path,
     with pytest.raises(ValueError, match="--dtype=fp32 is not one of: auto, float32"):
         runner.Grid("tiny", ["passkey"], grid.methods, [700], [0.5], 2, dtype="fp32")
     with pytest.raises(ValueError, match=r"--dtype resolves to float32, but .* holds results in bfloat16"):
-        runner.run(grid, tmp_path, loaded=(model.to(torch.float32), tokenizer))
+        runner.run(grid, tmp_path, Transformers((model.to(torch.float32), tokenizer)))
 
 
 def test_method_specs_expand_the_paper_protocol_and_compose():
@@ -398,7 +408,7 @@ def test_any_mix_of_methods_runs_through_the_runner(tmp_path):
         "dynamic_drop:chunk=100,layers=0;1",
     ]
     grid = runner.Grid("tiny", ["passkey"], [MethodSpec.parse(m) for m in specs], [700], [0.5], 1)
-    records = runner.read_results(runner.run(grid, tmp_path, loaded=(model, byte_tokenizer())))
+    records = runner.read_results(runner.run(grid, tmp_path, Transformers((model, byte_tokenizer()))))
     assert [r["method"] for r in records] == [MethodSpec.parse(m).label for m in specs]
     assert records[2]["resolved"] == "dca(chunk_size=511, local_window=85, mscale=False) [L=1024]"
     assert records[-2]["resolved"].startswith("string(shift=300, local_window=8, mscale=False) + ntk(factor=2)")
@@ -411,7 +421,7 @@ def test_any_mix_of_methods_runs_through_the_runner(tmp_path):
 def test_a_failing_case_becomes_an_error_row_and_the_grid_goes_on(tmp_path, monkeypatch):
     grid, loaded = tiny_grid(tmp_path)
     real = greedy_raising_on_call(monkeypatch, 2, ValueError("a bug in one case"))
-    runner.run(grid, tmp_path, loaded=loaded)
+    runner.run(grid, tmp_path, Transformers(loaded))
     records = runner.read_results(tmp_path / runner.RESULTS)
     failed = [r for r in records if r.get("error")]
     assert len(records) == len(grid) and len(failed) == 1 and failed[0]["error"] == "ValueError: a bug in one case"
@@ -421,7 +431,7 @@ def test_a_failing_case_becomes_an_error_row_and_the_grid_goes_on(tmp_path, monk
 
     monkeypatch.setattr(generate, "greedy", real)
     runner.run(
-        grid, tmp_path, loaded=loaded
+        grid, tmp_path, Transformers(loaded)
     )  # a rerun retries the failed case only; its success replaces the error row
     records = runner.read_results(tmp_path / runner.RESULTS)
     assert len(records) == len(grid) and not any(r.get("error") for r in records)
@@ -443,7 +453,7 @@ def test_a_case_whose_scoring_raises_keeps_its_answer_and_the_others_their_score
 
     monkeypatch.setattr(type(task), "score", score)
     for _ in range(2):  # the rerun tries the unscored case again, and only it
-        runner.run(grid, tmp_path, loaded=(model, byte_tokenizer()), batch_size=4)
+        runner.run(grid, tmp_path, Transformers((model, byte_tokenizer())), batch_size=4)
         records = {r["seed"]: r for r in runner.read_results(tmp_path / runner.RESULTS)}
         assert sorted(records) == [0, 1, 2, 3] and all(r["batch"] == 4 for r in records.values())
         bad = records.pop(1)
@@ -457,15 +467,15 @@ def test_eval_sets_up_before_the_first_case_is_timed(tmp_path, monkeypatch, caps
     """Issue trust4, item 14: the kernel's first build was in the first batch's time. The engine sets up once, when its
     first method is applied, outside any case's time, and says so on a line of its own."""
     from longreach.attention.backends import cpu_fused
-    from longreach.eval import cases, generate
+    from longreach.eval import generate, outcomes
 
-    events, greedy, clock = [], generate.greedy, cases.time.perf_counter
+    events, greedy, clock = [], generate.greedy, outcomes.time.perf_counter
     monkeypatch.setattr(cpu_fused, "ensure_built", lambda: events.append("set-up") or True)
     monkeypatch.setattr(generate, "greedy", lambda *a, **k: events.append("answer") or greedy(*a, **k))
-    monkeypatch.setattr(cases, "time", types.SimpleNamespace(perf_counter=lambda: events.append("clock") or clock()))
+    monkeypatch.setattr(outcomes, "time", types.SimpleNamespace(perf_counter=lambda: events.append("clock") or clock()))
     grid = runner.Grid("tiny", ["passkey"], [MethodSpec.parse("rope"), MethodSpec.parse("string")], [700], [0.5], 2)
     model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024)
-    runner.run(grid, tmp_path, loaded=(model, byte_tokenizer()), batch_size=2)
+    runner.run(grid, tmp_path, Transformers((model, byte_tokenizer())), batch_size=2)
     # the cases built (two readings of the clock), the set-up, then the clock that times the batch, its answers
     assert events[:5] == ["clock", "clock", "set-up", "clock", "answer"] and events.count("set-up") == 1
     assert capsys.readouterr().err.count("set-up: the attention kernel and a first forward pass") == 1

@@ -7,7 +7,7 @@ from dataclasses import asdict
 import pytest
 
 from longreach import demo
-from longreach.eval import specs
+from longreach.eval import on_model
 from longreach.eval.stats import RULER_THRESHOLD
 from longreach.integrations.transformers import remove
 from longreach.methods.spec import MethodSpec
@@ -27,7 +27,7 @@ def last_third():
     model, _ = train.load(train.checkpoints(FIXTURE)[-1])
     band = [d for d in measure.distances(WINDOW) if d >= 2 * WINDOW / 3]
     rope = measure.by_distance(model, WINDOW, band, CASES)
-    specs.apply(model, MethodSpec.parse(STRING), WINDOW)
+    on_model.apply(model, MethodSpec.parse(STRING), WINDOW)
     string = measure.by_distance(model, WINDOW, band, CASES)
     remove(model)
     return band, rope, string

@@ -11,6 +11,7 @@ from transformers import AutoTokenizer
 
 from longreach import models
 from longreach.eval import generate, report, ruler, runner, stats, tasks
+from longreach.eval.engines.transformers import Transformers
 from longreach.methods.spec import MethodSpec
 
 ALL = [name for name in tasks.TASKS if getattr(tasks.get(name), "synthetic", True)]  # InfiniteBench's files: not here
@@ -399,10 +400,14 @@ def test_a_batch_gives_the_answers_of_one_case_at_a_time_also_read_in_chunks(tmp
             3,
         )
 
-    one = runner.read_results(runner.run(grid(), tmp_path / "one", loaded=(model, byte_tokenizer())))
-    three = runner.read_results(runner.run(grid(), tmp_path / "three", loaded=(model, byte_tokenizer()), batch_size=3))
+    one = runner.read_results(runner.run(grid(), tmp_path / "one", Transformers((model, byte_tokenizer()))))
+    three = runner.read_results(
+        runner.run(grid(), tmp_path / "three", Transformers((model, byte_tokenizer())), batch_size=3)
+    )
     chunked = runner.read_results(
-        runner.run(grid(), tmp_path / "chunked", loaded=(model, byte_tokenizer()), batch_size=3, prefill_tokens=256)
+        runner.run(
+            grid(), tmp_path / "chunked", Transformers((model, byte_tokenizer()), prefill_tokens=256), batch_size=3
+        )
     )  # three prompts of 700-900 tokens in chunks of 85
     assert len(one) == len(three) == len(chunked) == 24
 
@@ -426,12 +431,10 @@ def test_length_dependent_methods_answer_the_same_in_any_batch_and_chunking(tmp_
         return runner.Grid("tiny", ["passkey"], [MethodSpec.parse(m) for m in methods], [600, 700], [0.5], 3)
 
     runs = {
-        name: runner.read_results(runner.run(grid(), tmp_path / name, loaded=(model, byte_tokenizer()), **settings))
-        for name, settings in (
-            ("one", {}),
-            ("three", {"batch_size": 3}),
-            ("chunked", {"batch_size": 3, "prefill_tokens": 301}),
+        name: runner.read_results(
+            runner.run(grid(), tmp_path / name, Transformers((model, byte_tokenizer()), prefill), batch_size=batch)
         )
+        for name, batch, prefill in (("one", 1, None), ("three", 3, None), ("chunked", 3, 301))
     }
 
     def answers(records):

@@ -10,7 +10,8 @@ import pytest
 from conftest import byte_tokenizer, tiny_model
 
 from longreach.cli import main
-from longreach.eval import runner, server
+from longreach.eval import runner
+from longreach.eval.engines import server
 
 ANSWER = "The pass key is 12345."
 MODELS = {"object": "list", "data": [{"id": "stand-in"}]}

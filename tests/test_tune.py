@@ -10,7 +10,8 @@ from safetensors.torch import load_file
 
 import longreach
 from longreach import cli
-from longreach.eval import calibrate, report, runner, tune
+from longreach.eval import report, runner
+from longreach.tuning import calibrate, tune
 from longreach.integrations.recording import pair_importance
 from longreach.methods.spec import MethodSpec
 

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import longreach
 from longreach import cli, models
 from longreach.eval import report, runner
+from longreach.eval.engines.transformers import Transformers
 from longreach.methods.spec import MethodSpec
 
 
@@ -259,7 +260,7 @@ def small_grid(tmp_path, methods=("rope",), model="tiny", window=None):
 def test_lines_that_are_not_records_are_skipped_with_a_warning(tmp_path, capsys):
     """Every field is checked: a bad line costs itself and one warning naming its line, never the file or a resume."""
     grid, loaded = small_grid(tmp_path)
-    runner.run(grid, tmp_path, loaded=loaded)
+    runner.run(grid, tmp_path, Transformers(loaded))
     path = tmp_path / runner.RESULTS
     (good,) = runner.read_results(path)
     bad = [
@@ -292,7 +293,7 @@ def test_lines_that_are_not_records_are_skipped_with_a_warning(tmp_path, capsys)
     warnings = capsys.readouterr().err.splitlines()
     assert len(warnings) == len(bad) + 2 and all(f"results.jsonl:{n}" in w for n, w in enumerate(warnings, 2))
     assert 'resolved=["rope"] is not a method as resolved' in warnings[5] and "missing metric" in warnings[-2]
-    runner.run(grid, tmp_path, loaded=loaded)  # eval resumes past them
+    runner.run(grid, tmp_path, Transformers(loaded))  # eval resumes past them
     assert len(runner.read_results(path)) == 1 and "| rope |" in report.build(tmp_path)
 
 
@@ -306,7 +307,7 @@ def test_cases_are_keyed_on_the_models_folder_and_weights_not_the_name_given(tmp
         return runner.run(
             runner.Grid(name, ["passkey"], [MethodSpec.parse("rope")], [300], [0.5], 1),
             tmp_path / "out",
-            loaded=(model, tokenizer),
+            Transformers((model, tokenizer)),
         )
 
     run(str(tmp_path / "tiny"))
@@ -326,7 +327,7 @@ def test_cases_are_keyed_on_the_models_folder_and_weights_not_the_name_given(tmp
 def test_two_models_and_two_windows_in_one_folder_are_reported_apart(tmp_path):
     for model, window in (("tiny-a", None), ("tiny-b", None), ("tiny-a", 512)):
         grid, loaded = small_grid(tmp_path, ("rope", "rope"), model, window)  # the same method twice: once
-        runner.run(grid, tmp_path, loaded=loaded)
+        runner.run(grid, tmp_path, Transformers(loaded))
     records = runner.read_results(tmp_path / runner.RESULTS)
     assert len(records) == 3 and {r["window"] for r in records} == {1024, 512}
     markdown = report.build(tmp_path)
@@ -336,7 +337,7 @@ def test_two_models_and_two_windows_in_one_folder_are_reported_apart(tmp_path):
         sink.write(json.dumps(records[0]) + "\n")
     assert len(runner.read_results(tmp_path / runner.RESULTS)) == 3
     grid, loaded = small_grid(tmp_path, ("string:shift=100,local_window=8",), "tiny-a", 512)
-    runner.run(grid, tmp_path, loaded=loaded)
+    runner.run(grid, tmp_path, Transformers(loaded))
     assert "Minus rope on the same cases" in report.build(tmp_path)  # paired with the rope of its own L
     (paired,) = json.loads((tmp_path / "summary.json").read_text())["paired"]
     assert paired["minus"] == "rope = rope [L=512]" and paired["n"] == 1
@@ -346,7 +347,7 @@ def test_lengths_far_beyond_the_window_are_refused(tmp_path):
     grid, loaded = small_grid(tmp_path)
     grid.lengths = [33 * 1024]
     with pytest.raises(ValueError, match="--lengths 33792 is out of range: at most 32 x L = 32768 tokens"):
-        runner.run(grid, tmp_path, loaded=loaded)
+        runner.run(grid, tmp_path, Transformers(loaded))
 
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)

@@ -198,13 +198,17 @@ def test_on_a_cpu_the_cache_holds_a_submission_within_a_quarter_of_free_memory(m
     submission at the longest length, within a quarter of the memory free."""
     import psutil
 
-    from longreach.eval import engines
+    from transformers import AutoConfig
+
+    from longreach.eval.distributed import Parallel
+    from longreach.eval.engines.vllm import case_bytes, cpu_cache
 
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     per_token = 2 * 2 * 2 * 64 * 4  # K and V, 2 layers, 2 key/value heads of 64, float32
+    assert case_bytes(AutoConfig.from_pretrained(model_dir), 1536, 4) == per_token * 1536
     for tp, dp in [(1, 1), (2, 2)]:  # each worker holds half the heads; four workers share the quarter
-        engine = engines.Vllm(model_dir, None, {}, 512, "float32", 1536, tp=tp, dp=dp)
+        cache = cpu_cache(per_token * 1536, Parallel(tp=tp, dp=dp))
         one_case, share = per_token * 1536 // tp, psutil.virtual_memory().available // (4 * tp * dp)
-        assert abs(engine._cpu_cache()["kv_cache_memory_bytes"] - max(one_case, min(64 * one_case, share))) < 2**20
+        assert abs(cache["kv_cache_memory_bytes"] - max(one_case, min(64 * one_case, share))) < 2**20
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    assert engine._cpu_cache() == {}
+    assert cpu_cache(per_token * 1536, Parallel()) == {}

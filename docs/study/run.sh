@@ -38,7 +38,7 @@ $LONGREACH eval niah4 passkey $RUN --lengths 2k,4k,6k,8k --samples 20 --out runs
 # 2. RULER at 4K and 8K, 10 cases per task: rope, string and the two best others of step 1
 #    (highest mean score over both tasks and all four lengths, on the same 20 cases per cell).
 #    It ran with each case packed to the length, before ruler:* took RULER's own sizing: ruler-tight.
-BEST=$(.venv/bin/python -m longreach.eval.study best runs/study_window --exclude rope string --count 2)
+BEST=$(.venv/bin/python -m longreach.study best runs/study_window --exclude rope string --count 2)
 $LONGREACH eval ruler-tight $RUN --lengths 4k,8k --samples 10 --out runs/study_ruler --method rope --method string \
     $(for m in $BEST; do printf -- '--method %s ' "$m"; done)
 
@@ -53,4 +53,4 @@ $LONGREACH eval passkey $RUN --lengths 12k --samples 20 --out runs/study_beyond 
 # answers (the model's MLP over 8 x 16K activations outgrows the CPU's cache; docs/results.md).
 $LONGREACH eval passkey $RUN_FLOAT32 --lengths 16k --samples 20 --out runs/study_beyond_float32 "${BEYOND[@]}"
 
-.venv/bin/python -m longreach.eval.study publish "${PARTS[@]/#/runs/study_}" --to docs/study
+.venv/bin/python -m longreach.study publish "${PARTS[@]/#/runs/study_}" --to docs/study

@@ -89,20 +89,20 @@ def add_listing(subcommands) -> None:
 def dispersion(args: argparse.Namespace) -> None:
     from .. import models
     from ..analysis import dispersion
-    from ..eval import haystack, runner, specs
+    from ..eval import haystack, on_model, runner
     from ..integrations.transformers import remove, training_window
 
     text = existing_file(args.text, "--text").read_text(encoding="utf-8") if args.text else haystack.essays()
     length = flags.single_length(args.length, "12k")
     methods = flags.method_specs(args, ["rope", "dynamic_drop"])
     out = writable_folder(args.out)
-    specs.check(methods, models.load_config(args.model), args.training_window)
+    on_model.check(methods, models.load_config(args.model), args.training_window)
     model, tokenizer = models.load(args.model)
     window = args.training_window or training_window(model.config)
     runner.check_lengths([length], window)
     results = {}
     for spec in methods:
-        specs.apply(model, spec, window)
+        on_model.apply(model, spec, window)
         print(f"probing {spec.label} at {length} tokens ...", flush=True)
         results[spec.label] = dispersion.measure(model, tokenizer, text, length, args.points, args.top_k)
     remove(model)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..eval.engines import ENGINES
 from ..eval.records import DTYPES
-from ..eval.task import EVALUATE
+from ..eval.task_protocol import EVALUATE
 from . import flags
 from .arguments import positive, prefill_tokens, writable_folder
 
@@ -169,8 +169,7 @@ def _grid(args: argparse.Namespace):
 
 
 def evaluate(args: argparse.Namespace) -> None:
-    from ..eval import runner, served
-    from ..eval.distributed import World
+    from ..eval import distributed, runner
 
     if problem := _engine_problem(args):
         raise ValueError(problem)
@@ -186,47 +185,39 @@ def evaluate(args: argparse.Namespace) -> None:
         where = "--server" if args.server else f"--engine {args.engine}"
         raise ValueError(f"task {scored[0]} scores the model's logits, which {where} does not give: use transformers")
     out = writable_folder(args.out)
-    if elsewhere:
-        _evaluate_served(args, grid, out)
+    parallel = distributed.Parallel(args.tp or 1, args.pp, args.dp)
+    if parallel.dp > 1 and not distributed.is_data_parallel_child():  # this command again in --dp processes
+        distributed.data_parallel(parallel, out, args.argv, runner.merge)
     else:
-        runner.run(
-            grid,
-            out,
-            limit=args.limit,
-            batch_size=args.batch_size or 1,
-            tp=args.tp is not None,
-            prefill_tokens=args.prefill_tokens,
-            command=args.command_line,
+        world = (
+            distributed.World.from_data_parallel()
+            if elsewhere
+            else distributed.World.from_environment(tp=args.tp is not None)
         )
-        if World.from_environment(args.tp is not None).rank:  # under torchrun, process 0 reports
+        batch_size = args.batch_size or (SERVED_BATCH if elsewhere else 1)
+        runner.run(grid, out, _engine(args, parallel), world, args.limit, batch_size, args.command_line)
+        if world.rank or distributed.is_data_parallel_child():  # process 0 of torchrun's reports; --dp's parent
             return
-    if served.DP_RANK not in os.environ:  # a data-parallel child leaves the report to its parent
-        summarize(out, args.threshold)
+    summarize(out, args.threshold)
 
 
-def _evaluate_served(args: argparse.Namespace, grid, out: Path) -> None:
-    from ..eval import served
-
-    server = None
+def _engine(args: argparse.Namespace, parallel):
+    """What runs the cases: a server, vLLM, or transformers in this process."""
     if args.server:
         from transformers import AutoTokenizer
 
         from .. import models
-        from ..eval.server import Server
+        from ..eval.engines.server import Server
 
         tokenizer = AutoTokenizer.from_pretrained(models.source_of(args.tokenizer or args.model))
-        server = Server(args.server, tokenizer, args.concurrency)
-    served.run(
-        grid,
-        out,
-        "server" if args.server else args.engine,
-        served.Parallel(args.tp or 1, args.pp, args.dp),
-        server,
-        limit=args.limit,
-        batch_size=args.batch_size or SERVED_BATCH,
-        command=args.command_line,
-        argv=args.argv,
-    )
+        return Server(args.server, tokenizer, args.concurrency)
+    if args.engine == "vllm":
+        from ..eval.engines.vllm import Vllm
+
+        return Vllm(parallel)
+    from ..eval.engines.transformers import Transformers
+
+    return Transformers(prefill_tokens=args.prefill_tokens)
 
 
 def report(args: argparse.Namespace) -> None:
@@ -237,7 +228,8 @@ def report(args: argparse.Namespace) -> None:
 
 def summarize(out: Path, threshold: float) -> None:
     """Write the folder's report files; print its tables as plain text and where the rest is."""
-    from ..eval import plain_text, report
+    from ..eval import report
+    from ..eval.report import plain_text
 
     report.build(out, threshold)
     print(plain_text.tables(json.loads((out / "summary.json").read_text(encoding="utf-8"))))

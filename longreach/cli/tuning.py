@@ -69,9 +69,9 @@ def add(subcommands) -> None:
 
 
 def tune(args: argparse.Namespace) -> None:
-    from ..eval import tune
     from ..methods import METHODS
     from ..methods.spec import MethodSpec
+    from ..tuning import tune
 
     if args.method not in METHODS:
         raise ValueError(f"tune takes a position method ({', '.join(METHODS)}), got {args.method!r}")
@@ -99,7 +99,7 @@ def tune(args: argparse.Namespace) -> None:
 
 
 def calibrate(args: argparse.Namespace) -> None:
-    from ..eval import calibrate
+    from ..tuning import calibrate
 
     if args.method != "dpe":
         raise ValueError(

@@ -16,7 +16,7 @@ import torch
 
 from . import haystack
 from .case import Case
-from .task import EVALUATE
+from .task_protocol import EVALUATE
 
 
 @dataclass(frozen=True)

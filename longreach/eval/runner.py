@@ -1,9 +1,10 @@
-"""The resumable grid runner: methods x tasks x lengths x depths x seeds -> one JSONL line per case.
+"""The resumable grid runner: methods x tasks x lengths x depths x seeds -> one JSONL line per case, on any engine.
 
 Every finished case is appended to ``DIR/results.jsonl`` at once (flushed and synced), so a crash or
 Ctrl-C loses nothing; a rerun with the same folder skips what is there (a truncated last line is
-ignored and recomputed). :mod:`.cases` runs them: greedy decoding, a progress bar with ETA; ``limit`` caps
-the new cases.
+ignored and recomputed). :func:`run` is the one driver: resume, the checks, the pending cases, provenance and the
+merge, for every engine (:mod:`.engines`); :mod:`.outcomes` runs the pending cases (a progress bar with ETA);
+``limit`` caps the new cases.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from .. import provenance
+from .. import models, provenance
 from ..methods.spec import MethodSpec
-from . import specs, tasks
-from .cases import Setting, run_cases
+from . import tasks
 from .distributed import World, shares
-from .engines import Transformers
+from .engines.base import Engine
+from .engines.transformers import Transformers
+from .outcomes import Setting, run_cases
 from .records import DTYPES, MAX_LENGTH, RESULTS, CaseKey, case_key, end_cut_off_line, read_results
 
 MAX_SAMPLES = 10_000  # cases per (task, length, method): a pass rate's 95% interval is then within +-1 point
@@ -119,98 +121,82 @@ class Grid:
 def run(
     grid: Grid,
     out: Path,
+    engine: Engine | None = None,
+    world: World | None = None,
     limit: int | None = None,
-    loaded=None,
     batch_size: int = 1,
-    tp: bool = False,
-    prefill_tokens: int | None = None,
     command: str | None = None,
 ) -> Path:
-    """Run the grid's missing cases (what ``longreach eval`` does), appending each to ``out/results.jsonl``.
+    """Run the grid's missing cases on ``engine`` (what ``longreach eval`` does), appending each to
+    ``out/results.jsonl``: the one driver of every engine (:class:`.engines.base.Engine`).
 
-    Cases already in the file are skipped, so a rerun resumes. Cases of one (task, length) are built
-    once for every method. Under ``torchrun`` the cases are shared out over the processes, or with
-    ``tp`` the model is (``longreach.eval.distributed``).
+    Cases already in the folder are skipped, so a rerun resumes; a folder holds one engine's cases in one precision.
+    Cases of one (task, length) are built once for every method. Where ``world`` shares the cases out over processes
+    (``torchrun``, ``--dp``), each runs its share into a file of its own, merged into ``results.jsonl`` when all are
+    done (:mod:`.distributed`).
 
     Args:
         grid: every case to run.
         out: the results folder.
-        limit: at most this many new cases (per process under ``torchrun``).
-        loaded: a ``(model, tokenizer)`` already loaded, instead of ``grid.model``.
-        batch_size: cases of one task, length and method decoded as one left-padded batch (the answers
-            equal batch size 1's).
-        tp: shard the model over the ``torchrun`` processes (tensor parallelism).
-        prefill_tokens: read the prompts in chunks of at most this many tokens over the batch (0: in one
-            forward; ``None``: 4096 for a batch, one forward for a lone case).
+        engine: what runs the cases; default the transformers engine, loading ``grid.model``.
+        world: this process's place among the processes; default :meth:`.World.from_environment` (``torchrun``).
+        limit: at most this many new cases (per process where the cases are shared out).
+        batch_size: cases of one task, length and method given to the engine together.
         command: the command line recorded in ``out/runs.jsonl`` (default: this process's, as ``longreach ...``).
 
     Returns:
         The path of ``results.jsonl``.
     """
-    import torch
-
-    from .. import models
-    from ..integrations.transformers import describe, remove, training_window
-
     if batch_size < 1:
         raise ValueError(f"--batch-size={batch_size} is out of range: at least 1")
-    if prefill_tokens is not None and prefill_tokens < 0:
-        raise ValueError(f"--prefill-tokens={prefill_tokens} is out of range: at least 0 (0: a prompt in one forward)")
-    world = World.from_environment(tp)
+    engine = engine or Transformers()
+    world = world or World.from_environment()
     out.mkdir(parents=True, exist_ok=True)
     path = out / RESULTS
     earlier = [r for file in [path, *shares(out, RESULTS)] for r in read_results(file)]
-    check_engine(earlier, "transformers", out)  # before the weights: a folder of another engine's is refused at once
-    if loaded is None:  # in a second: a typo must not wait for the weights
-        specs.check(grid.methods, models.load_config(grid.model), grid.training_window)
-    weights = grid.dtype if grid.dtype == "auto" else getattr(torch, grid.dtype)
-    model, tokenizer = loaded or models.load(grid.model, dtype=weights, device=world.device(), tp=tp)
-    if tokenizer is None and (text := [t for t in grid.tasks if not tasks.get(t).token_ids]):
-        raise ValueError(
-            f"model {grid.model} has no tokenizer (a probe checkpoint): {', '.join(text)} needs one; its "
-            f"tasks are {' and '.join(tasks.token_id_tasks())}"
+    check_engine(earlier, engine.name, out)  # before the engine starts: a folder of another engine's is refused at once
+    try:
+        resolved = engine.start(grid, world)
+        check_lengths(grid.lengths, engine.window)
+        check_dtype(earlier, engine.dtype, out)
+        setting = Setting(
+            grid.model,
+            models.identity(grid.model),
+            engine.window,
+            engine.dtype,
+            {m.label: m for m in grid.methods},
+            resolved,
+            batch_size,
         )
-    dtype = str(model.dtype).removeprefix("torch.")
-    window = grid.training_window or training_window(model.config)
-    check_lengths(grid.lengths, window)
-    resolved = {}
-    for spec in grid.methods:  # validate every method before spending time; a case is keyed by the method as resolved
-        specs.apply(model, spec, window)
-        resolved[spec.label] = describe(model)
-    check_dtype(earlier, dtype, out)
-    setting = Setting(
-        grid.model,
-        models.identity(grid.model),
-        window,
-        dtype,
-        {m.label: m for m in grid.methods},
-        resolved,
-        batch_size,
-        prefill_tokens,
-    )
-    done = _finished(earlier, grid.model, setting.model_key)
-    world.barrier()  # everyone has read what is done before anyone writes: tensor-parallel processes run the same cases
-    mine, already, pending = 0, 0, []
-    for key in world.share(grid.keys(), lambda key: key.case):
-        mine += 1
-        if key._replace(model=setting.model_key, method=resolved[key.method]) in done:
-            already += 1
-        elif limit is None or len(pending) < limit:
-            pending.append(key)
-    if world.writes:
-        where = f"process {world.rank} of {world.size}: " if world.shares_cases else ""
-        print(f"{where}{mine} cases in the grid, {already} already in {out}, running {len(pending)}")
-    if pending:  # process 0 records who ran it, with what, on which model, as its first case is written
-        this_run = (
-            provenance.run(grid.model, model.config, len(pending), world.size, command) if world.rank == 0 else None
-        )
-        engine = Transformers(model, tokenizer, setting.specs, window, prefill_tokens)
-        run_cases(setting, pending, engine, world, world.results_file(out, RESULTS), this_run)
-    remove(model)
+        world.barrier()  # everyone has read what is done before anyone writes (tensor-parallel processes run the same)
+        pending = _pending(grid, setting, _finished(earlier, grid.model, setting.model_key), world, out, limit, engine)
+        if pending:  # process 0 records who ran it, with what, on which model, as its first case is written
+            this_run = (
+                None if world.rank else provenance.run(grid.model, engine.config, len(pending), world.size, command)
+            )
+            run_cases(setting, pending, engine, world, world.results_file(out, RESULTS), this_run)
+    finally:
+        engine.close()
     world.barrier()
-    if world.rank == 0 and world.shares_cases:
+    if world.merges and shares(out, RESULTS):
         merge(out)
     return path
+
+
+def _pending(grid: Grid, setting: Setting, done: set[CaseKey], world: World, out: Path, limit: int | None, engine):
+    """This process's share of the grid's keys not ``done``, at most ``limit``; method by method where the engine holds
+    one method at a time. Says how many there are, in one line."""
+    mine = list(world.share(grid.keys(), lambda key: key.case))
+    pending = [k for k in mine if k._replace(model=setting.model_key, method=setting.resolved[k.method]) not in done]
+    already = len(mine) - len(pending)
+    if engine.one_method_at_a_time:
+        order = list(setting.specs)
+        pending.sort(key=lambda key: order.index(key.method))
+    pending = pending[:limit]
+    if world.writes:
+        where = f"process {world.rank} of {world.size}: " if world.shares_cases else ""
+        print(f"{where}{len(mine)} cases in the grid, {already} already in {out}, running {len(pending)}")
+    return pending
 
 
 def _finished(records: list[dict], name: str, model_key: str) -> set[CaseKey]:

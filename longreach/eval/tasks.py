@@ -24,9 +24,9 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
-from . import haystack, infbench, ruler, scoring
+from . import haystack, infbench, ruler, string_match
 from .case import Case
-from .task import GENERATE, AnyTask
+from .task_protocol import GENERATE, AnyTask
 
 STRING_REVISION = "HKUNLP/STRING@216cc2f niah/test_niah_llama.py"
 PASSKEY_REVISION = "epfml/landmark-attention@d963e50 llama/run_test.py"
@@ -111,7 +111,7 @@ class StringNeedles:
         )
 
     def score(self, answer: str, case: Case) -> dict:
-        found = scoring.needles_found(" ".join(answer.split()), case.references)
+        found = string_match.needles_found(" ".join(answer.split()), case.references)
         return {"score": 100.0 * (sum(found) >= self.needed), "found": found, "fraction": sum(found) / len(found)}
 
 

@@ -1,7 +1,7 @@
 """A method as the command line names it: ``string:shift=2731,local_window=128`` -> :class:`MethodSpec`.
 
 A spec is text and parameters only: what ``longreach.apply`` is called with (:meth:`MethodSpec.arguments`).
-Applying one to a model is :func:`longreach.eval.specs.apply`'s job, above the integration with transformers.
+Applying one to a model is :func:`longreach.eval.on_model.apply`'s job, above the integration with transformers.
 """
 
 from __future__ import annotations

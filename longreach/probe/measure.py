@@ -102,7 +102,7 @@ def measure_run(
 
     from tqdm.auto import tqdm
 
-    from ..eval import specs
+    from ..eval import on_model
     from ..integrations.transformers import remove
     from ..methods.spec import MethodSpec
     from .train import checkpoints, load, state_of
@@ -121,7 +121,7 @@ def measure_run(
         model, state = load(checkpoint)  # once per checkpoint: each method is applied, measured and removed
         window = state["corpus"]["window"]
         for method in missing:
-            specs.apply(model, MethodSpec.parse(method), window)
+            on_model.apply(model, MethodSpec.parse(method), window)
             table = by_distance(model, window, distances(window, count), cases, seed)
             remove(model)
             entry = results.setdefault(str(state["step"]), {"tokens_seen": state["tokens_seen"], "methods": {}})

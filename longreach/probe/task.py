@@ -18,7 +18,7 @@ import torch
 
 from ..eval import tasks
 from ..eval.case import Case
-from ..eval.task import EVALUATE
+from ..eval.task_protocol import EVALUATE
 from . import measure
 from .corpus import RECORD, retrieval_case
 

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from .. import haystack
 from ..case import Case
-from ..task import GENERATE
+from ..task_protocol import GENERATE
 from . import data, prompts, scoring, synthetic
 
 MAX_NEW_TOKENS = {  # eval_utils.DATA_NAME_TO_MAX_NEW_TOKENS

@@ -6,10 +6,10 @@ import random
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .. import haystack, scoring
+from .. import haystack, string_match
 from ..case import Case
 from ..haystack import NOISE
-from ..task import GENERATE
+from ..task_protocol import GENERATE
 from .common import (
     DEPTHS,
     FIXED_SEED,
@@ -132,6 +132,6 @@ class Niah:
     def score(self, answer: str, case: Case) -> dict:
         prediction = postprocess(answer)
         return {
-            "score": scoring.string_match_all(prediction, case.references),
-            "found": scoring.needles_found(prediction, case.references),
+            "score": string_match.string_match_all(prediction, case.references),
+            "found": string_match.needles_found(prediction, case.references),
         }

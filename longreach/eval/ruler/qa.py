@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import ClassVar
 
-from .. import haystack, scoring
+from .. import haystack, string_match
 from ..case import Case
-from ..task import GENERATE
+from ..task_protocol import GENERATE
 from .common import FIXED_SEED, case, fit, postprocess, stream_name
 
 QA_TEMPLATE = (
@@ -89,7 +89,7 @@ class QA:
         return case(self, length, seed, built, questions[seed]["answers"])
 
     def score(self, answer: str, case: Case) -> dict:
-        return {"score": scoring.string_match_part(postprocess(answer), case.references)}
+        return {"score": string_match.string_match_part(postprocess(answer), case.references)}
 
 
 def rulers_documents(rng: random.Random, item: dict, n: int, total: int) -> list[int]:

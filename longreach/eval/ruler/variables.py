@@ -7,10 +7,10 @@ import string
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .. import haystack, scoring
+from .. import haystack, string_match
 from ..case import Case
 from ..haystack import NOISE
-from ..task import GENERATE
+from ..task_protocol import GENERATE
 from .common import case, fit, postprocess, stream_name
 
 VT_TEMPLATE = (
@@ -135,7 +135,7 @@ class VariableTracking:
         return text + " " + " ".join(names[f"{run}/{n}"]) + "\n"
 
     def score(self, answer: str, case: Case) -> dict:
-        return {"score": scoring.string_match_all(postprocess(answer), case.references)}
+        return {"score": string_match.string_match_all(postprocess(answer), case.references)}
 
 
 def _randomize(example: str, hops: int, rng: random.Random) -> str:

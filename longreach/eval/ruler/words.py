@@ -9,9 +9,9 @@ import string
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .. import haystack, scoring
+from .. import haystack, string_match
 from ..case import Case
-from ..task import GENERATE
+from ..task_protocol import GENERATE
 from .common import FIXED_SEED, case, fit, postprocess, stream_name, wonderwords
 
 CWE_TEMPLATE = (
@@ -107,7 +107,7 @@ class CommonWords:
         return " ".join(f"{i + 1}. {w}" for i, w in enumerate(listed)), common
 
     def score(self, answer: str, case: Case) -> dict:
-        return {"score": scoring.string_match_all(postprocess(answer), case.references)}
+        return {"score": string_match.string_match_all(postprocess(answer), case.references)}
 
 
 def zeta(alpha: float, terms: int = 10_000) -> float:
@@ -171,4 +171,4 @@ class FrequentWords:
         return case(self, length, seed, built, vocab_of(str(seed))[1:4])
 
     def score(self, answer: str, case: Case) -> dict:
-        return {"score": scoring.string_match_all(postprocess(answer), case.references)}
+        return {"score": string_match.string_match_all(postprocess(answer), case.references)}

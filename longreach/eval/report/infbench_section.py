@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections import defaultdict
 from statistics import mean
 
-from ..plots import length_text
-from . import infbench, stats
-from .report_cells import bounds, number
+from ...plots import length_text
+from .. import infbench, stats
+from .cells import bounds, number
 
 COLUMNS = {**infbench.PAPER, **infbench.OTHERS}  # task -> its name in the paper's table
 

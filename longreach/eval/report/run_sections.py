@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections import defaultdict
 from statistics import median
 
-from .. import provenance
-from ..plots import length_text
+from ... import provenance
+from ...plots import length_text
 
 
 def seconds_by_batch(rows: list[dict]) -> dict[str, float]:

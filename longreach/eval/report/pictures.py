@@ -10,7 +10,7 @@ from statistics import mean
 
 import numpy as np
 
-from .. import plots
+from ... import plots
 
 PICTURES = ("compare_*.png", "heatmap_*.png", "loss_by_position_*.png")  # what a report draws in its folder
 SCORES = {  # a metric -> what a score of it is, in percent

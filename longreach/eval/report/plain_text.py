@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..plots import length_text, method_name
+from ...plots import length_text, method_name
 from .pictures import score_label
 
 

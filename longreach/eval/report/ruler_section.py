@@ -7,9 +7,10 @@ from collections import defaultdict
 from pathlib import Path
 from statistics import mean
 
-from ..plots import length_text
-from . import pictures, ruler, stats
-from .report_cells import (
+from ...plots import length_text
+from .. import ruler, stats
+from . import pictures
+from .cells import (
     BASELINE,
     baseline_of,
     bounds,

@@ -1,6 +1,6 @@
 """Reports rebuilt from the JSONL alone: summary.md, summary.json, comparison plots with intervals, heatmaps.
 
-Every score comes with its n and its 95% interval (:mod:`.stats`). RULER tasks add one RULER score
+Every score comes with its n and its 95% interval (:mod:`..stats`). RULER tasks add one RULER score
 per length -- the mean of the task means, as RULER's tables -- with its Avg., weighted averages and
 an effective length computed on it.
 """
@@ -12,11 +12,12 @@ from collections import defaultdict
 from pathlib import Path
 from statistics import mean
 
-from .. import provenance
-from ..plots import length_text
-from . import infbench, pictures, prompt_sizes, ruler, stats, summary_csv, tasks
-from .records import RESULTS, read_results
-from .report_cells import (
+from ... import provenance
+from ...plots import length_text
+from .. import infbench, prompt_sizes, ruler, stats, tasks
+from ..records import RESULTS, read_results
+from . import pictures, summary_csv
+from .cells import (
     BASELINE,
     baseline_of,
     bounds,
@@ -27,9 +28,9 @@ from .report_cells import (
     group_cells,
     number,
 )
-from .report_infbench import infbench_section
-from .report_ruler import RULER_FAMILIES, ruler_section
-from .report_runs import errors_section, runs_section, seconds_by_batch, time_section
+from .infbench_section import infbench_section
+from .ruler_section import RULER_FAMILIES, ruler_section
+from .run_sections import errors_section, runs_section, seconds_by_batch, time_section
 
 RULER_THRESHOLD = stats.RULER_THRESHOLD
 RULER_TASKS = [f"ruler:{name}" for name in ruler.TASKS]

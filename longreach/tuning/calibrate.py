@@ -23,9 +23,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from ..eval import haystack, runner
+from ..eval.distributed import World
+from ..eval.engines.transformers import Transformers
+from ..eval.report import cells as report_cells
 from ..methods.spec import MethodSpec
-from . import haystack, report_cells, runner, tune
-from .distributed import World
+from . import tune
 
 # 4 values for one key, fraction found: the needles of DPE's own generator, the length filled
 PROBE = "ruler-tight:niah_multivalue"
@@ -184,7 +187,7 @@ def calibrate(
         f"{samples} cases of {task} at {target} tokens"
     )
     grid = runner.Grid(model_name, [task], specs, [target], [0.5], samples, training_window)
-    runner.run(grid, out, loaded=(model, tokenizer), batch_size=batch_size)
+    runner.run(grid, out, Transformers((model, tokenizer)), batch_size=batch_size)
     by_label = {row.label: row for row in tune.rows(out, specs, task, target)}
     best = {}
     for g, group in sweep.items():
@@ -197,7 +200,7 @@ def calibrate(
     runner.run(
         runner.Grid(model_name, [task], check, [target], [0.5], samples, training_window),
         out,
-        loaded=(model, tokenizer),
+        Transformers((model, tokenizer)),
         batch_size=batch_size,
     )
     final = tune.rows(out, check, task, target)

@@ -1,10 +1,10 @@
 """The two steps of ``docs/study/run.sh`` that are not evaluations: which methods go on to RULER, and
 publishing the results folders' reports into ``docs/study/``.
 
-``python -m longreach.eval.study best FOLDER --exclude rope string --count 2`` prints the labels of the
+``python -m longreach.study best FOLDER --exclude rope string --count 2`` prints the labels of the
 methods with the highest mean score over the folder's (task, length) cells, one per line;
-``python -m longreach.eval.study publish FOLDER... --to docs/study`` rebuilds each folder's report
-(:func:`.report.build`), copies its results (every case), runs.jsonl, summary.md, summary.json, summary.csv
+``python -m longreach.study publish FOLDER... --to docs/study`` rebuilds each folder's report
+(:func:`.eval.report.build`), copies its results (every case), runs.jsonl, summary.md, summary.json, summary.csv
 and the plots it links to ``docs/study/<part>/`` and writes ``docs/study/index.md``: per part the cells with their n,
 and the paired differences against rope (RULER's: of its average over tasks).
 """
@@ -19,10 +19,12 @@ from collections import defaultdict
 from pathlib import Path
 from statistics import mean
 
-from .. import provenance
-from ..plots import length_text
-from . import report, report_cells, summary_csv
-from .records import RESULTS, read_results
+from . import provenance
+from .eval import report
+from .eval.records import RESULTS, read_results
+from .eval.report import cells as report_cells
+from .eval.report import summary_csv
+from .plots import length_text
 
 
 def best(folder: Path, exclude: list[str], count: int) -> list[str]:
@@ -126,7 +128,7 @@ def _nan(value: float | None) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m longreach.eval.study", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m longreach.study", description=__doc__.split("\n\n")[0])
     steps = parser.add_subparsers(dest="step", required=True)
     choose = steps.add_parser("best", help="print the best methods of a results folder, one per line")
     choose.add_argument("folder", type=Path)

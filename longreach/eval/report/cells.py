@@ -1,5 +1,5 @@
 """The report's cells -- the cases of one (model, task, method, length) -- and how a score, an interval, a paired
-difference and an effective length are written (every score with its n and its 95% interval: :mod:`.stats`)."""
+difference and an effective length are written (every score with its n and its 95% interval: :mod:`..stats`)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from statistics import mean
 
-from ..plots import length_text
-from . import stats
+from ...plots import length_text
+from .. import stats
 
 BASELINE = "rope"  # every other method's paired difference is taken against it
 effective_length = stats.effective_length

@@ -18,8 +18,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Iterator
 
-from .engines import EngineGone
-from .task import EVALUATE
+from ..task_protocol import EVALUATE
+from .base import Engine, EngineGone
 
 RETRIES = 4  # tries after the first, waiting BACKOFF x 1, 2, 4, 8
 BACKOFF = 1.0  # seconds
@@ -31,9 +31,12 @@ class Unreachable(RuntimeError):
     """The server did not answer: refused, timed out, or gone."""
 
 
-class Server:
-    """The OpenAI-compatible server at ``url`` (``http://host:port``, with or without ``/v1``); ``tokenizer`` builds
-    the prompts; ``concurrency`` requests in flight at most."""
+class Server(Engine):
+    """The OpenAI-compatible server at ``url`` (``http://host:port``, with or without ``/v1``), asked at once for its
+    model; ``tokenizer`` builds the prompts; ``concurrency`` requests in flight at most. Its method is its own: each
+    ``--method`` label (``--label``) stands for it."""
+
+    name = "server"
 
     def __init__(self, url: str, tokenizer, concurrency: int = 8, timeout: float = TIMEOUT):
         self.base = url.rstrip("/").removesuffix("/v1")
@@ -54,7 +57,16 @@ class Server:
             version = _request(f"{self.base}/version", None, timeout=10.0).get("version", "unknown")
         except (Unreachable, urllib.error.HTTPError, ValueError):
             version = "unknown"
-        self.record = {"engine": "server", "engine_version": str(version), "served_model": self.model}
+        self.record = {"engine": self.name, "engine_version": str(version), "served_model": self.model}
+
+    def start(self, grid, world) -> dict[str, str]:
+        """The config of ``grid.model`` (its ``L``, the run's provenance); each label stands for the server's method."""
+        from ... import models
+        from ...integrations.transformers import training_window
+
+        self.config = models.load_config(grid.model)
+        self.window = grid.training_window or training_window(self.config)
+        return {spec.label: spec.label for spec in grid.methods}
 
     def decode(self, task, label: str, cases: list) -> Iterator[tuple[int, dict]]:
         """Every case of the batch requested concurrently, each yielded as its answer (or its failure) comes."""
