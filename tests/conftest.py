@@ -51,10 +51,10 @@ def tiny_model(family: str, dtype=torch.float32, **overrides) -> transformers.Pr
 
 def native_builds() -> bool:
     """Whether the C++ CPU kernel builds and loads here (auto takes it then; else the tiled kernel, with a warning)."""
-    from longreach.attention.backends import cpu_fused as native
+    from longreach.attention import native
 
     try:
-        native._module()
+        native.extension()
     except native.BuildError:
         return False
     return True

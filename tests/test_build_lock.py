@@ -36,7 +36,7 @@ def test_a_build_killed_midway_does_not_block_the_next(tmp_path, monkeypatch, ca
     """The issue's reproduction: a process takes the build's locks (ours, then torch's) and is killed with SIGKILL
     midway; the next build in this process, with a compiler that fails at once, must end in a BuildError (the
     fallback), not sleep forever on torch's lock. (With the real compiler the same sequence rebuilds the kernel.)"""
-    from longreach.attention.backends import cpu_fused as native
+    from longreach.attention import native
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
     monkeypatch.setenv("CXX", compiler(tmp_path, "failing-c++", "exit 1"))
@@ -62,7 +62,7 @@ def test_a_build_killed_midway_does_not_block_the_next(tmp_path, monkeypatch, ca
 
 def _build(native):
     try:
-        return native._built()
+        return native._build()
     except native.BuildError as error:
         return error
 
@@ -108,11 +108,11 @@ def test_a_half_written_kernel_is_not_imported_but_built_again(tmp_path, monkeyp
     """A library cut short by a build that died, or one being linked under another process's lock: a vLLM worker's
     ``prebuilt`` finds no kernel (it falls back), and a build in the main process replaces the file (here a compiler
     that fails at once: a BuildError, the fallback, not an ImportError from the loader)."""
-    from longreach.attention.backends import cpu_fused as native
+    from longreach.attention import native
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
     monkeypatch.setenv("CXX", compiler(tmp_path, "failing-c++", "exit 1"))
-    monkeypatch.setattr(native, "_kernel", [])
+    monkeypatch.setattr(native, "_loaded", [])
     folder = native._build_folder()
     folder.mkdir(parents=True)
     native._library(folder).write_bytes(b"\x7fELF cut")
@@ -122,4 +122,4 @@ def test_a_half_written_kernel_is_not_imported_but_built_again(tmp_path, monkeyp
     (folder / build_lock.LOCK).unlink()
     (folder / build_lock.TORCH_LOCK).unlink()
     assert isinstance(_build(native), native.BuildError) and not native._library(folder).exists()
-    assert native._kernel == []
+    assert native._loaded == []

@@ -365,8 +365,9 @@ def test_a_forward_builds_each_plan_once_whatever_the_number_of_layers(monkeypat
     """Plans, block masks, the C++ kernel's layout, shift angles and the scan for padding depend on positions alone:
     the first layer of a forward pass builds them and every other layer reuses them. DCA (three parts, key spans, a
     per-token key shift) on a left-padded batch, prefill and a decoding step: the same builds for 2 layers as for 5."""
-    from longreach.attention import flex_masks, kernel, shifts
+    from longreach.attention import kernel, shifts
     from longreach.attention.backends import cpu_fused, flex, tiled
+    from longreach.attention.backends.flex import masks
     from longreach.integrations import attention as integration
 
     built = []
@@ -382,9 +383,9 @@ def test_a_forward_builds_each_plan_once_whatever_the_number_of_layers(monkeypat
         monkeypatch.setattr(
             module, name, lambda *args, real=real, name=name, **kwargs: built.append(name) or real(*args, **kwargs)
         )
-    real_mask, real_launch_mask = flex_masks.Region.block_mask, flex.segmented_block_mask
+    real_mask, real_launch_mask = masks.Region.block_mask, flex.segmented_block_mask
     monkeypatch.setattr(
-        flex_masks.Region, "block_mask", lambda self, *args: built.append("block mask") or real_mask(self, *args)
+        masks.Region, "block_mask", lambda self, *args: built.append("block mask") or real_mask(self, *args)
     )
     monkeypatch.setattr(
         flex, "segmented_block_mask", lambda *args: built.append("one launch") or real_launch_mask(*args)

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from longreach import compat
-from longreach.attention import flex_masks
 from longreach.attention.backends import cpu_flash, flex
+from longreach.attention.backends.flex import masks
 
 
 def grouped_inputs(seed=0):
@@ -67,7 +67,7 @@ def test_the_grouped_heads_probe_answers_for_this_release():
 @pytest.mark.skipif(not flex.available(torch.device("cpu")), reason="no FlexAttention in this PyTorch")
 def test_flex_attention_returns_the_same_lse_through_either_interface():
     """``AuxRequest`` (PyTorch >= 2.9) and ``return_lse`` (before) give the same output and log-sum-exp."""
-    module = flex_masks._flex_module
+    module = masks._flex_module
     q, k, v = (x.detach() for x in grouped_inputs(2))
     k, v = (x.repeat_interleave(2, dim=1) for x in (k, v))
 

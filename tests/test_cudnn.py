@@ -8,8 +8,9 @@ import pytest
 import torch
 from test_kernel import BASELINES, case, expected
 
-from longreach.attention import backends, cudnn_kernels, kernel, shifts
+from longreach.attention import backends, kernel, shifts
 from longreach.attention.backends import cuda_cudnn, tiled
+from longreach.attention.backends.cuda_cudnn import kernels as cudnn_kernels
 from longreach.attention.rotary import apply_rotation
 from longreach.methods import create
 

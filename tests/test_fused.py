@@ -8,8 +8,9 @@ import pytest
 import torch
 from test_kernel import BASELINES, case, expected
 
-from longreach.attention import backends, kernel, triton_launch
+from longreach.attention import backends, kernel
 from longreach.attention.backends import triton as fused
+from longreach.attention.backends.triton import launch
 from longreach.methods import create
 
 pytestmark = pytest.mark.skipif(not fused.available("cpu"), reason="needs Triton (TRITON_INTERPRET=1 on the CPU)")
@@ -83,12 +84,10 @@ def test_key_splits_merge_to_the_one_pass_result(monkeypatch):
     q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(200, pads=(0, 90))
     want, rows = expected(method, q, k, v, positions, padding, inv_freq, 3, scaling=0.3)
     launched = []
-    real_combine = triton_launch._combine
-    monkeypatch.setattr(
-        triton_launch, "_combine", lambda out, lse: launched.append(out.shape[0]) or real_combine(out, lse)
-    )
+    real_combine = launch._combine
+    monkeypatch.setattr(launch, "_combine", lambda out, lse: launched.append(out.shape[0]) or real_combine(out, lse))
     for splits in (1, 2, 4):
-        monkeypatch.setattr(triton_launch, "_splits", lambda *args, splits=splits: splits)
+        monkeypatch.setattr(launch, "_splits", lambda *args, splits=splits: splits)
         out = kernel.attention(
             q_rot[:, :, -3:].to(EXACT),
             k_rot.to(EXACT),
@@ -119,7 +118,7 @@ def test_every_host_integer_the_kernel_takes_fits_int32(name, params, monkeypatc
 
             return run
 
-    monkeypatch.setattr(triton_launch, "_traceable", lambda kernel: Recorder())
+    monkeypatch.setattr(launch, "_traceable", lambda kernel: Recorder())
     kernel.attention(q_rot[:, :, -1:], k_rot, v, method.parts(), inv_freq, scaling=0.3, backend="triton")
     assert len(integers) > 30 and max(integers) <= torch.iinfo(torch.int32).max
 

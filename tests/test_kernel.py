@@ -10,7 +10,7 @@ from conftest import tiny_model
 
 import longreach
 from longreach.attention import kernel, merge, plan, reference, shifts, views
-from longreach.attention.backends import cpu_fused as native
+from longreach.attention.backends import cpu_fused
 from longreach.attention.backends import triton as fused
 from longreach.attention.parts import Part
 from longreach.attention.rotary import rotate
@@ -169,10 +169,10 @@ def test_sliding_window_limits_every_part(backend):
 def test_flex_block_masks_sort_tiles_into_full_partial_and_empty():
     """STRING's far part (d >= 200) over 4 x 4 tiles of 128, and 300 tokens (the last tile cut short):
     the tile lists say exactly which tiles FlexAttention skips, computes whole, or masks pair by pair."""
-    from longreach.attention import flex_masks as flex
+    from longreach.attention.backends.flex import masks
 
     for n in (512, 300):
-        mask = flex.Region(200, None, 0).block_mask(1, n, n, "cpu")
+        mask = masks.Region(200, None, 0).block_mask(1, n, n, "cpu")
         i = torch.arange(512)
         inside = ((i[:, None] - i[None, :] >= 200) & (i[:, None] < n) & (i[None, :] < n)).view(4, 128, 4, 128)
         tiles = -(-n // 128)
@@ -201,7 +201,7 @@ def test_flex_tile_classes_from_arithmetic_are_sound(name, params, q_len):
     """Block masks come from tile arithmetic (distance ranges, padding and key positions per tile), not a pass
     over the pairs: no allowed pair lies in a tile classed empty, no other pair in a tile classed full --
     padded batch, DCA's key spans, a chunk and a decoding step against the cache, a last tile cut short."""
-    from longreach.attention import flex_masks as flex
+    from longreach.attention.backends.flex import masks
 
     kv_len = 700
     padding = torch.stack([torch.arange(kv_len) >= pad for pad in (0, 130, 300)])
@@ -210,7 +210,7 @@ def test_flex_tile_classes_from_arithmetic_are_sound(name, params, q_len):
     q_positions = positions[:, offset:]
     for part in create(name, training_window=600, **params).parts():
         span = None if part.key_span is None else (*part.key_span(q_positions), positions)
-        region = flex.Region(part.min_distance, part.max_distance, offset, padding, span)
+        region = masks.Region(part.min_distance, part.max_distance, offset, padding, span)
         mask = region.block_mask(3, q_len, kv_len, "cpu")
         b, i, j = (
             torch.arange(3)[:, None, None],
@@ -878,7 +878,7 @@ def test_the_windowed_flash_backend_needs_cuda_and_half_precision():
 
 WHOLE_METHOD = [
     pytest.param("triton", marks=pytest.mark.skipif(not fused.available("cpu"), reason="needs Triton")),
-    pytest.param("cpu_fused", marks=pytest.mark.skipif(not native.available("cpu"), reason="needs a C++ compiler")),
+    pytest.param("cpu_fused", marks=pytest.mark.skipif(not cpu_fused.available("cpu"), reason="needs a C++ compiler")),
 ]
 """The backends that take every part of a method in one pass (tests/test_fused.py, tests/test_native.py)."""
 

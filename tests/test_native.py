@@ -1,5 +1,5 @@
-"""The CPU kernel (longreach.attention.backends.cpu_fused, built from csrc/parts.cpp) against the float64 dense
-reference."""
+"""The CPU kernel (longreach.attention.backends.cpu_fused, built from csrc/parts.cpp and called by
+longreach.attention.native) against the float64 dense reference."""
 
 import warnings
 
@@ -8,11 +8,11 @@ import torch
 from conftest import native_builds
 from test_kernel import BASELINES, case, expected
 
-from longreach.attention import backends, kernel
-from longreach.attention.backends import cpu_fused as native
+from longreach.attention import backends, kernel, native
+from longreach.attention.backends import cpu_fused
 from longreach.methods import create
 
-pytestmark = pytest.mark.skipif(not native.available("cpu"), reason="needs a C++ compiler")
+pytestmark = pytest.mark.skipif(not cpu_fused.available("cpu"), reason="needs a C++ compiler")
 
 
 def test_the_kernel_builds_where_a_compiler_is():
@@ -173,8 +173,8 @@ def test_auto_takes_the_kernel_on_the_cpu_unless_compiling_or_it_cannot_be_built
     def broken():
         raise native.BuildError("RuntimeError: Error building extension 'longreach_parts'")
 
-    monkeypatch.setattr(native, "_module", broken)
-    monkeypatch.setattr(native, "_build_failure", [])
+    monkeypatch.setattr(native, "extension", broken)
+    monkeypatch.setattr(cpu_fused, "_build_failure", [])
     with pytest.warns(UserWarning, match="could not be built .* uses the tiled kernel") as caught:
         assert torch.equal(kernel.attention(*arguments), want)
     with warnings.catch_warnings():

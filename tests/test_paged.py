@@ -6,7 +6,7 @@ import torch
 from test_kernel import inv_freq_for
 
 from longreach.attention import reference
-from longreach.attention.backends import cpu_fused as native
+from longreach.attention.backends import cpu_fused
 from longreach.attention.cells import key_views, lower
 from longreach.attention.paged import (
     KeyAngles,
@@ -20,7 +20,7 @@ from longreach.attention.rotary import apply_rotation, rotate
 from longreach.attention.shifts import shift_angles
 from longreach.methods import create
 
-pytestmark = pytest.mark.skipif(not native.available("cpu"), reason="needs a C++ compiler")
+pytestmark = pytest.mark.skipif(not cpu_fused.available("cpu"), reason="needs a C++ compiler")
 
 METHODS = [
     ("rope", {}),

@@ -401,25 +401,25 @@ def test_each_environment_keeps_its_own_kernel(tmp_path):
     own, so that using one never rebuilds the other's (torch writes each environment's paths into the build file)."""
     from pathlib import Path
 
-    from longreach.attention.backends import cpu_fused
+    from longreach.attention import native
 
     other = Path(__file__).parent.parent / ".venv" / "bin" / "python"
     if not other.exists():
         pytest.skip("no .venv beside .venv-vllm (make test makes it)")
-    ask = "from longreach.attention.backends import cpu_fused as c; c._module(); print(c._build_folder())"
+    ask = "from longreach.attention import native; native.extension(); print(native._build_folder())"
 
     def other_folder():
         return Path(subprocess.run([str(other), "-c", ask], capture_output=True, text=True, check=True).stdout.strip())
 
-    cpu_fused._module()
-    folders = [cpu_fused._build_folder(), other_folder()]
+    native.extension()
+    folders = [native._build_folder(), other_folder()]
     assert folders[0] != folders[1]
-    built = [cpu_fused._library(folder).stat().st_mtime_ns for folder in folders]
+    built = [native._library(folder).stat().st_mtime_ns for folder in folders]
     for _ in range(2):  # switching between the two: neither builds again
         assert other_folder() == folders[1]
-        cpu_fused._kernel.clear()
-        cpu_fused._module()
-    assert [cpu_fused._library(folder).stat().st_mtime_ns for folder in folders] == built
+        native._loaded.clear()
+        native.extension()
+    assert [native._library(folder).stat().st_mtime_ns for folder in folders] == built
 
 
 def test_a_saved_applied_model_is_served_without_arguments(model_dir, prompts, tmp_path):

@@ -8,7 +8,7 @@ on the device from the keys' positions, and the chosen scores meet in one softma
 and cover the causal pairs (every method's ``parts``; the tests check it), so this is exactly the method's
 attention. The scores are ``[B, Hq, Lq, Lkv]`` for the few queries of a step: O(n) memory, as SDPA's own
 decoding. Where Triton runs, the step calls the fused kernel instead, registered as an operator
-(:data:`.triton_launch.key_splits`): it reads each slot's position from the device and the cache once, in its
+(:data:`.backends.triton.launch.key_splits`): it reads each slot's position from the device and the cache once, in its
 own dtype; the moved queries, the key angles and the combine of its key splits are torch operations for
 Inductor to fuse around it.
 """
@@ -20,8 +20,8 @@ from typing import Sequence
 
 import torch
 
-from . import triton_launch
 from .backends import triton as fused
+from .backends.triton import launch
 from .cells import lower
 from .heads import expand_heads, grouped_matmul
 from .parts import NEG_INF, Part, covers
@@ -88,9 +88,9 @@ def attention(
 
 
 def _fused(query, key, value, cells, inv_freq, positions, scaling, logit_scale) -> torch.Tensor:
-    """The step by the fused Triton kernel, called as an operator (:data:`.triton_launch.key_splits`): distances
-    from the slots' positions, empty slots and padding masked by them, key angles and moved queries computed here
-    for Inductor to fuse (and to compute once for the layers that share them)."""
+    """The step by the fused Triton kernel, called as an operator (:data:`.backends.triton.launch.key_splits`):
+    distances from the slots' positions, empty slots and padding masked by them, key angles and moved queries computed
+    here for Inductor to fuse (and to compute once for the layers that share them)."""
     dtype, compute = query.dtype, compute_dtype(query.dtype)
     q_positions = query_positions(positions, query.shape[2])
     if isinstance(logit_scale, torch.Tensor) or logit_scale != 1.0:  # on the rotary dimensions, in the compute dtype
@@ -104,7 +104,7 @@ def _fused(query, key, value, cells, inv_freq, positions, scaling, logit_scale) 
         compute,
         lambda shift: shift_angles(shift, positions.clamp(min=0), inv_freq, compute),
     )
-    out, _ = triton_launch.parts_attention(
+    out, _ = launch.parts_attention(
         fused.cell_queries(layout, query),
         key,
         value,
@@ -116,7 +116,7 @@ def _fused(query, key, value, cells, inv_freq, positions, scaling, logit_scale) 
         layout.spans,
         positions,
         q_positions,
-        launcher=triton_launch.key_splits,
+        launcher=launch.key_splits,
     )
     return out.to(dtype).transpose(1, 2)
 

@@ -5,10 +5,11 @@ requests delimited by ``query_start [B + 1]``, request ``b`` holding ``seq_lens[
 in the cache blocks of its ``block_table`` row; its queries are the last of those tokens (a prefill, a chunk of one, a
 decoding step or a prefix-cache hit alike). A token's index in its sequence is its RoPE position (text models).
 
-The kernel (``csrc/parts.cpp``) reads the keys through the block table itself: no per-request gather, no loop over
-requests. Keys a part moves by a per-token shift (ReRoPE, Self-Extend, DCA, DPE) are turned as they are read, by an
-angle table per key index that :class:`KeyAngles` keeps (Su et al. 2021, Eq. 34: a key at ``j`` moved by ``s(j)`` is
-the key turned by ``s(j) theta``), or read from planes of moved keys written once when the keys were cached.
+The kernel (``csrc/parts.cpp``, called by :mod:`.native`) reads the keys through the block table itself: no
+per-request gather, no loop over requests. Keys a part moves by a per-token shift (ReRoPE, Self-Extend, DCA, DPE) are
+turned as they are read, by an angle table per key index that :class:`KeyAngles` keeps (Su et al. 2021, Eq. 34: a key
+at ``j`` moved by ``s(j)`` is the key turned by ``s(j) theta``), or read from planes of moved keys written once when
+the keys were cached.
 
 The key cache is ``[blocks, Hkv, block size, D]``, or *transposed*, ``[blocks, Hkv, D, block size]``: vLLM's CPU
 cache for its "vec" kernels, which its own writer fills, and whose key blocks the kernel multiplies in place.
@@ -21,7 +22,7 @@ from typing import Sequence
 
 import torch
 
-from .backends.cpu_fused import _module
+from . import native
 from .cells import Cell, key_views, query_views, view_angles
 from .parts import Part
 from .rotary import apply_rotation
@@ -87,7 +88,7 @@ class Step:
     view_sin: torch.Tensor | None
     key_cos: list[torch.Tensor]  # per key plane but the first: the angle table [N, P] its keys turn by, or empty
     key_sin: list[torch.Tensor]
-    cell_table: torch.Tensor  # [cells, 5]: query view, key plane, lo, hi (-1: none), span (-1: none)
+    cell_table: torch.Tensor  # [cells, 5]: the cells as native.cell_table lays them out
     span_first: list[torch.Tensor]  # [T] key indices per span
     span_stop: list[torch.Tensor]
     sequences: torch.Tensor  # [B, 5]: q_start, q_len, offset, kv_len, first key
@@ -110,8 +111,8 @@ def step_layout(
     part moves are turned by :class:`KeyAngles` tables as read, or read from planes of moved keys (``moved_keys``);
     ``keys_transposed``: the key cache the layers hand :func:`attend` is transposed."""
     positions = token_positions(query_start, seq_lens, tokens)[None]  # [1, T]
-    views, view_of = query_views(cells)
-    shifts, key_of = key_views(cells)
+    views, _ = query_views(cells)
+    shifts, _ = key_views(cells)
     view_cos = view_sin = None
     if views:
         cos, sin = view_angles(views, positions, inv_freq, torch.float32)  # [V, 1, 1, T, P]
@@ -121,15 +122,10 @@ def step_layout(
     tables = [] if moved_keys else [key_angles.of(shift, longest, keys_transposed) for shift in shifts]
     key_cos = [t[0] for t in tables] if tables else [none] * len(shifts)
     key_sin = [t[1] for t in tables] if tables else [none] * len(shifts)
-    table, span_first, span_stop = [], [], []
-    for cell, query_view, key_view in zip(cells, view_of, key_of):
-        span = -1
-        if cell.part.key_span is not None:  # key positions are key indices: clamped to the keys there are
-            first, stop = (bound.clamp(0, longest).to(torch.int64)[0].contiguous() for bound in cell.span(positions))
-            span_first.append(first)
-            span_stop.append(stop)
-            span = len(span_first) - 1
-        table.append((query_view, key_view, cell.lo, -1 if cell.hi is None else cell.hi, span))
+    # a request's key positions are its key indices: a span is clamped to the keys there are
+    table, span_first, span_stop = native.cell_table(
+        cells, positions, lambda span: tuple(bound.clamp(0, longest).to(torch.int64)[0].contiguous() for bound in span)
+    )
     q_lens = query_start[1:] - query_start[:-1]
     sequences = torch.stack([query_start[:-1], q_lens, seq_lens - q_lens, seq_lens, torch.zeros_like(seq_lens)], dim=1)
     return Step(
@@ -137,7 +133,7 @@ def step_layout(
         view_sin,
         key_cos,
         key_sin,
-        torch.tensor(table, dtype=torch.int64).reshape(-1, 5),
+        table,
         span_first,
         span_stop,
         sequences.to(torch.int64).contiguous(),
@@ -166,7 +162,7 @@ def attend(
     moved = len(moved_key_caches)
     planes = [key_cache, *moved_key_caches] if moved else [key_cache] * (1 + len(step.key_cos))
     transposed = [step.keys_transposed] + [step.keys_transposed and not moved] * (len(planes) - 1)
-    out, _ = (kernel or _module()).parts_attention(
+    out, _ = native.parts_attention(
         queries,
         planes,
         transposed,
@@ -179,7 +175,8 @@ def attend(
         step.cell_table,
         step.span_first,
         step.span_stop,
-        float(scaling),
+        scaling,
+        kernel,
     )
     return out.transpose(0, 1)[:tokens]
 

@@ -28,7 +28,7 @@ from vllm.v1.attention.backends.cpu_attn import (
     CPUAttentionMetadataBuilder,
 )
 
-from ..attention.backends.cpu_fused import prebuilt
+from ..attention.native import prebuilt
 from ..attention.paged import KeyAngles, Step, attend, attend_by_request, step_layout
 from .vllm import records_a_method
 from .vllm_layer import layer_method

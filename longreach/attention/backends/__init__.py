@@ -1,12 +1,14 @@
 """The backends: who computes a call's cells, behind one registry.
 
-Each backend is one module here, named after it, holding one :class:`Backend` (:mod:`.tiled` holds what the tiled
-ones share: :class:`.tiled.TiledBackend`). It declares where it runs and
-which calls it takes, and says why when a call does not fit (as vLLM's attention backends do with
-``validate_configuration``); ``prepare(cells, call)`` lays out what depends on the positions alone, once per
-forward pass, and ``run`` computes ``(out, lse)``. :func:`pick` resolves a name (``auto``: the first backend of
-:data:`REGISTRY` that wants the call), and :func:`model_problem` checks a model's device for ``apply``. Adding a
-backend is one module and one line in :data:`REGISTRY` (docs/how-it-works.md walks through it).
+Each backend is one module here, named after it, holding one :class:`Backend`; a backend with several files is a
+sub-package of that name, its ``__init__`` the backend and its kernels beside it (:mod:`.triton`: ``kernel`` and
+``launch``; :mod:`.cuda_cudnn`: ``kernels``; :mod:`.flex`: ``masks``). :mod:`.tiled` holds what the tiled ones share
+(:class:`.tiled.TiledBackend`). A backend declares where it runs and which calls it takes, and says why when a call
+does not fit (as vLLM's attention backends do with ``validate_configuration``); ``prepare(cells, call)`` lays out
+what depends on the positions alone, once per forward pass, and ``run`` computes ``(out, lse)``. :func:`pick` resolves
+a name (``auto``: the first backend of :data:`REGISTRY` that wants the call), and :func:`model_problem` checks a
+model's device for ``apply``. Adding a backend is one module (or sub-package) and one line in :data:`REGISTRY`
+(docs/how-it-works.md walks through it).
 """
 
 from __future__ import annotations

@@ -9,43 +9,29 @@ distance bound or a key span (DCA) cuts are taken 32 at a time with only the row
 query, so STRING's far part is the query moved back by ``S - W`` against the keys as they are, and no key is copied.
 A decoding step packs the query heads that share a key/value head into one tile: each key is read once.
 
-Built by ``torch.utils.cpp_extension`` with the machine's C++ compiler (about 25 seconds on 2 cores, once per
-machine, environment, PyTorch release and source; ``TORCH_EXTENSIONS_DIR`` says where), then imported as built.
-Inputs are computed in float32. Where it cannot be built or loaded (no compiler, a BLAS without ``sgemm_``),
-``auto`` uses the tiled kernel from then on, with one warning.
+The kernel is built on first use, with the machine's C++ compiler, and called by :mod:`..native`, which a paged cache
+(:mod:`..paged`) calls too; here each sequence's keys are one block. Inputs are computed in float32. Where it cannot be
+built or loaded (no compiler, a BLAS without ``sgemm_``), ``auto`` uses the tiled kernel from then on, with one warning.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import importlib.util
 import os
 import shutil
-import subprocess
-import sys
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import torch
 
-from .. import build_lock
+from .. import native
 from ..call import Call
 from ..cells import Cell, key_views, query_views, view_angles
 from ..plan import first_real_keys, key_position_offsets
 from ..rotary import apply_rotation, compute_dtype
 from ..views import moved_keys
 from .base import Backend
-
-SOURCE = Path(__file__).parent.parent / "csrc" / "parts.cpp"
-SOURCES = (SOURCE, SOURCE.with_name("tiles.h"), SOURCE.with_name("products.h"))  # the kernel and its headers
-
-
-class BuildError(RuntimeError):
-    """The kernel could not be compiled or loaded on this machine."""
-
 
 _build_failure: list[str] = []  # why building the kernel failed in this process, once it has
 
@@ -66,7 +52,7 @@ def _compiler() -> str | None:
 
 def compile_failed(error: BaseException) -> bool:
     """Whether ``error`` is the kernel failing to build or load."""
-    return isinstance(error, BuildError)
+    return isinstance(error, native.BuildError)
 
 
 def give_up(error: BaseException) -> None:
@@ -87,8 +73,8 @@ def ensure_built() -> bool:
     if not available("cpu", for_auto=True):
         return False
     try:
-        _module()
-    except BuildError as error:
+        native.extension()
+    except native.BuildError as error:
         give_up(error)
         return False
     return True
@@ -149,9 +135,9 @@ class CpuFused(Backend):
 
 @dataclass(frozen=True)
 class Layout:
-    """A forward pass's cells: ``table [cells, 5]`` (query view, key view, lo, hi or -1, span or -1) over the query
-    views ``[query, *moved by angles]`` and the key views ``[key, *moved by key_shifts]``; each span's first and stop
-    key index ``[B, Lq]``; each sequence's first real key ``[B]``."""
+    """A forward pass's cells as the kernel reads them (:func:`..native.cell_table`): ``table [cells, 5]`` over the
+    query views ``[query, *moved by angles]`` and the key views ``[key, *moved by key_shifts]``; each span's first and
+    stop key index ``[B, Lq]``; each sequence's first real key ``[B]``."""
 
     table: torch.Tensor
     angles: tuple[torch.Tensor, torch.Tensor] | None  # (cos, sin) [V, B, 1, Lq, P] of the moved query views
@@ -171,26 +157,14 @@ class Layout:
         offsets = key_position_offsets(positions, first_key) if spanned else None
         if spanned and offsets is None:
             return None
-        views, view_of = query_views(cells)
-        key_shifts, key_of = key_views(cells)
-        rows, spans = [], []
-        for cell, query_view, key_view in zip(cells, view_of, key_of):
-            span = -1
-            if cell.part.key_span is not None:
-                spans.append(_key_indices(cell.span(call.q_positions), offsets, kv_len, batch, q_len))
-                span = len(spans) - 1
-            rows.append((query_view, key_view, cell.lo, -1 if cell.hi is None else cell.hi, span))
-        table = torch.tensor(rows, dtype=torch.int64).reshape(-1, 5)
+        views, _ = query_views(cells)
+        key_shifts, _ = key_views(cells)
+        table, span_first, span_stop = native.cell_table(
+            cells, call.q_positions, lambda span: _key_indices(span, offsets, kv_len, batch, q_len)
+        )
         compute = compute_dtype(call.query.dtype)
         angles = view_angles(views, call.q_positions, call.inv_freq, compute) if views else None
-        return cls(
-            table,
-            angles,
-            key_shifts,
-            [first for first, _ in spans],
-            [stop for _, stop in spans],
-            first_key.to(torch.int64).contiguous(),
-        )
+        return cls(table, angles, key_shifts, span_first, span_stop, first_key.to(torch.int64).contiguous())
 
 
 def _key_indices(span, offsets: torch.Tensor, kv_len: int, batch: int, q_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -217,8 +191,8 @@ def parts_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel on query views ``[B, Hq, Lq, D]`` and key views ``[B, Hkv, Lkv, D]`` as ``layout`` lays them out;
     query row ``t`` is key index ``t + offset``. Returns ``(out [B, Hq, Lq, Dv], lse [B, Hq, Lq])`` in float32; a row
-    with no key is 0 with ``lse = -inf``. Each sequence is one block of the kernel's planes (:func:`paged_attention`
-    reads a paged cache)."""
+    with no key is 0 with ``lse = -inf``. Each sequence is one block of the kernel's planes (:mod:`..paged` reads a
+    paged cache)."""
     batch, q_heads, q_len, _ = queries[0].shape
     kv_len = value.shape[2]
 
@@ -236,7 +210,7 @@ def parts_attention(
         dim=1,
     )
     no_angles = [torch.empty(0)] * len(keys)
-    out, lse = _module().parts_attention(
+    out, lse = native.parts_attention(
         [as_input(q.transpose(0, 1)).reshape(q_heads, batch * q_len, -1) for q in queries],
         [as_input(k) for k in keys],
         [False] * len(keys),
@@ -249,128 +223,9 @@ def parts_attention(
         layout.table,
         [first.reshape(-1) for first in layout.span_first],
         [stop.reshape(-1) for stop in layout.span_stop],
-        float(scaling),
+        scaling,
     )
     return out.view(q_heads, batch, q_len, -1).transpose(0, 1), lse.view(q_heads, batch, q_len).transpose(0, 1)
-
-
-_kernel: list = []  # the extension, once this process has it
-
-
-def prebuilt():
-    """The kernel where this environment has built it, imported as it is -- no build step, no lock, no compiler -- or
-    ``None`` where it is not built. A vLLM worker takes it so (building there, on one core beside vLLM's busy threads,
-    can outlast vLLM's step timeout): the main process builds it first (:func:`longreach.integrations.vllm.prepare`)."""
-    if not _kernel:
-        folder = _build_folder()
-        building = (folder / build_lock.LOCK).exists()  # its library may be half-written: not built yet
-        module = None if building else _imported(_library(folder))
-        if module is not None:
-            _kernel.append(module)
-    return _kernel[0] if _kernel else None
-
-
-def _module():
-    """The compiled extension, built first where this environment has not built it: once per machine, environment,
-    Python and PyTorch release and source (the folder's name holds their hash), in ``TORCH_EXTENSIONS_DIR`` (default
-    ``~/.cache/torch_extensions``), under a lock that names its builder (:mod:`..build_lock`: a build killed midway
-    does not block the next). A kernel built already is imported without a build step."""
-    return prebuilt() or _built()
-
-
-def _built():
-    from torch.utils import cpp_extension
-
-    flags = _flags()
-    folder = _build_folder()
-    path = os.environ.get("PATH", "")
-    try:
-        # torch runs ninja by name: the one pip installed beside this Python counts too
-        os.environ["PATH"] = os.pathsep.join([path, os.path.dirname(sys.executable)])
-        with build_lock.holding(folder):
-            module = _imported(_library(folder))  # built by another process meanwhile
-            if module is None:
-                _library(folder).unlink(missing_ok=True)  # half-written by a build that died
-                print(
-                    f"longreach: building the CPU attention kernel once (about 25 s on 2 cores) in {folder}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                module = cpp_extension.load(
-                    name=folder.name,
-                    sources=[str(SOURCE)],
-                    extra_cflags=flags,
-                    extra_ldflags=["-fopenmp"],
-                    build_directory=str(folder),
-                    verbose=False,
-                )
-    except (
-        OSError,
-        RuntimeError,
-        ImportError,
-        SystemExit,
-        subprocess.SubprocessError,
-    ) as error:  # a compiler that fails its version check
-        raise BuildError(
-            f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}"
-        ) from error
-    finally:
-        os.environ["PATH"] = path
-    _kernel.append(module)
-    return module
-
-
-def _library(folder: Path) -> Path:
-    return folder / f"{folder.name}.so"
-
-
-def _imported(library: Path):
-    """The extension module in ``library``, or ``None`` where there is none, or one that does not load (half-written
-    by a build that died: the loader opens it in ``module_from_spec``)."""
-    if not library.exists():
-        return None
-    spec = importlib.util.spec_from_file_location(library.stem, library)
-    try:
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    except (ImportError, OSError):
-        return None
-    return module
-
-
-def _flags() -> list[str]:
-    """The compiler flags: -O3, OpenMP, and PyTorch's vector types in the widest form the CPU has, AVX-512 or AVX2."""
-    flags = ["-O3", "-fopenmp"]
-    capability = torch.backends.cpu.get_cpu_capability()
-    if capability == "AVX512":
-        flags += ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c"]
-        flags += ["-DCPU_CAPABILITY_AVX512", "-DCPU_CAPABILITY=AVX512"]
-    elif capability == "AVX2":
-        flags += ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"]
-    return flags
-
-
-def _build_folder() -> Path:
-    """Where the kernel is built: ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``), then a name that
-    holds a hash of the source, the PyTorch and Python releases, the flags and the environment (its prefix and
-    torch's folder: torch writes the environment's include and library paths into the folder's build file, so two
-    environments that shared a folder rebuilt the kernel in turn, each time the other had used it)."""
-    from torch.utils import cpp_extension
-
-    environment = [sys.prefix, str(Path(torch.__file__).parent)]
-    digest = hashlib.sha256(
-        "\n".join(
-            [
-                *(path.read_text() for path in SOURCES),
-                torch.__version__,
-                sys.implementation.cache_tag,
-                *_flags(),
-                *environment,
-            ]
-        ).encode()
-    )
-    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
-    return Path(root) / f"longreach_parts_{digest.hexdigest()[:12]}"
 
 
 BACKEND = CpuFused()

@@ -3,18 +3,18 @@ an H100 or H200 (docs/performance.md).
 
 FlashAttention-2, FlexAttention and Triton kernels are each at least about 1.4x slower than cuDNN's attention on
 those GPUs, so only calls of cuDNN can come near SDPA. Every cell given by distance alone is covered by blocks
-that need no mask (:func:`..plan.blocks` with a band's tile as wide as the band): a band ``lo <= d < hi`` is, per
+that need no mask (:func:`...plan.blocks` with a band's tile as wide as the band): a band ``lo <= d < hi`` is, per
 chunk of ``hi - lo - 1`` rows, one causal square and the square above it run causal on rows and keys reversed
 (plus an unmasked rectangle where a chunk is short); an unbounded region is one causal square and one
 rectangle. STRING is about ``2n / S + 2`` calls (9 at ``S = n / 3``; end-aligned chunks of ``S`` rows would make
 it 6), and the work equals causal attention's. Each call is
 ``aten._scaled_dot_product_cudnn_attention`` with its log-sum-exp. Around the calls, two Triton kernels
-(:mod:`..cudnn_kernels`): one launch turns a cell's moved queries or keys, and the blocks merge by log-sum-exp in
+(:mod:`.kernels`): one launch turns a cell's moved queries or keys, and the blocks merge by log-sum-exp in
 one pass per row, straight into the model's dtype and ``[B, L, H, D]`` layout, which the kernel returns without a
-copy (without Triton 3.3: the tiled kernel's rotation and merge, :mod:`..merge`). The plan depends on the positions
+copy (without Triton 3.3: the tiled kernel's rotation and merge, :mod:`...merge`). The plan depends on the positions
 alone, so a forward pass makes it once.
 
-DCA's cells, limited by key spans, are read from their spans on the host once per pass (:func:`..plan.span_blocks`):
+DCA's cells, limited by key spans, are read from their spans on the host once per pass (:func:`...plan.span_blocks`):
 per chunk of ``c`` rows a causal square (the same chunk), a rectangle (the previous chunk) and a rectangle (the
 earlier ones), about ``3n / c`` calls, the work of causal attention.
 
@@ -30,16 +30,16 @@ import warnings
 
 import torch
 
-from .. import cudnn_kernels
-from ..call import Call
-from ..cells import Cell
-from ..cudnn_kernels import Piece
-from ..heads import expand_heads
-from ..plan import MIN_BAND_TILE, SMALL_QUERY, Block, band_clipped, span_blocks
-from ..rotary import compute_dtype
-from ..views import angles, moved_keys
-from . import triton as triton_backend
-from .tiled import TiledBackend
+from ...call import Call
+from ...cells import Cell
+from ...heads import expand_heads
+from ...plan import MIN_BAND_TILE, SMALL_QUERY, Block, band_clipped, span_blocks
+from ...rotary import compute_dtype
+from ...views import angles, moved_keys
+from .. import triton as triton_backend
+from ..tiled import TiledBackend
+from . import kernels
+from .kernels import Piece
 
 _failure: list[str] = []  # why cuDNN's attention failed in this process, once it has
 _reasons_declined: set[str] = set()  # the kinds of call handed on so far, each said once
@@ -137,7 +137,7 @@ class CudaCudnn(TiledBackend):
             ) from error
 
     def tile(self, call: Call) -> int:
-        """As tall as the call: a band's tile is then the band's own width (:func:`..plan.blocks`)."""
+        """As tall as the call: a band's tile is then the band's own width (:func:`...plan.blocks`)."""
         return max(call.q_len, call.kv_len)
 
     def prepare(self, cells: tuple[Cell, ...], call: Call) -> list[list[Block]] | None:
@@ -164,10 +164,10 @@ class CudaCudnn(TiledBackend):
         return None if any(plan is None for plan in plans) else plans
 
     def run(self, plans: list[list[Block]], cells: tuple[Cell, ...], call: Call) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every block one call of cuDNN's attention on queries and keys moved by :func:`..cudnn_kernels.rotated`,
-        merged by :func:`..cudnn_kernels.merge_into`: ``(out, lse)``, ``out`` a ``[B, Hq, Lq, Dv]`` view of a
-        ``[B, Lq, Hq, Dv]`` tensor in the query's dtype (the layout and dtype :func:`..kernel.attention` returns)."""
-        if not cudnn_kernels.FUSED or _kernels_failed:
+        """Every block one call of cuDNN's attention on queries and keys moved by :func:`.kernels.rotated`,
+        merged by :func:`.kernels.merge_into`: ``(out, lse)``, ``out`` a ``[B, Hq, Lq, Dv]`` view of a
+        ``[B, Lq, Hq, Dv]`` tensor in the query's dtype (the layout and dtype :func:`...kernel.attention` returns)."""
+        if not kernels.FUSED or _kernels_failed:
             return super().run(plans, cells, call)
         try:
             return self._run_fused(plans, cells, call)
@@ -199,7 +199,7 @@ class CudaCudnn(TiledBackend):
         batch, heads, q_len = call.query.shape[:3]
         out = call.query.new_empty(batch, q_len, heads, call.value.shape[-1])
         lse = torch.empty(batch, heads, q_len, dtype=compute_dtype(call.query.dtype), device=call.query.device)
-        cudnn_kernels.merge_into(pieces, out, lse)
+        kernels.merge_into(pieces, out, lse)
         return out.transpose(1, 2), lse
 
     def piece(self, b: Block, q, k, v, scaling: float) -> Piece:
@@ -213,7 +213,7 @@ class CudaCudnn(TiledBackend):
 
 
 def _spanned(cell: Cell, call: Call) -> list[Block] | None:
-    """A cell limited by key spans (DCA) as whole blocks (:func:`..plan.span_blocks`), its spans read on the host
+    """A cell limited by key spans (DCA) as whole blocks (:func:`...plan.span_blocks`), its spans read on the host
     once per pass; ``None`` (with a warning) where the keys' positions are not their indices (a batch whose
     positions differ) or a block would need a mask."""
     indices = torch.arange(call.kv_len, device=call.positions.device)
@@ -226,7 +226,7 @@ def _spanned(cell: Cell, call: Call) -> list[Block] | None:
 
 def _moved(x: torch.Tensor, shift_angles: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
     """``x`` turned by a shift's ``(cos, sin)`` in one launch, or as it is (no shift)."""
-    return x if shift_angles is None else cudnn_kernels.rotated(x, *shift_angles)
+    return x if shift_angles is None else kernels.rotated(x, *shift_angles)
 
 
 BACKEND = CudaCudnn()

@@ -1,22 +1,22 @@
 """``triton``: every cell of a method in one Triton kernel: one pass over the keys, one softmax per row.
 
 A method's parts are disjoint regions of the causal pairs, each with its own view of q and k; lowered, they are
-the kernel's *cells* (:mod:`..cells`): cell ``c`` scores its pairs
+the kernel's *cells* (:mod:`...cells`): cell ``c`` scores its pairs
 ``lo_c <= i - j < hi_c`` (and, for DCA, key positions in ``[first_c(i), stop_c(i))``) as ``q_c . k_c``, and all
 cells meet in one online softmax (Dao et al. 2022, FlashAttention, Algorithm 1) -- no log-sum-exp merge. The
 cell's query ``q_c`` is moved on the host (a query is one row per token); its keys are the cached keys,
 either as they are or turned inside the kernel by per-key angles (``cos``, ``sin`` tables of the part's key
-shift, :data:`.shifts.KEY_ROTATIONS`): the cache is read once, never copied or rotated in memory. A tile of
+shift, :data:`...shifts.KEY_ROTATIONS`): the cache is read once, never copied or rotated in memory. A tile of
 keys a cell cannot reach (tile arithmetic on distances) skips that cell's dot product, so a STRING or
 ReRoPE tile costs one matrix product except in the band where the parts meet.
 
 Decoding splits the keys between programs (Dao et al. 2023, "Flash-Decoding"): each writes its part's output and
-log-sum-exp, and the splits merge (:mod:`..triton_launch`, which launches the kernel). A query tile packs the rows of
-every query head that shares a key/value head (grouped-query attention reads each key once per group). What the
-positions decide (moved queries, key angle tables, key spans) is laid out once per forward pass (:func:`lay_out`); the
-cells' distance bounds are scalar arguments, so a launch uploads nothing. A compiled decoding step calls the kernel
-as the operator :data:`..triton_launch.key_splits` (``torch.library.triton_op``), with distances taken from the
-slots' positions on the device (:mod:`..compiled_step`), so that a CUDA graph captures it.
+log-sum-exp, and the splits merge (:mod:`.launch`, which launches the kernel, written in :mod:`.kernel`). A query
+tile packs the rows of every query head that shares a key/value head (grouped-query attention reads each key once per
+group). What the positions decide (moved queries, key angle tables, key spans) is laid out once per forward pass
+(:func:`lay_out`); the cells' distance bounds are scalar arguments, so a launch uploads nothing. A compiled decoding
+step calls the kernel as the operator :data:`.launch.key_splits` (``torch.library.triton_op``), with distances taken
+from the slots' positions on the device (:mod:`...compiled_step`), so that a CUDA graph captures it.
 
 Runs compiled on CUDA, and on the CPU under Triton's interpreter (``TRITON_INTERPRET=1``, set before
 Triton is imported), which the tests use; there bfloat16 inputs are computed in float32 (the interpreter's
@@ -31,13 +31,13 @@ from dataclasses import dataclass
 
 import torch
 
-from ..call import Call
-from ..cells import Cell, key_views, query_views, view_angles
-from ..plan import SMALL_QUERY
-from ..rotary import apply_rotation, compute_dtype
-from ..triton_launch import MAX_CELLS, Slot, parts_attention
-from ..views import angles
-from .base import Backend
+from ...call import Call
+from ...cells import Cell, key_views, query_views, view_angles
+from ...plan import SMALL_QUERY
+from ...rotary import apply_rotation, compute_dtype
+from ...views import angles
+from ..base import Backend
+from .launch import MAX_CELLS, Slot, parts_attention
 
 try:
     import triton
@@ -66,7 +66,7 @@ def takes(dtype: torch.dtype) -> bool:
 
 
 def takes_compiled_step(query: torch.Tensor, cells) -> bool:
-    """Whether a compiled decoding step calls the kernel (:func:`..compiled_step.attention`): Triton on the query's
+    """Whether a compiled decoding step calls the kernel (:func:`...compiled_step.attention`): Triton on the query's
     device and dtype, and cells it takes -- at most :data:`MAX_CELLS`, none with per-head pairs (DPE)."""
     return (
         available(query.device, for_auto=True)
@@ -178,7 +178,7 @@ class Triton(Backend):
 
 def lay_out(cells: tuple[Cell, ...], q_positions: torch.Tensor, inv_freq: torch.Tensor, dtype, key_angles) -> Layout:
     """What the positions decide, once per forward pass: a cell's query is moved by its query shift less a constant
-    key shift (:func:`..cells.query_views`); a per-token key shift is turned inside the kernel by the angles
+    key shift (:func:`...cells.query_views`); a per-token key shift is turned inside the kernel by the angles
     ``key_angles(shift)`` ``(cos, sin) [B, 1, Lkv, P]``, stacked here, not in every layer; DCA's key spans."""
     views, view_of = query_views(cells)
     shifts, key_of = key_views(cells)

@@ -1,4 +1,4 @@
-"""The fused kernel's Triton source (:mod:`.backends.triton` launches it): per query tile and key/value head, one
+"""The fused kernel's Triton source (:mod:`.launch` launches it): per query tile and key/value head, one
 pass over the keys, each cell's dot products where its distance bounds reach, one online softmax (Dao et al.
 2022, FlashAttention, Algorithm 1). Defined only where Triton is installed."""
 

@@ -1,5 +1,5 @@
 """``flex``: PyTorch's FlexAttention with each cell's block mask (Dong et al. 2024, "Flex Attention: A Programming
-Model for Generating Optimized Attention Kernels", arXiv:2412.05496); the masks are :mod:`..flex_masks`.
+Model for Generating Optimized Attention Kernels", arXiv:2412.05496); the masks are :mod:`.masks`.
 
 Prefill is one launch over queries and keys laid side by side (:meth:`Flex.prepare`); a decoding step and DPE's
 per-head pairs take one call per cell on the tiled kernel's merge. Grouped-query attention is native
@@ -18,17 +18,17 @@ from dataclasses import dataclass
 
 import torch
 
-from ... import compat
-from ..call import Call
-from ..cells import Cell
-from ..flex_masks import Region, _flex_module, segment_length, segmented_block_mask
-from ..merge import merge
-from ..parts import Shift
-from ..plan import SMALL_QUERY, Block
-from ..rotary import compute_dtype
-from ..shifts import shifted, shifted_keys
-from ..views import angles
-from .tiled import TiledBackend
+from .... import compat
+from ...call import Call
+from ...cells import Cell
+from ...merge import merge
+from ...parts import Shift
+from ...plan import SMALL_QUERY, Block
+from ...rotary import compute_dtype
+from ...shifts import shifted, shifted_keys
+from ...views import angles
+from ..tiled import TiledBackend
+from .masks import Region, _flex_module, segment_length, segmented_block_mask
 
 _compile_failure: list[str] = []  # why compiling FlexAttention failed in this process, once it has
 

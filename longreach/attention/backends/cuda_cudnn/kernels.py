@@ -1,8 +1,9 @@
-"""Two Triton kernels of :mod:`.backends.cuda_cudnn`, for the work around its calls of cuDNN's attention: turning the
-moved queries and keys (:func:`rotated`) and merging the blocks into the model's output (:func:`merge_into`).
+"""Two Triton kernels of the ``cuda_cudnn`` backend (:mod:`..cuda_cudnn`), for the work around its calls of cuDNN's
+attention: turning the moved queries and keys (:func:`rotated`) and merging the blocks into the model's output
+(:func:`merge_into`).
 
-Each replaces several elementwise launches: :func:`.rotary.apply_rotation` is six, and a block merged by
-:func:`.merge.merge_into` seven more, into a float32 ``[B, H, L, D]`` result the kernel then transposes and casts.
+Each replaces several elementwise launches: :func:`...rotary.apply_rotation` is six, and a block merged by
+:func:`...merge.merge_into` seven more, into a float32 ``[B, H, L, D]`` result the kernel then transposes and casts.
 :func:`merge_into` reads every block once and writes the model's dtype in ``[B, L, H, D]``. Both take host integers
 only (shapes, strides, the plan's row ranges): no host sync, no upload per call.
 
@@ -152,7 +153,7 @@ if FUSED:
 
 
 def rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``x [B, H, L, D]`` turned by the angles ``cos``, ``sin`` as :func:`.rotary.apply_rotation` turns it, in one
+    """``x [B, H, L, D]`` turned by the angles ``cos``, ``sin`` as :func:`...rotary.apply_rotation` turns it, in one
     launch: the pairs ``(x_k, x_{k+P})`` computed in the angles' dtype, the dimensions past ``2P`` unchanged, the result
     in ``x``'s dtype, contiguous. The angles are ``[P]`` or ``[1, P]`` (a constant shift), ``[B, L, P]`` or
     ``[B, 1, L, P]`` (a shift per token, the same in every head)."""
@@ -191,7 +192,7 @@ def rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 class Piece(NamedTuple):
     """One block's softmax attention over its keys, for :func:`merge_into`: ``out [B, H, T, D]`` and
     ``lse [B, H, T]`` of the query rows ``first .. first + T - 1``, stored last row first where ``reversed`` (a
-    :attr:`.plan.Block.flipped` block's result, read in place of turning it back)."""
+    :attr:`...plan.Block.flipped` block's result, read in place of turning it back)."""
 
     out: torch.Tensor
     lse: torch.Tensor

@@ -1,7 +1,8 @@
-"""Launching the fused Triton kernel (:mod:`.triton_kernel`) for :mod:`.backends.triton` and a compiled decoding step
-(:mod:`.static`): the cells as the kernel reads them (:class:`Slot`), its grid of query tiles and key splits
-(:class:`Grid`; Dao et al. 2023, "Flash-Decoding"), one launch (:func:`launch`, also the ``torch.library`` operator
-:data:`key_splits`) and the splits' merge by log-sum-exp (:func:`_combine`). Defined where Triton is installed."""
+"""Launching the fused Triton kernel (:mod:`.kernel`) for the ``triton`` backend (:mod:`..triton`) and a compiled
+decoding step (:mod:`...compiled_step`): the cells as the kernel reads them (:class:`Slot`), its grid of query tiles
+and key splits (:class:`Grid`; Dao et al. 2023, "Flash-Decoding"), one launch (:func:`launch`, also the
+``torch.library`` operator :data:`key_splits`) and the splits' merge by log-sum-exp (:func:`_combine`). Defined where
+Triton is installed."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import triton_kernel
-from .rotary import compute_dtype
+from ...rotary import compute_dtype
+from . import kernel
 
 try:
     import triton
@@ -139,7 +140,7 @@ def launch(
     lse = torch.empty(grid.splits, batch, q_heads, q_len, dtype=accumulate, device=key.device)
     table_of = tables + [-1] * (MAX_CELLS - cells)
     spanned = spanned + [False] * (MAX_CELLS - cells)
-    _traceable(triton_kernel.longreach_fused)[(grid.m_tiles, batch * kv_heads, grid.splits)](
+    _traceable(kernel.longreach_fused)[(grid.m_tiles, batch * kv_heads, grid.splits)](
         query,
         key,
         value,
@@ -200,13 +201,13 @@ def launch(
     return out, lse
 
 
-def _traceable(kernel):
-    """``wrap_triton(kernel)``, which a compiled graph traces; the kernel itself where PyTorch cannot wrap it (torch
+def _traceable(jit_kernel):
+    """``wrap_triton(jit_kernel)``, which a compiled graph traces; the kernel itself where PyTorch cannot wrap it (torch
     2.7 refuses Triton's interpreted kernels: the CPU tests, whose compiled graphs run the operator as it is)."""
     try:
-        return wrap_triton(kernel)
+        return wrap_triton(jit_kernel)
     except RuntimeError:
-        return kernel
+        return jit_kernel
 
 
 def _combine(out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

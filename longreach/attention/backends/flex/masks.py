@@ -1,7 +1,7 @@
 """FlexAttention's block masks for the cells (Dong et al. 2024, "Flex Attention", arXiv:2412.05496).
 
 A cell's region -- the pairs ``lo <= i - j < hi`` (``hi`` already cut by the model's sliding window), DCA's key
-spans, and key padding -- is one predicate, :meth:`Region.allowed` (the rule of :func:`.parts.covers`): the
+spans, and key padding -- is one predicate, :meth:`Region.allowed` (the rule of :func:`...parts.covers`): the
 ``mask_mod`` FlexAttention evaluates inside the tiles the region covers only in part. Which 128 x 128 tiles are
 empty, full or partial comes from tile arithmetic (each tile's distance range, its keys' padding and positions),
 O(tiles^2), never a pass over the pairs (``create_block_mask`` evaluates every pair).
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.attention import flex_attention as _flex_module
 
-from .parts import covers
+from ...parts import covers
 
 TILE = 128  # FlexAttention's default sparse block size
 INT32 = torch.iinfo(torch.int32)
