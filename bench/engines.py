@@ -33,17 +33,20 @@ def main() -> None:
     from longreach.eval import runner
     from longreach.eval.engines.transformers import Transformers
     from longreach.eval.engines.vllm import Vllm
+    from longreach.eval.grid import Grid, parse_lengths
     from longreach.methods.spec import MethodSpec
 
-    grid = runner.Grid(
-        "default", args.tasks.split(","), [MethodSpec.parse(args.method)], runner.parse_lengths(args.length),
+    grid = Grid(
+        "default", args.tasks.split(","), [MethodSpec.parse(args.method)], parse_lengths(args.length),
         [0.5], args.samples, None, "float32",
     )  # fmt: skip
     runs = {}
     with tempfile.TemporaryDirectory() as folder:
         for batch in map(int, args.batches.split(",")):
             out = Path(folder) / f"transformers-{batch}"
-            runs[f"transformers, batch {batch}"] = runner.read_results(runner.run(grid, out, Transformers(), batch_size=batch))
+            runs[f"transformers, batch {batch}"] = runner.read_results(
+                runner.run(grid, out, Transformers(), batch_size=batch)
+            )
             print(row(f"transformers, batch {batch}", runs), flush=True)
         out = Path(folder) / "vllm"
         runs["vllm"] = runner.read_results(runner.run(grid, out, Vllm(), batch_size=len(grid)))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .eval import haystack
-from .eval.runner import LENGTH_BOUND
+from .eval.grid import LENGTH_BOUND
 from .methods.spec import MethodSpec
 
 INSTRUCTION = "Read the document and answer the question after it."

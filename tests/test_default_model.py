@@ -43,8 +43,9 @@ def test_default_model_answers_and_string_equals_rope_below_the_shift(default_mo
 
 def test_one_niah4_case_end_to_end_on_the_default_model(default_model, tmp_path):
     from longreach.eval import report, runner
+    from longreach.eval.grid import Grid
 
-    grid = runner.Grid("default", ["niah4"], [MethodSpec.parse("string")], [1024], [0.5], 1)
+    grid = Grid("default", ["niah4"], [MethodSpec.parse("string")], [1024], [0.5], 1)
     records = runner.read_results(runner.run(grid, tmp_path, Transformers(default_model)))
     assert len(records) == 1 and records[0]["resolved"] == "string(shift=2731, local_window=128, mscale=False) [L=8192]"
     assert 1024 - 160 <= records[0]["n_tokens"] + records[0]["max_new_tokens"] <= 1024 and records[0]["answer"]

@@ -10,6 +10,7 @@ from conftest import TINY_VOCAB, byte_tokenizer, tiny_model
 from longreach.eval import runner
 from longreach.eval.engines.base import Engine, EngineGone
 from longreach.eval.engines.transformers import Transformers
+from longreach.eval.grid import Grid
 from longreach.methods.spec import MethodSpec
 
 METHODS = ["rope", "string:shift=300,local_window=8"]
@@ -73,8 +74,8 @@ def engine(request, loaded):
     return (lambda: Transformers(loaded)) if request.param == "transformers" else Toy
 
 
-def grid(samples: int = 2) -> runner.Grid:
-    return runner.Grid("tiny", ["passkey"], [MethodSpec.parse(m) for m in METHODS], [600, 700], [0.5], samples)
+def grid(samples: int = 2) -> Grid:
+    return Grid("tiny", ["passkey"], [MethodSpec.parse(m) for m in METHODS], [600, 700], [0.5], samples)
 
 
 def saved(out) -> list[dict]:

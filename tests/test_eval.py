@@ -10,6 +10,7 @@ from conftest import TINY_VOCAB, byte_tokenizer, tiny_model
 from longreach import provenance
 from longreach.eval import haystack, report, runner, tasks
 from longreach.eval.engines.transformers import Transformers
+from longreach.eval.grid import Grid, depth_grid, parse_lengths
 from longreach.eval.report import cells as report_cells
 from longreach.eval.report import pictures
 from longreach.eval.report import run_sections as report_runs
@@ -89,19 +90,19 @@ def test_ruler_expands_to_its_tasks_and_unknown_names_fail():
 
 
 def test_lengths_methods_and_depths_parse_with_clear_errors():
-    assert runner.parse_lengths("2k, 4k,8192") == [2048, 4096, 8192]
-    assert runner.depth_grid(5) == [0.0, 0.25, 0.5, 0.75, 1.0] and runner.depth_grid(1) == [0.5]
+    assert parse_lengths("2k, 4k,8192") == [2048, 4096, 8192]
+    assert depth_grid(5) == [0.0, 0.25, 0.5, 0.75, 1.0] and depth_grid(1) == [0.5]
     spec = MethodSpec.parse("string:shift=2048,local_window=64,mscale=true")
     assert spec.name == "string" and dict(spec.params) == {"shift": 2048, "local_window": 64, "mscale": True}
     assert spec.label == "string:local_window=64,mscale=True,shift=2048"
     assert dict(MethodSpec.parse("drop:rate=0.3,layers=0;1;2").params) == {"rate": 0.3, "layers": (0, 1, 2)}
     for bad in ("2q", "2.5", "8"):
         with pytest.raises(ValueError, match=f"length '{bad}' is out of range: a whole number of tokens from 16"):
-            runner.parse_lengths(bad)
+            parse_lengths(bad)
     with pytest.raises(ValueError, match="must look like name=value"):
         MethodSpec.parse("string:shift")
     with pytest.raises(ValueError, match="--depths=0 is out of range"):
-        runner.depth_grid(0)
+        depth_grid(0)
 
 
 def test_effective_length_rule():
@@ -112,7 +113,7 @@ def test_effective_length_rule():
 
 def tiny_grid(tmp_path):
     model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024)
-    grid = runner.Grid(
+    grid = Grid(
         "tiny",
         ["niah", "niah4", "passkey", "ppl", "ruler-tight:niah_single_1"],
         [MethodSpec.parse("rope"), MethodSpec.parse("string:shift=300,local_window=8")],
@@ -224,7 +225,7 @@ def test_records_and_summary_say_what_a_length_meant(tmp_path):
     """Each case records its haystack size and, for ruler:*, the size RULER's search found for its task and length;
     summary.json and summary.md give per task and length the prompt tokens (mean, min, max) and that size."""
     model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024)
-    grid = runner.Grid("tiny", ["ruler:niah_single_1", "passkey"], [MethodSpec.parse("rope")], [1000], [0.5], 3)
+    grid = Grid("tiny", ["ruler:niah_single_1", "passkey"], [MethodSpec.parse("rope")], [1000], [0.5], 3)
     records = runner.read_results(runner.run(grid, tmp_path, Transformers((model, byte_tokenizer()))))
     ruler_cases = [r for r in records if r["task"] == "ruler:niah_single_1"]
     (searched,) = {r["searched_units"] for r in ruler_cases}
@@ -366,7 +367,7 @@ def test_the_dtype_reaches_the_loader_and_a_folder_keeps_one_precision(tmp_path,
     from longreach import models
 
     grid, (model, tokenizer) = tiny_grid(tmp_path)
-    grid = runner.Grid("tiny", ["passkey"], grid.methods[:1], [700], [0.5], 2, dtype="bfloat16")
+    grid = Grid("tiny", ["passkey"], grid.methods[:1], [700], [0.5], 2, dtype="bfloat16")
     asked = []
     monkeypatch.setattr(models, "load", lambda name, dtype, **_: asked.append(dtype) or (model.to(dtype), tokenizer))
     monkeypatch.setattr(models, "load_config", lambda name: model.config)
@@ -374,7 +375,7 @@ def test_the_dtype_reaches_the_loader_and_a_folder_keeps_one_precision(tmp_path,
     assert asked == [torch.bfloat16]
     assert {r["dtype"] for r in runner.read_results(tmp_path / runner.RESULTS)} == {"bfloat16"}
     with pytest.raises(ValueError, match="--dtype=fp32 is not one of: auto, float32"):
-        runner.Grid("tiny", ["passkey"], grid.methods, [700], [0.5], 2, dtype="fp32")
+        Grid("tiny", ["passkey"], grid.methods, [700], [0.5], 2, dtype="fp32")
     with pytest.raises(ValueError, match=r"--dtype resolves to float32, but .* holds results in bfloat16"):
         runner.run(grid, tmp_path, Transformers((model.to(torch.float32), tokenizer)))
 
@@ -407,7 +408,7 @@ def test_any_mix_of_methods_runs_through_the_runner(tmp_path):
         "string+ntk:factor=2,shift=300,local_window=8",
         "dynamic_drop:chunk=100,layers=0;1",
     ]
-    grid = runner.Grid("tiny", ["passkey"], [MethodSpec.parse(m) for m in specs], [700], [0.5], 1)
+    grid = Grid("tiny", ["passkey"], [MethodSpec.parse(m) for m in specs], [700], [0.5], 1)
     records = runner.read_results(runner.run(grid, tmp_path, Transformers((model, byte_tokenizer()))))
     assert [r["method"] for r in records] == [MethodSpec.parse(m).label for m in specs]
     assert records[2]["resolved"] == "dca(chunk_size=511, local_window=85, mscale=False) [L=1024]"
@@ -442,7 +443,7 @@ def test_a_case_whose_scoring_raises_keeps_its_answer_and_the_others_their_score
     """Issue trust4, defect 1: one batch of four, the second case's scorer raising. That case is recorded answered,
     with the scoring error named; the cases after it in the batch are scored, each with its own outcome."""
     model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024)
-    grid = runner.Grid("tiny", ["passkey"], [MethodSpec.parse("rope")], [700], [0.5], 4)
+    grid = Grid("tiny", ["passkey"], [MethodSpec.parse("rope")], [700], [0.5], 4)
     task = tasks.get("passkey")
     real = type(task).score
 
@@ -473,7 +474,7 @@ def test_eval_sets_up_before_the_first_case_is_timed(tmp_path, monkeypatch, caps
     monkeypatch.setattr(cpu_fused, "ensure_built", lambda: events.append("set-up") or True)
     monkeypatch.setattr(generate, "greedy", lambda *a, **k: events.append("answer") or greedy(*a, **k))
     monkeypatch.setattr(outcomes, "time", types.SimpleNamespace(perf_counter=lambda: events.append("clock") or clock()))
-    grid = runner.Grid("tiny", ["passkey"], [MethodSpec.parse("rope"), MethodSpec.parse("string")], [700], [0.5], 2)
+    grid = Grid("tiny", ["passkey"], [MethodSpec.parse("rope"), MethodSpec.parse("string")], [700], [0.5], 2)
     model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024)
     runner.run(grid, tmp_path, Transformers((model, byte_tokenizer())), batch_size=2)
     # the cases built (two readings of the clock), the set-up, then the clock that times the batch, its answers

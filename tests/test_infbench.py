@@ -20,6 +20,7 @@ import pytest
 
 from longreach.cli import main
 from longreach.eval import haystack, infbench, report, runner, tasks
+from longreach.eval.grid import Grid
 from longreach.eval.infbench import data, prompts, scoring, synthetic
 from longreach.eval.infbench.tasks import answer
 from longreach.methods.spec import MethodSpec
@@ -255,7 +256,7 @@ def test_infbench_names_the_papers_nine_and_the_report_keeps_its_order(tmp_path)
 
 @pytest.mark.slow
 def test_the_synthetic_tasks_run_end_to_end_on_the_default_model(tmp_path):
-    grid = runner.Grid(
+    grid = Grid(
         "default", ["infbench:passkey", "infbench:number_string", "infbench:kv_retrieval"],
         [MethodSpec.parse("rope"), MethodSpec.parse("string")], [1024], [0.5], 1,
     )  # fmt: skip

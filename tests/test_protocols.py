@@ -12,6 +12,7 @@ from transformers import AutoTokenizer
 from longreach import models
 from longreach.eval import generate, report, ruler, runner, stats, tasks
 from longreach.eval.engines.transformers import Transformers
+from longreach.eval.grid import Grid
 from longreach.methods.spec import MethodSpec
 
 ALL = [name for name in tasks.TASKS if getattr(tasks.get(name), "synthetic", True)]  # InfiniteBench's files: not here
@@ -391,7 +392,7 @@ def test_a_batch_gives_the_answers_of_one_case_at_a_time_also_read_in_chunks(tmp
     model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024)
 
     def grid():
-        return runner.Grid(
+        return Grid(
             "tiny",
             ["passkey", "ruler-tight:niah_single_1"],
             [MethodSpec.parse("rope"), MethodSpec.parse("string:shift=200,local_window=8")],
@@ -428,7 +429,7 @@ def test_length_dependent_methods_answer_the_same_in_any_batch_and_chunking(tmp_
     methods = ["dynamic:factor=2", "dca:mscale=true,chunk_size=300,local_window=40", "dynamic_drop:chunk=64,layers=0;1"]
 
     def grid():
-        return runner.Grid("tiny", ["passkey"], [MethodSpec.parse(m) for m in methods], [600, 700], [0.5], 3)
+        return Grid("tiny", ["passkey"], [MethodSpec.parse(m) for m in methods], [600, 700], [0.5], 3)
 
     runs = {
         name: runner.read_results(

@@ -11,9 +11,9 @@ from safetensors.torch import load_file
 import longreach
 from longreach import cli
 from longreach.eval import report, runner
-from longreach.tuning import calibrate, tune
 from longreach.integrations.recording import pair_importance
 from longreach.methods.spec import MethodSpec
+from longreach.tuning import calibrate, tune
 
 
 def test_grids_parse_and_expand_with_clear_errors():

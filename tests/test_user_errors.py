@@ -18,6 +18,7 @@ import longreach
 from longreach import cli, models
 from longreach.eval import report, runner
 from longreach.eval.engines.transformers import Transformers
+from longreach.eval.grid import Grid
 from longreach.methods.spec import MethodSpec
 
 
@@ -253,7 +254,7 @@ def test_numpy_numbers_are_numbers():
 
 
 def small_grid(tmp_path, methods=("rope",), model="tiny", window=None):
-    grid = runner.Grid(model, ["passkey"], [MethodSpec.parse(m) for m in methods], [300], [0.5], 1, window)
+    grid = Grid(model, ["passkey"], [MethodSpec.parse(m) for m in methods], [300], [0.5], 1, window)
     return grid, (tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024), byte_tokenizer())
 
 
@@ -305,7 +306,7 @@ def test_cases_are_keyed_on_the_models_folder_and_weights_not_the_name_given(tmp
 
     def run(name):
         return runner.run(
-            runner.Grid(name, ["passkey"], [MethodSpec.parse("rope")], [300], [0.5], 1),
+            Grid(name, ["passkey"], [MethodSpec.parse("rope")], [300], [0.5], 1),
             tmp_path / "out",
             Transformers((model, tokenizer)),
         )

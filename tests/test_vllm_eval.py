@@ -197,7 +197,6 @@ def test_on_a_cpu_the_cache_holds_a_submission_within_a_quarter_of_free_memory(m
     more than 8% of it; unless VLLM_CPU_KVCACHE_SPACE says otherwise, the engine's cache holds the cases of one
     submission at the longest length, within a quarter of the memory free."""
     import psutil
-
     from transformers import AutoConfig
 
     from longreach.eval.distributed import Parallel

@@ -89,7 +89,8 @@ def add_listing(subcommands) -> None:
 def dispersion(args: argparse.Namespace) -> None:
     from .. import models
     from ..analysis import dispersion
-    from ..eval import haystack, on_model, runner
+    from ..eval import haystack, on_model
+    from ..eval.grid import check_lengths
     from ..integrations.transformers import remove, training_window
 
     text = existing_file(args.text, "--text").read_text(encoding="utf-8") if args.text else haystack.essays()
@@ -99,7 +100,7 @@ def dispersion(args: argparse.Namespace) -> None:
     on_model.check(methods, models.load_config(args.model), args.training_window)
     model, tokenizer = models.load(args.model)
     window = args.training_window or training_window(model.config)
-    runner.check_lengths([length], window)
+    check_lengths([length], window)
     results = {}
     for spec in methods:
         on_model.apply(model, spec, window)
@@ -169,10 +170,10 @@ def matrix(args: argparse.Namespace) -> None:
 
 def cost(args: argparse.Namespace) -> None:
     from ..analysis import cost
-    from ..eval import runner
+    from ..eval.grid import parse_lengths
 
     shape = cost.shape_of(cost.load_config(args.model))
-    lengths = runner.parse_lengths(args.lengths)
+    lengths = parse_lengths(args.lengths)
     dtype_bytes = cost.DTYPE_BYTES[args.dtype]
     print(
         f"{shape.name}: {shape.layers} layers, {shape.heads} heads ({shape.kv_heads} KV), head dim {shape.head_dim}, "

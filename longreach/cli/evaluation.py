@@ -147,7 +147,7 @@ def _engine_problem(args: argparse.Namespace) -> str | None:
 
 
 def _grid(args: argparse.Namespace):
-    from ..eval import runner
+    from ..eval.grid import Grid, depth_grid, parse_lengths
 
     tasks = flags.task_registry()
     names = [name for task in args.task for name in tasks.expand(task)]
@@ -156,12 +156,12 @@ def _grid(args: argparse.Namespace):
     for name in dict.fromkeys(names):
         if problem := tasks.data_problem(name):
             raise ValueError(problem)
-    return runner.Grid(
+    return Grid(
         args.model,
         names,
         flags.method_specs(args),
-        runner.parse_lengths(args.lengths),
-        runner.depth_grid(args.depths),
+        parse_lengths(args.lengths),
+        depth_grid(args.depths),
         args.samples,
         args.training_window,
         args.dtype,

@@ -50,9 +50,9 @@ def method_specs(args: argparse.Namespace, default: list[str] = DEFAULT_METHODS)
 
 def single_length(text: str, example: str = "8k") -> int:
     """``--length``: one length in tokens (``k`` = 1024), or a one-line error."""
-    from ..eval import runner
+    from ..eval.grid import parse_lengths
 
-    lengths = runner.parse_lengths(text)
+    lengths = parse_lengths(text)
     if len(lengths) != 1:
         raise ValueError(f"--length={text} gives {len(lengths)} lengths: give one, e.g. {example}")
     return lengths[0]

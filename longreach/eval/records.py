@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 RESULTS = "results.jsonl"
-MAX_LENGTH = 1 << 24  # 16M tokens: beyond any model; runner.check_lengths bounds lengths by the model's L
+MAX_LENGTH = 1 << 24  # 16M tokens: beyond any model; grid.check_lengths bounds lengths by the model's L
 DTYPES = (
     "auto",
     "float32",
@@ -145,7 +145,7 @@ def read_results(path: Path) -> list[dict]:
 class CaseKey(NamedTuple):
     """What makes a case: the model, the method, task, length, depth (``None``: the task draws its own) and seed.
 
-    In the grid (:meth:`longreach.eval.runner.Grid.keys`) the model is the name given and the method its label;
+    In the grid (:meth:`longreach.eval.grid.Grid.keys`) the model is the name given and the method its label;
     read from a record (:func:`case_key`) they are the model's identity and the method as resolved."""
 
     model: str

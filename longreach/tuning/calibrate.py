@@ -26,6 +26,7 @@ from tqdm import tqdm
 from ..eval import haystack, runner
 from ..eval.distributed import World
 from ..eval.engines.transformers import Transformers
+from ..eval.grid import Grid, check_lengths
 from ..eval.report import cells as report_cells
 from ..methods.spec import MethodSpec
 from . import tune
@@ -161,7 +162,7 @@ def calibrate(
         model_name, device=World.from_environment().device()
     )  # a GPU when there is one
     window = training_window or window_of(model.config)
-    runner.check_lengths([target], window)
+    check_lengths([target], window)
     pairs = rotary_pairs(find_rotary(model))
     if pairs % groups:
         raise ValueError(f"--groups={groups} does not split this model's {pairs} rotary pairs evenly")
@@ -186,7 +187,7 @@ def calibrate(
         f"group scale sweep: {groups} groups x scales {values} (others at {others}), {len(specs)} settings x "
         f"{samples} cases of {task} at {target} tokens"
     )
-    grid = runner.Grid(model_name, [task], specs, [target], [0.5], samples, training_window)
+    grid = Grid(model_name, [task], specs, [target], [0.5], samples, training_window)
     runner.run(grid, out, Transformers((model, tokenizer)), batch_size=batch_size)
     by_label = {row.label: row for row in tune.rows(out, specs, task, target)}
     best = {}
@@ -198,7 +199,7 @@ def calibrate(
     chosen = _spec(scales, local_window, chosen_top_k, dimensions)
     check = [chosen, MethodSpec("rope")]
     runner.run(
-        runner.Grid(model_name, [task], check, [target], [0.5], samples, training_window),
+        Grid(model_name, [task], check, [target], [0.5], samples, training_window),
         out,
         Transformers((model, tokenizer)),
         batch_size=batch_size,

@@ -18,6 +18,7 @@ from statistics import mean
 from .. import plots
 from ..eval import runner, stats
 from ..eval.engines.transformers import Transformers
+from ..eval.grid import Grid
 from ..eval.report import cells as report_cells
 from ..methods.spec import MethodSpec, parse_value
 
@@ -188,7 +189,7 @@ def run(
     """
     specs = settings(method, grid, fixed)
     extra = [MethodSpec.parse(baseline)] if baseline else []
-    evaluation = runner.Grid(model, [task], specs + extra, [length], [0.5], samples, training_window)
+    evaluation = Grid(model, [task], specs + extra, [length], [0.5], samples, training_window)
     runner.run(evaluation, out, Transformers(loaded), limit=limit, batch_size=batch_size)
     table = rows(out, specs + extra, task, length)
     winner = best(table[: len(specs)])

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Iterator
 if TYPE_CHECKING:
     from ..case import Case
     from ..distributed import World
-    from ..runner import Grid
+    from ..grid import Grid
     from ..task_protocol import AnyTask
 
 
