@@ -7,7 +7,7 @@ from test_kernel import inv_freq_for
 
 from longreach.attention import reference
 from longreach.attention.backends import cpu_fused
-from longreach.attention.cells import key_views, lower
+from longreach.attention.cells import lower
 from longreach.attention.paged import (
     KeyAngles,
     attend,
@@ -16,8 +16,7 @@ from longreach.attention.paged import (
     step_layout,
     token_positions,
 )
-from longreach.attention.rotary import apply_rotation, rotate
-from longreach.attention.shifts import shift_angles
+from longreach.attention.rotary import rotate
 from longreach.methods import create
 
 pytestmark = pytest.mark.skipif(not cpu_fused.available("cpu"), reason="needs a C++ compiler")
@@ -82,23 +81,19 @@ def expected(method, raw, inv_freq, scaling):
 
 
 @pytest.mark.parametrize("name, params", METHODS)
-@pytest.mark.parametrize("moved", ["turned as read", "planes"])
 @pytest.mark.parametrize("keys", ["plain", "transposed"])
-def test_every_method_matches_the_reference_for_a_mixed_batch(name, params, moved, keys):
+def test_every_method_matches_the_reference_for_a_mixed_batch(name, params, keys):
     """Block size 128 (vLLM's CPU default), GQA 4:2, six requests of every kind in one call; moved keys turned by the
-    kernel or read from planes of keys moved once; the key cache plain or transposed (vLLM's "vec" layout)."""
+    kernel as it reads them; the key cache plain or transposed (vLLM's "vec" layout)."""
     method = create(name, training_window=600, **params)
     raw, query, key_cache, value_cache, block_table, query_start, seq_lens, inv_freq = paged_case(128, torch.float32)
     cells = lower(method.parts(), None)
     angles = KeyAngles(inv_freq.float())
-    planes = None
-    if moved == "planes":
-        planes = [_moved_plane(key_cache, block_table, seq_lens, shift, inv_freq) for shift in key_views(cells)[0]]
     transposed = keys == "transposed"
     if transposed:
         key_cache = key_cache.transpose(2, 3).contiguous()
     got = paged_attention(
-        query, key_cache, value_cache, block_table, query_start, seq_lens, cells, inv_freq.float(), 0.3, angles, planes,
+        query, key_cache, value_cache, block_table, query_start, seq_lens, cells, inv_freq.float(), 0.3, angles,
         transposed,
     )  # fmt: skip
     assert got.shape == query.shape and got.dtype == torch.float32
@@ -131,7 +126,7 @@ def test_small_blocks_and_a_bfloat16_cache(block_size, dtype, tolerance, transpo
         key_cache = key_cache.transpose(2, 3).contiguous()
     got = paged_attention(
         query, key_cache, value_cache, block_table, query_start, seq_lens, lower(method.parts(), None),
-        inv_freq.float(), 0.3, KeyAngles(inv_freq.float()), None, transposed,
+        inv_freq.float(), 0.3, KeyAngles(inv_freq.float()), transposed,
     )  # fmt: skip
     assert (got - expected(method, raw, inv_freq, 0.3)).abs().max() <= tolerance
 
@@ -148,7 +143,7 @@ def test_turned_keys_keep_the_dimensions_past_the_rotary_pairs(dtype, tolerance,
         key_cache = key_cache.transpose(2, 3).contiguous()
     got = paged_attention(
         query, key_cache, value_cache, block_table, query_start, seq_lens, lower(method.parts(), None),
-        inv_freq.float(), 0.3, KeyAngles(inv_freq.float()), None, transposed,
+        inv_freq.float(), 0.3, KeyAngles(inv_freq.float()), transposed,
     )  # fmt: skip
     assert (got - expected(method, raw, inv_freq, 0.3)).abs().max() <= tolerance
 
@@ -206,16 +201,3 @@ def test_key_angles_grow_and_keep_their_rows():
     assert small.shape[0] == 128 and large.shape[0] == 1024 and torch.equal(large[:128], small)
     transposed = angles.of(shift, 1000, transposed=True)[0]
     assert transposed.is_contiguous() and torch.equal(transposed, large.T)
-
-
-def _moved_plane(key_cache, block_table, seq_lens, shift, inv_freq):
-    """The cache with every request's keys moved by ``shift`` at their positions, as a plane written once would be."""
-    moved = key_cache.clone()
-    block_size = key_cache.shape[2]
-    for row, n in enumerate(seq_lens.tolist()):
-        for index in range(-(-n // block_size)):
-            block = int(block_table[row, index])
-            positions = torch.arange(index * block_size, (index + 1) * block_size)
-            cos, sin = (side[0, 0] for side in shift_angles(shift, positions[None], inv_freq.float(), torch.float32))
-            moved[block] = apply_rotation(key_cache[block], cos, sin)
-    return moved

@@ -8,8 +8,7 @@ decoding step or a prefix-cache hit alike). A token's index in its sequence is i
 The kernel (``csrc/parts.cpp``, called by :mod:`.native`) reads the keys through the block table itself: no
 per-request gather, no loop over requests. Keys a part moves by a per-token shift (ReRoPE, Self-Extend, DCA, DPE) are
 turned as they are read, by an angle table per key index that :class:`KeyAngles` keeps (Su et al. 2021, Eq. 34: a key
-at ``j`` moved by ``s(j)`` is the key turned by ``s(j) theta``), or read from planes of moved keys written once when
-the keys were cached.
+at ``j`` moved by ``s(j)`` is the key turned by ``s(j) theta``).
 
 The key cache is ``[blocks, Hkv, block size, D]``, or *transposed*, ``[blocks, Hkv, D, block size]``: vLLM's CPU
 cache for its "vec" kernels, which its own writer fills, and whose key blocks the kernel multiplies in place.
@@ -104,12 +103,11 @@ def step_layout(
     cells: Sequence[Cell],
     inv_freq: torch.Tensor,
     key_angles: KeyAngles,
-    moved_keys: bool = False,
     keys_transposed: bool = False,
 ) -> Step:
     """The :class:`Step` of requests ``query_start``/``seq_lens`` (``tokens`` queries) under ``cells``; the keys a
-    part moves are turned by :class:`KeyAngles` tables as read, or read from planes of moved keys (``moved_keys``);
-    ``keys_transposed``: the key cache the layers hand :func:`attend` is transposed."""
+    part moves are turned by :class:`KeyAngles` tables as read; ``keys_transposed``: the key cache the layers hand
+    :func:`attend` is transposed."""
     positions = token_positions(query_start, seq_lens, tokens)[None]  # [1, T]
     views, _ = query_views(cells)
     shifts, _ = key_views(cells)
@@ -118,10 +116,8 @@ def step_layout(
         cos, sin = view_angles(views, positions, inv_freq, torch.float32)  # [V, 1, 1, T, P]
         view_cos, view_sin = cos[:, 0], sin[:, 0]
     longest = int(seq_lens.max()) if len(seq_lens) else 1
-    none = torch.empty(0)
-    tables = [] if moved_keys else [key_angles.of(shift, longest, keys_transposed) for shift in shifts]
-    key_cos = [t[0] for t in tables] if tables else [none] * len(shifts)
-    key_sin = [t[1] for t in tables] if tables else [none] * len(shifts)
+    tables = [key_angles.of(shift, longest, keys_transposed) for shift in shifts]
+    key_cos, key_sin = [table[0] for table in tables], [table[1] for table in tables]
     # a request's key positions are its key indices: a span is clamped to the keys there are
     table, span_first, span_stop = native.cell_table(
         cells, positions, lambda span: tuple(bound.clamp(0, longest).to(torch.int64)[0].contiguous() for bound in span)
@@ -148,7 +144,6 @@ def attend(
     value_cache: torch.Tensor,
     step: Step,
     scaling: float,
-    moved_key_caches: Sequence[torch.Tensor] = (),
     kernel=None,
 ) -> torch.Tensor:
     """One layer's attention of a step laid out by :func:`step_layout`: ``[T, Hq, Dv]`` float32 (see
@@ -159,13 +154,11 @@ def attend(
     if step.view_cos is not None:
         queries += [moved.contiguous() for moved in apply_rotation(rows[None], step.view_cos, step.view_sin)]
     none = torch.empty(0)
-    moved = len(moved_key_caches)
-    planes = [key_cache, *moved_key_caches] if moved else [key_cache] * (1 + len(step.key_cos))
-    transposed = [step.keys_transposed] + [step.keys_transposed and not moved] * (len(planes) - 1)
+    planes = 1 + len(step.key_cos)  # the cache as it is, then once per key shift, turned as read
     out, _ = native.parts_attention(
         queries,
-        planes,
-        transposed,
+        [key_cache] * planes,
+        [step.keys_transposed] * planes,
         [none, *step.key_cos],
         [none, *step.key_sin],
         value_cache,
@@ -192,7 +185,6 @@ def paged_attention(
     inv_freq: torch.Tensor,
     scaling: float,
     key_angles: KeyAngles,
-    moved_key_caches: Sequence[torch.Tensor] | None = None,
     keys_transposed: bool = False,
 ) -> torch.Tensor:
     """Every request's attention under ``cells`` (:func:`.cells.lower` of a method's parts): ``[T, Hq, Dv]`` float32;
@@ -205,14 +197,9 @@ def paged_attention(
         block_table: ``[B, blocks per request]``; ``query_start [B + 1]``; ``seq_lens [B]`` (CPU tensors).
         inv_freq: the rotary frequencies ``[P]``; ``scaling``: the logits' scale.
         key_angles: the key shifts' angle tables, kept across calls.
-        moved_key_caches: per key shift of :func:`.cells.key_views`, a cache of the keys already moved (laid out
-            as ``value_cache``, not transposed); ``None``: the kernel turns them as it reads them.
     """
-    moved = moved_key_caches is not None
-    step = step_layout(
-        block_table, query_start, seq_lens, query.shape[0], cells, inv_freq, key_angles, moved, keys_transposed
-    )
-    return attend(query, key_cache, value_cache, step, scaling, moved_key_caches or ())
+    step = step_layout(block_table, query_start, seq_lens, query.shape[0], cells, inv_freq, key_angles, keys_transposed)
+    return attend(query, key_cache, value_cache, step, scaling)
 
 
 def attend_by_request(
