@@ -25,7 +25,8 @@ test: $(STAMP) lint
 	$(BIN)/python -m pytest -q
 	$(MAKE) --no-print-directory docs
 
-# ruff check (pycodestyle, pyflakes, isort; lines of at most 120 characters) and ruff format --check: seconds
+# ruff check (pycodestyle, pyflakes, isort, bugbear, pyupgrade, simplify, complexity; lines of at most 120
+# characters) and ruff format --check: seconds
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

@@ -43,7 +43,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         for batch in map(int, args.batches.split(",")):
             out = Path(folder) / f"transformers-{batch}"
-            runs[f"transformers, batch {batch}"] = runner.read_results(runner.run(grid, out, Transformers(), batch_size=batch))
+            runs[f"transformers, batch {batch}"] = runner.read_results(
+                runner.run(grid, out, Transformers(), batch_size=batch)
+            )
             print(row(f"transformers, batch {batch}", runs), flush=True)
         out = Path(folder) / "vllm"
         runs["vllm"] = runner.read_results(runner.run(grid, out, Vllm(), batch_size=len(grid)))

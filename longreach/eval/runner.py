@@ -13,9 +13,9 @@ import itertools
 import json
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from .. import models, provenance
 from ..methods.spec import MethodSpec

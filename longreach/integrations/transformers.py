@@ -260,29 +260,36 @@ def _resolve(model, window, method, scaling, drop, params):
             raise ValueError(f"{method} is a drop method already; give drop= with a position method instead")
         method, drop, params = "rope", {"method": method, **params}, {}
     position_method = methods.create(method, training_window=window, **params)
-    frequency = dropping = None
-    if scaling is not None:
-        if not isinstance(scaling, dict):
-            raise ValueError(f"scaling={scaling!r} must be a dict such as {{'rope_type': 'yarn', 'factor': 2.0}}")
-        scaling = {k: _plain_number(v) for k, v in scaling.items()}
-        rope_type = scaling.pop("rope_type", None) or scaling.pop("method", None)
-        if rope_type is None:
-            raise ValueError(
-                f"scaling={scaling!r} names no rope_type; give e.g. {{'rope_type': 'yarn', 'factor': 2.0}}"
-            )
-        methods.find(rope_type, "frequency")
-        frequency = methods.create(rope_type, window, **scaling)
-    if drop is not None:
-        if not isinstance(drop, dict):
-            raise ValueError(f"drop={drop!r} must be a dict such as {{'method': 'dynamic_drop'}}")
-        drop = {k: _plain_number(v) for k, v in drop.items()}
-        name = drop.pop("method", "drop")
-        methods.find(name, "drop")
-        dropping = methods.create(name, window, **drop)
-        layers = model.config.get_text_config().num_hidden_layers
-        if max(dropping.layers) >= layers:
-            raise ValueError(f"layers={list(dropping.layers)} is out of range: layer indices 0 .. {layers - 1}")
+    frequency = None if scaling is None else _frequency_method(scaling, window)
+    dropping = None if drop is None else _drop_method(model, drop, window)
     return position_method, frequency, dropping
+
+
+def _frequency_method(scaling, window):
+    """The frequency method ``scaling=`` names (a dict with ``rope_type`` and its parameters)."""
+    if not isinstance(scaling, dict):
+        raise ValueError(f"scaling={scaling!r} must be a dict such as {{'rope_type': 'yarn', 'factor': 2.0}}")
+    scaling = {k: _plain_number(v) for k, v in scaling.items()}
+    rope_type = scaling.pop("rope_type", None) or scaling.pop("method", None)
+    if rope_type is None:
+        raise ValueError(f"scaling={scaling!r} names no rope_type; give e.g. {{'rope_type': 'yarn', 'factor': 2.0}}")
+    methods.find(rope_type, "frequency")
+    return methods.create(rope_type, window, **scaling)
+
+
+def _drop_method(model, drop, window):
+    """The drop method ``drop=`` names (a dict with ``method``, ``drop`` when absent, and its parameters), its
+    layers checked against the model's."""
+    if not isinstance(drop, dict):
+        raise ValueError(f"drop={drop!r} must be a dict such as {{'method': 'dynamic_drop'}}")
+    drop = {k: _plain_number(v) for k, v in drop.items()}
+    name = drop.pop("method", "drop")
+    methods.find(name, "drop")
+    dropping = methods.create(name, window, **drop)
+    layers = model.config.get_text_config().num_hidden_layers
+    if max(dropping.layers) >= layers:
+        raise ValueError(f"layers={list(dropping.layers)} is out of range: layer indices 0 .. {layers - 1}")
+    return dropping
 
 
 def reapply(model: nn.Module, record: dict) -> nn.Module:

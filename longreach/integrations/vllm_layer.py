@@ -6,8 +6,8 @@ frequencies vLLM's own rotary embedding turned the layer's queries and keys by; 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import torch
 
