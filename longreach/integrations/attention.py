@@ -174,9 +174,8 @@ def _reference(state, module, query, key, value, inv_freq, scaling, keys, slidin
     q_len = query.shape[2]
     layer_type = getattr(module, "layer_type", None)
     rotary = state.rotary
-    attention_scaling = getattr(rotary, f"{layer_type}_attention_scaling", None) or getattr(
-        rotary, "attention_scaling", 1.0
-    )
+    per_type = getattr(rotary, f"{layer_type}_attention_scaling", None)  # a rotary module with one per layer type
+    attention_scaling = per_type if per_type else getattr(rotary, "attention_scaling", 1.0)
     q_raw = reference.unrotate(query, keys.rotated_at[:, -q_len:], inv_freq, attention_scaling)
     k_raw = reference.unrotate(key, keys.rotated_at, inv_freq, attention_scaling)
     q_pos, k_pos = keys.positions[:, -q_len:, None], keys.positions[:, None, :]

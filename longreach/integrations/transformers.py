@@ -26,7 +26,7 @@ import numbers
 from dataclasses import dataclass
 
 from torch import nn
-from transformers import AttentionInterface
+from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface
 
 from .. import methods
@@ -129,7 +129,7 @@ _model_window = training_window  # apply's keyword argument of the same name hid
 
 
 def apply(
-    model: nn.Module,
+    model: PreTrainedModel,
     method: str = "string",
     *,
     training_window: int | None = None,
@@ -138,7 +138,7 @@ def apply(
     backend: str = "auto",
     keep_moved_keys: bool = False,
     **params,
-) -> nn.Module:
+) -> PreTrainedModel:
     """Switch ``model``'s attention to ``method``, in place; every forward and ``generate`` then uses it.
 
     Everything is validated before the model changes: a refused call leaves the method applied before
@@ -204,11 +204,13 @@ def apply(
     # a frequency method may still refuse here, before any change
     rescaled = rotary_embedding.rescaled(model, frequency, _state(model)) if frequency else None
     remove(model)
+    own_rotary = find_rotary(model)  # the model's own again, if a frequency method had replaced it
+    assert own_rotary is not None
     applied = Applied(
         position_method,
         model.config._attn_implementation,
         window,
-        find_rotary(model),
+        own_rotary,
         backend,
         frequency,
         dropping,
@@ -233,7 +235,7 @@ def _plain_number(value):
     return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
-def _check_model(model: nn.Module, backend: str) -> None:
+def _check_model(model: PreTrainedModel, backend: str) -> None:
     problem = backends.model_problem(backend, next(model.parameters()).device.type)
     if problem:
         raise ValueError(problem)
@@ -292,7 +294,7 @@ def _drop_method(model, drop, window):
     return dropping
 
 
-def reapply(model: nn.Module, record: dict) -> nn.Module:
+def reapply(model: PreTrainedModel, record: dict) -> PreTrainedModel:
     """Apply what :meth:`Applied.record` describes (the ``longreach`` entry of a saved config), with the
     ``auto`` backend (a ``backend`` kept by older versions was a device choice: it is not restored)."""
     return apply(
@@ -305,7 +307,7 @@ def reapply(model: nn.Module, record: dict) -> nn.Module:
     )
 
 
-def remove(model: nn.Module) -> nn.Module:
+def remove(model: PreTrainedModel) -> PreTrainedModel:
     """Restore the attention and RoPE frequencies ``model`` had before [`apply`][longreach.apply].
 
     A no-op on a model nothing was applied to.
