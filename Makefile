@@ -27,7 +27,8 @@ test: $(STAMP) lint
 
 # ruff check (pycodestyle, pyflakes, isort, bugbear, pyupgrade, simplify, complexity; lines of at most 120
 # characters) and ruff format --check: seconds; then mypy over the packages pyproject.toml's [tool.mypy] names:
-# about 30 s the first time, a second or two once its cache (.mypy_cache) holds the rest.
+# about 30 s the first time, a second or two once its cache (.mypy_cache) holds the rest. .pre-commit-config.yaml
+# runs the same three.
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
