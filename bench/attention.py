@@ -199,7 +199,7 @@ def memory_table(
     return rows
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lengths", default="4096,8192,16384")
     parser.add_argument("--heads", type=int, default=8)
@@ -240,13 +240,11 @@ def main() -> None:
         "--write", action="store_true", help="also write the table into its section of bench/RESULTS.md"
     )
     parser.add_argument("--child", nargs=2, metavar=("METHOD", "N"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        print(
-            json.dumps(peak_growth(args.child[0], int(args.child[1]), args.heads, args.dim, args.decode, args.device))
-        )
-        return
-    lengths = [int(x) for x in args.lengths.split(",")]
+    return parser
+
+
+def _refuse_combinations(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Stop with argparse's usage error on an unknown method or an option that does not apply to the measure."""
     methods = args.methods.split(",")
     unknown = sorted(set(methods) - set(METHODS) - set(DPES) - set(DROPS))
     if unknown:
@@ -263,6 +261,36 @@ def main() -> None:
         parser.error("--backend: timing only (--memory measures the auto backend)")
     if args.memory and args.dtype != "float32":
         parser.error("--dtype: timing only (--memory measures float32)")
+
+
+def _section_title(args: argparse.Namespace, default_methods: str, what: str, heads: str, batch: str) -> str:
+    """The title of the table's section in bench/RESULTS.md: what was measured, and every option not at its
+    default."""
+    title = f"Attention, {what}, {'peak memory' if args.memory else 'time'}, n = {args.lengths}, {heads}"
+    if args.allocator_as_is:
+        title += ", the allocator as it is"
+    if args.batch != 1:
+        title += f", {batch}"
+    if args.device != "cpu":
+        title += f", {args.device} {args.dtype}"
+    if args.backend != "auto":
+        title += f", backend {args.backend}"
+    if args.methods != default_methods:
+        title += f", {args.methods}"
+    return title
+
+
+def main() -> None:
+    parser = _parser()
+    args = parser.parse_args()
+    if args.child:
+        print(
+            json.dumps(peak_growth(args.child[0], int(args.child[1]), args.heads, args.dim, args.decode, args.device))
+        )
+        return
+    lengths = [int(x) for x in args.lengths.split(",")]
+    methods = args.methods.split(",")
+    _refuse_combinations(parser, args)
     what = "decoding step (1 query against n cached keys)" if args.decode else "causal prefill"
     heads = f"{args.heads} heads" + (f" ({args.kv_heads} KV)" if args.kv_heads and args.kv_heads != args.heads else "")
     batch = f"batch {args.batch}" + (
@@ -294,17 +322,7 @@ def main() -> None:
         )
     if args.write:
         command = " ".join(["python bench/attention.py", *(a for a in sys.argv[1:] if a != "--write")])
-        title = f"Attention, {what}, {'peak memory' if args.memory else 'time'}, n = {args.lengths}, {heads}"
-        if args.allocator_as_is:
-            title += ", the allocator as it is"
-        if args.batch != 1:
-            title += f", {batch}"
-        if args.device != "cpu":
-            title += f", {args.device} {args.dtype}"
-        if args.backend != "auto":
-            title += f", backend {args.backend}"
-        if args.methods != parser.get_default("methods"):
-            title += f", {args.methods}"
+        title = _section_title(args, parser.get_default("methods"), what, heads, batch)
         write_section(title, f"`{command}`\n\n{header}\n\n" + "\n".join(rows))
 
 

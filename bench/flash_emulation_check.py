@@ -47,7 +47,7 @@ def case_tensors(requests, q_heads, kv_heads, device, dtype, seed):
     paged_v = torch.zeros_like(paged_k)
     table = torch.zeros(len(requests), max(blocks_per), dtype=torch.int32)
     first_key = first_block = 0
-    for b, ((_, held, _), count) in enumerate(zip(requests, blocks_per)):
+    for b, ((_, held, _), count) in enumerate(zip(requests, blocks_per, strict=True)):
         for j in range(held):
             paged_k[first_block + j // BLOCK, j % BLOCK] = k[first_key + j]
             paged_v[first_block + j // BLOCK, j % BLOCK] = v[first_key + j]

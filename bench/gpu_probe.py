@@ -54,11 +54,11 @@ RESULTS: dict = {"env": {}, "checks": {}, "auto": {}, "ms": {}, "ran": {}, "peak
 GENERATE_LAYERS = 2  # of the default model's 30: see the module's docstring
 
 
-def record(kind: str, name: str, measure) -> None:
-    """``RESULTS[kind][name] = measure()``, or the error it raised; written out at once."""
+def record(kind: str, name: str, measure, *args) -> None:
+    """``RESULTS[kind][name] = measure(*args)``, or the error it raised; written out at once."""
     started = time.time()
     try:
-        RESULTS[kind][name] = measure()
+        RESULTS[kind][name] = measure(*args)
     except Exception as error:  # every failure is a finding
         RESULTS[kind][name] = f"ERROR {type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
         traceback.print_exc(limit=3)
@@ -122,17 +122,10 @@ def kernels(device: torch.device) -> None:
 
     small = 1000 if cuda else 200
     q, k, v, inv_freq = layer(small, device, dtype, heads, kv_heads, dim)
-    for name, params in (("string", {}), ("rerope", {}), ("dca", {})):
-        parts = create(name, training_window=small).parts()
-        want = kernel.attention(q.float(), k.float(), v.float(), parts, inv_freq, backend="math")
-        on_cpu = ["auto", "cpu_fused", "cpu_flash", "flex", "math"]
-        on_cuda = [b for b in backends.names() if b not in ("triton", "cpu_fused", "cpu_flash")] + ["triton"]
-        names = on_cuda if cuda else on_cpu  # Triton last
-        for backend in names:
-            record("checks", f"{name}_{backend}_max_error", lambda: max_error(q, k, v, parts, inv_freq, backend, want))
+    _checks(q, k, v, inv_freq, small, cuda)
     for what, length in (("prefill", 4096), ("decoding step", 1)):
         query = torch.empty(1, heads, length, dim, device=device, dtype=dtype)
-        record("auto", what, lambda: backends.pick(query, "auto", fusable=True).name)
+        record("auto", what, _picked, query)
     if cuda:
         cudnn = torch.ops.aten._scaled_dot_product_cudnn_attention
         record(
@@ -142,33 +135,56 @@ def kernels(device: torch.device) -> None:
         )
 
     for n in (8192, 32768, 131072) if cuda else (512, 1024):
-        q, k, v, inv_freq = layer(n, device, dtype, heads, kv_heads, dim)
-        parts = create("string", training_window=n).parts()
-        sdpa = functools.partial(F.scaled_dot_product_attention, q, k, v, is_causal=True, enable_gqa=True)
-        record("ms", f"sdpa_{n}", lambda: timed(sdpa, device))
-        if cuda:
-            from torch.nn.attention import SDPBackend, sdpa_kernel
+        _times(n, device, dtype, heads, kv_heads, dim)
 
-            for kind in ("FLASH_ATTENTION", "CUDNN_ATTENTION"):
-                record("ms", f"sdpa_{kind.lower()}_{n}", lambda: _forced(kind, sdpa, device, SDPBackend, sdpa_kernel))
-            # what cuda_cudnn calls: cuDNN's causal attention returning its log-sum-exp, keys grouped or repeated
-            cudnn = torch.ops.aten._scaled_dot_product_cudnn_attention
-            repeated = [x.repeat_interleave(heads // kv_heads, dim=1) for x in (k, v)]
-            with_lse = functools.partial(cudnn, q, *repeated, None, True, 0.0, True, False)
-            record("ms", f"cudnn_with_lse_{n}", lambda: timed(with_lse, device))
-            grouped = functools.partial(cudnn, q, k, v, None, True, 0.0, True, False)  # if cuDNN takes them
-            record("ms", f"cudnn_with_lse_grouped_heads_{n}", lambda: timed(grouped, device))
-            del repeated, with_lse, grouped
-        names = ("auto", "cuda_cudnn", "flex", "cuda_flash", "triton") if cuda else ("auto", "cpu_flash")
+
+def _checks(q, k, v, inv_freq, window: int, cuda: bool) -> None:
+    """Every backend's largest difference from the math backend's, for STRING, ReRoPE and DCA."""
+    for name in ("string", "rerope", "dca"):
+        parts = create(name, training_window=window).parts()
+        want = kernel.attention(q.float(), k.float(), v.float(), parts, inv_freq, backend="math")
+        on_cpu = ["auto", "cpu_fused", "cpu_flash", "flex", "math"]
+        on_cuda = [b for b in backends.names() if b not in ("triton", "cpu_fused", "cpu_flash")] + ["triton"]
+        names = on_cuda if cuda else on_cpu  # Triton last
         for backend in names:
-            run = functools.partial(kernel.attention, q, k, v, parts, inv_freq, backend=backend)
-            with backends_that_ran() as ran:
-                record("ms", f"string_{backend}_{n}", lambda: timed(run, device))
-            record("ran", f"string_{backend}_{n}", lambda: list(dict.fromkeys(ran)))
-            if cuda:
-                record("peak_mib", f"string_{backend}_{n}", lambda: _peak(run))
+            record("checks", f"{name}_{backend}_max_error", max_error, q, k, v, parts, inv_freq, backend, want)
+
+
+def _picked(query: torch.Tensor) -> str:
+    return backends.pick(query, "auto", fusable=True).name
+
+
+def _times(n: int, device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, dim: int) -> None:
+    """At ``n`` tokens: SDPA's time (on CUDA: forced to flash and to cuDNN, and cuDNN's op returning its
+    log-sum-exp), and STRING's time, kernels and (on CUDA) peak memory per backend."""
+    cuda = device.type == "cuda"
+    q, k, v, inv_freq = layer(n, device, dtype, heads, kv_heads, dim)
+    parts = create("string", training_window=n).parts()
+    sdpa = functools.partial(F.scaled_dot_product_attention, q, k, v, is_causal=True, enable_gqa=True)
+    record("ms", f"sdpa_{n}", timed, sdpa, device)
+    if cuda:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        for kind in ("FLASH_ATTENTION", "CUDNN_ATTENTION"):
+            record("ms", f"sdpa_{kind.lower()}_{n}", _forced, kind, sdpa, device, SDPBackend, sdpa_kernel)
+        # what cuda_cudnn calls: cuDNN's causal attention returning its log-sum-exp, keys grouped or repeated
+        cudnn = torch.ops.aten._scaled_dot_product_cudnn_attention
+        repeated = [x.repeat_interleave(heads // kv_heads, dim=1) for x in (k, v)]
+        with_lse = functools.partial(cudnn, q, *repeated, None, True, 0.0, True, False)
+        record("ms", f"cudnn_with_lse_{n}", timed, with_lse, device)
+        grouped = functools.partial(cudnn, q, k, v, None, True, 0.0, True, False)  # if cuDNN takes them
+        record("ms", f"cudnn_with_lse_grouped_heads_{n}", timed, grouped, device)
+        del repeated, with_lse, grouped
+    names = ("auto", "cuda_cudnn", "flex", "cuda_flash", "triton") if cuda else ("auto", "cpu_flash")
+    for backend in names:
+        run = functools.partial(kernel.attention, q, k, v, parts, inv_freq, backend=backend)
+        with backends_that_ran() as ran:
+            record("ms", f"string_{backend}_{n}", timed, run, device)
+        record("ran", f"string_{backend}_{n}", lambda: list(dict.fromkeys(ran)))
         if cuda:
-            torch.cuda.empty_cache()
+            record("peak_mib", f"string_{backend}_{n}", _peak, run)
+    if cuda:
+        torch.cuda.empty_cache()
 
 
 @torch.no_grad()

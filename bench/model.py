@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import statistics
 from pathlib import Path
 
@@ -59,6 +60,7 @@ def decoding(model, ids, methods, steps) -> dict[str, list[float]]:
     token, n = ids[:, -1:], ids.shape[1]
     growing = {m: copy.deepcopy(cache) for m in methods if m.endswith(KEPT)}
     times = {m: [] for m in methods}
+    step = functools.partial(model, token, use_cache=True)  # one token's forward
     for _ in range(steps + 1):  # the first round warms up
         for method in methods:
             switch(model, method)
@@ -69,9 +71,9 @@ def decoding(model, ids, methods, steps) -> dict[str, list[float]]:
                 model(
                     token, past_key_values=own, use_cache=True
                 )  # untimed: switching dropped the kept keys; this keeps them
-                times[method].append(timed(lambda: model(token, past_key_values=own, use_cache=True), ids.device))
+                times[method].append(timed(functools.partial(step, past_key_values=own), ids.device))
                 continue
-            times[method].append(timed(lambda: model(token, past_key_values=cache, use_cache=True), ids.device))
+            times[method].append(timed(functools.partial(step, past_key_values=cache), ids.device))
             cache.crop(n - cache.get_seq_length())  # transformers 5: a negative count of tokens to drop
     return {m: t[1:] for m, t in times.items()}
 

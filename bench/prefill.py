@@ -13,6 +13,7 @@ the same run. Every budget must give the answers of ``0``.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 
 import torch
@@ -53,13 +54,13 @@ def main() -> None:
     )
     print(header, flush=True)
     seconds, answers = {b: [] for b in budgets}, {}
+
+    def run(budget: int) -> None:
+        answers.setdefault(budget, []).append(generate.greedy(model, tokenizer, batch, 16, budget))
+
     for _ in range(args.rounds):
         for budget in budgets:
-
-            def run():
-                return answers.setdefault(budget, []).append(generate.greedy(model, tokenizer, batch, 16, budget))
-
-            seconds[budget].append(timed(run, args.device) / args.batch)
+            seconds[budget].append(timed(functools.partial(run, budget), args.device) / args.batch)
             print(f"budget {budget}: {seconds[budget][-1]:.1f} s per case", flush=True)
     base = statistics.median(seconds[budgets[0]])
     lines = [

@@ -65,41 +65,51 @@ def main() -> None:
         if "rope" in calls:  # the same attention from the same keys: the two caches hold what they should
             difference = (calls["rope"](*ours[0]) - calls["vllm"](*stock[0])).abs().max().item()
             print(f"{step}: rope against vLLM's kernel, largest difference {difference:.1e}", flush=True)
-        times = {name: [] for name in calls}
         layers = args.layers if tokens < 64 else min(args.layers, 2)  # a prefill chunk reads its keys many times
-        for round in range(args.rounds + 1):  # the first: a warm-up
-            for name, call in calls.items():
-                caches = stock if name == "vllm" else ours
-                start = time.perf_counter()
-                for layer in range(layers):
-                    call(*caches[layer]) if name == "vllm" else call(*caches[layer], layer == 0)
-                if round:
-                    times[name].append((time.perf_counter() - start) / layers)
-        base = statistics.median(times["vllm"]) * 1e3
-        for name in calls:
-            if name != "vllm":
-                median = statistics.median(times[name]) * 1e3
-                rows.append(f"| {step} | {name} | {base:.2f} | {median:.2f} | {median / base:.2f}x |")
+        milliseconds = _milliseconds(calls, stock, ours, layers, args.rounds)
+        base = milliseconds.pop("vllm")
+        for name, median in milliseconds.items():
+            rows.append(f"| {step} | {name} | {base:.2f} | {median:.2f} | {median / base:.2f}x |")
         print("\n".join(rows[-len(calls) + 1 :]), flush=True)
     table = "\n".join(rows)
     print(table)
     if args.write:
-        from results import machine, write_section
+        _write(args, table, transposed)
 
-        command = (
-            f"`.venv-vllm/bin/python bench/vllm_kernels.py --length {args.length} --requests {args.requests} "
-            f"--chunk {args.chunk} --layers {args.layers} --methods {args.methods} --rounds {args.rounds} "
-            f"--keys {args.keys}`"
-        )
-        header = (
-            f"vLLM {__import__('vllm').__version__}; one layer of the default model's shape, float32, blocks of "
-            f"{BLOCK}; longreach reads {'vLLM' if transposed else 'the plain'} layout; {args.layers} layers' caches "
-            f"taken in turn; {machine('cpu')}, {torch.get_num_threads()} threads."
-        )
-        write_section(
-            f"vLLM's CPU kernel against longreach's, {args.requests} x {args.length}, {args.keys} keys",
-            f"{command}\n\n{header}\n\n{table}",
-        )
+
+def _milliseconds(calls: dict, stock: list, ours: list, layers: int, rounds: int) -> dict[str, float]:
+    """Per call, the median milliseconds per layer over ``rounds`` rounds after a warm-up, the calls taking turns;
+    vLLM's kernel reads ``stock``'s caches, longreach's ``ours``."""
+    times = {name: [] for name in calls}
+    for round in range(rounds + 1):  # the first: a warm-up
+        for name, call in calls.items():
+            caches = stock if name == "vllm" else ours
+            start = time.perf_counter()
+            for layer in range(layers):
+                call(*caches[layer]) if name == "vllm" else call(*caches[layer], layer == 0)
+            if round:
+                times[name].append((time.perf_counter() - start) / layers)
+    return {name: statistics.median(values) * 1e3 for name, values in times.items()}
+
+
+def _write(args, table: str, transposed: bool) -> None:
+    """The table into its section of bench/RESULTS.md, with the command and the set-up."""
+    from results import machine, write_section
+
+    command = (
+        f"`.venv-vllm/bin/python bench/vllm_kernels.py --length {args.length} --requests {args.requests} "
+        f"--chunk {args.chunk} --layers {args.layers} --methods {args.methods} --rounds {args.rounds} "
+        f"--keys {args.keys}`"
+    )
+    header = (
+        f"vLLM {__import__('vllm').__version__}; one layer of the default model's shape, float32, blocks of "
+        f"{BLOCK}; longreach reads {'vLLM' if transposed else 'the plain'} layout; {args.layers} layers' caches "
+        f"taken in turn; {machine('cpu')}, {torch.get_num_threads()} threads."
+    )
+    write_section(
+        f"vLLM's CPU kernel against longreach's, {args.requests} x {args.length}, {args.keys} keys",
+        f"{command}\n\n{header}\n\n{table}",
+    )
 
 
 def _caches(layers, blocks, kv_heads, dim, keys, slots):

@@ -61,7 +61,7 @@ def main() -> None:
             record = {} if engine == "stock" else {"hf_overrides": overrides(engine, training_window=window)}
             measured.setdefault(engine, []).append(throughput(folder, prompts, args, record))
             print(engine, measured[engine][-1], flush=True)
-    stock = [statistics.median(values) for values in zip(*measured["stock"])]
+    stock = [statistics.median(values) for values in zip(*measured["stock"], strict=True)]
     for engine in dict.fromkeys(engines):
         prompt, generated = measured[engine][0] if engine != "stock" else stock
         rows.append(

@@ -90,7 +90,7 @@ def _draw(ax, series: dict[str, tuple[list[float], list[float]]], bands: dict | 
     for label, (x, y) in series.items():
         (line,) = ax.plot(x, y, marker="o" if markers else None, label=legend_label(label))
         if bands and bands.get(label):
-            low, high = zip(*bands[label])
+            low, high = zip(*bands[label], strict=True)
             ax.fill_between(x, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
 
 
@@ -179,7 +179,10 @@ def compare(
     top.set_title(title)
     top.grid(alpha=0.3)
     _legend(top)
-    colours = {text.get_text(): line.get_color() for line, text in zip(top.get_lines(), top.get_legend().get_texts())}
+    colours = {
+        text.get_text(): line.get_color()
+        for line, text in zip(top.get_lines(), top.get_legend().get_texts(), strict=True)
+    }
     if differences:
         bottom = axes[1, 0]
         bottom.axhline(0, color="black", linewidth=1)
@@ -217,7 +220,7 @@ def panels(
     columns = min(columns, len(names))
     rows = (len(names) + columns - 1) // columns
     fig, axes = plt.subplots(rows, columns, figsize=(2.6 * columns, 2.0 * rows + 0.8), squeeze=False, sharex=True)
-    for ax, name in zip(axes.flat, names):
+    for ax, name in zip(axes.flat, names, strict=False):  # not strict: the grid's spare panels are turned off below
         for label, (x, y) in series[name].items():
             ax.plot(x, y, label=legend_label(label), linewidth=1.2)
         for _, at in (marks or {}).items():
@@ -274,7 +277,7 @@ def sweeps(
     columns = min(4, len(names))
     rows = -(-len(names) // columns)
     fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 2.6 * rows + 0.6), squeeze=False, sharey=True)
-    for ax, name in zip(axes.flat, names):
+    for ax, name in zip(axes.flat, names, strict=False):  # not strict: the grid's spare panels are turned off below
         x, y, bounds = series[name]
         ax.errorbar(x, y, yerr=_error_bars(y, bounds), fmt="o-", capsize=3, linewidth=1.2)
         if marks and name in marks:
@@ -296,6 +299,6 @@ def sweeps(
 def _error_bars(values: list[float], bounds: list[tuple[float, float]]) -> list[list[float]]:
     """Matplotlib's ``[below, above]`` distances from each value to its interval's ends (0 where there is none)."""
     return [
-        [v - lo if lo == lo else 0 for v, (lo, _) in zip(values, bounds)],
-        [hi - v if hi == hi else 0 for v, (_, hi) in zip(values, bounds)],
+        [v - lo if lo == lo else 0 for v, (lo, _) in zip(values, bounds, strict=True)],
+        [hi - v if hi == hi else 0 for v, (_, hi) in zip(values, bounds, strict=True)],
     ]

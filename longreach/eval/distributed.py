@@ -18,9 +18,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import torch
 
@@ -39,13 +39,13 @@ class World:
     joined: bool = True  # torchrun's processes wait for each other; --dp's children do not, their parent merges
 
     @classmethod
-    def from_environment(cls, tp: bool = False) -> "World":
+    def from_environment(cls, tp: bool = False) -> World:
         """This process under ``torchrun`` (or alone)."""
         size = tensor_parallel_processes() if tp else int(os.environ.get("WORLD_SIZE", "1"))
         return cls(int(os.environ.get("RANK", "0")), size, tp)
 
     @classmethod
-    def from_data_parallel(cls) -> "World":
+    def from_data_parallel(cls) -> World:
         """This process as a child of ``--dp`` (or alone)."""
         return cls(int(os.environ.get(DP_RANK, "0")), int(os.environ.get(DP_SIZE, "1")), joined=False)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from ..methods.spec import MethodSpec
 from . import tasks

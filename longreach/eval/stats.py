@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from statistics import NormalDist, mean
-from typing import Sequence
 
 CONFIDENCE = 0.95
 RULER_THRESHOLD = 85.6  # RULER's effective-length threshold: Llama2-7B's average at 4K
@@ -77,7 +77,7 @@ def weighted_averages(by_length: dict[int, float]) -> dict[str, float]:
     rising = range(1, len(lengths) + 1)
 
     def weighted(weights):
-        return sum(w * by_length[n] for w, n in zip(weights, lengths)) / sum(weights)
+        return sum(w * by_length[n] for w, n in zip(weights, lengths, strict=True)) / sum(weights)
 
     return {"avg": mean(by_length.values()), "wavg_inc": weighted(rising), "wavg_dec": weighted(list(rising)[::-1])}
 

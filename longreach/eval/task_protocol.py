@@ -10,7 +10,7 @@ A task builds a deterministic case from ``(tokenizer, length, depth, seed)`` and
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal, Protocol, Union
+from typing import ClassVar, Literal, Protocol
 
 from .case import Case
 
@@ -57,4 +57,4 @@ class EvaluatedTask(Task, Protocol):
         """The record's fields for ``case``: ``score`` and ``answer`` at least."""
 
 
-AnyTask = Union[GeneratedTask, EvaluatedTask]
+AnyTask = GeneratedTask | EvaluatedTask

@@ -19,6 +19,7 @@ the model's own tokenizer.
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 from dataclasses import dataclass
@@ -76,7 +77,8 @@ class StringNeedles:
         def build(n: int) -> str:
             places = [0] + [int(d * n) for d in depths]
             context = "".join(
-                ".".join(chunks[a:b]) + ". " + needle for a, b, needle in zip(places, places[1:], needles)
+                ".".join(chunks[a:b]) + ". " + needle
+                for (a, b), needle in zip(itertools.pairwise(places), needles, strict=True)
             )
             context += ". ".join(chunks[places[-1] : n]) + ". \n"
             context = context[1:] if context.startswith(".") else context

@@ -23,27 +23,7 @@ _warned_attentions = False
 def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """The function registered with ``AttentionInterface`` under ``longreach``: reads what is applied from
     ``module``."""
-    global _warned_attentions
-    state = module.__dict__.get("_longreach")
-    if state is None:
-        raise ValueError(
-            f"{module.__class__.__name__} has attn_implementation='longreach' but no method: "
-            "use longreach.apply(model, ...)"
-        )
-    if dropout:
-        raise ValueError(
-            f"longreach attention does not support attention dropout (got dropout={dropout}); "
-            "set the config's attention_dropout=0"
-        )
-    if kwargs.get("softcap") is not None:
-        raise ValueError("longreach attention does not support attention logit softcapping (Gemma 2)")
-    if kwargs.get("output_attentions") and not _warned_attentions:
-        warnings.warn(
-            "longreach attention does not return attention weights (output_attentions=True gives None); "
-            "use longreach.integrations.recording.probing or the dense reference backend",
-            stacklevel=2,
-        )
-        _warned_attentions = True
+    state = _state_of(module, dropout, kwargs)
     batch, q_len = query.shape[0], query.shape[2]
     if query.device.type == "meta":
         return query.new_empty(batch, q_len, query.shape[1], value.shape[-1]), None
@@ -91,6 +71,33 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     if (probe := recording.probe.get()) is not None and q_len == keys.count:
         _record(probe, state.method, module, query, key, inv_freq, scaling, keys, sliding_window, logit_scale, rates)
     return out, None
+
+
+def _state_of(module, dropout: float, kwargs: dict):
+    """What :func:`longreach.apply` set on ``module``; refuses what the attention does not support (dropout, logit
+    softcapping) and warns once that it returns no attention weights."""
+    global _warned_attentions
+    state = module.__dict__.get("_longreach")
+    if state is None:
+        raise ValueError(
+            f"{module.__class__.__name__} has attn_implementation='longreach' but no method: "
+            "use longreach.apply(model, ...)"
+        )
+    if dropout:
+        raise ValueError(
+            f"longreach attention does not support attention dropout (got dropout={dropout}); "
+            "set the config's attention_dropout=0"
+        )
+    if kwargs.get("softcap") is not None:
+        raise ValueError("longreach attention does not support attention logit softcapping (Gemma 2)")
+    if kwargs.get("output_attentions") and not _warned_attentions:
+        warnings.warn(
+            "longreach attention does not return attention weights (output_attentions=True gives None); "
+            "use longreach.integrations.recording.probing or the dense reference backend",
+            stacklevel=3,  # attention_forward's caller
+        )
+        _warned_attentions = True
+    return state
 
 
 def _compiled_step(state, module, query, key, value, attention_mask, scaling, sliding_window) -> torch.Tensor:
@@ -167,9 +174,8 @@ def _reference(state, module, query, key, value, inv_freq, scaling, keys, slidin
     q_len = query.shape[2]
     layer_type = getattr(module, "layer_type", None)
     rotary = state.rotary
-    attention_scaling = getattr(rotary, f"{layer_type}_attention_scaling", None) or getattr(
-        rotary, "attention_scaling", 1.0
-    )
+    per_type = getattr(rotary, f"{layer_type}_attention_scaling", None)  # a rotary module with one per layer type
+    attention_scaling = per_type if per_type else getattr(rotary, "attention_scaling", 1.0)
     q_raw = reference.unrotate(query, keys.rotated_at[:, -q_len:], inv_freq, attention_scaling)
     k_raw = reference.unrotate(key, keys.rotated_at, inv_freq, attention_scaling)
     q_pos, k_pos = keys.positions[:, -q_len:, None], keys.positions[:, None, :]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import weakref
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -27,10 +27,10 @@ class Passes:
         self.parts: dict[int | None, tuple] = {}
         self.recent: list[tuple] = []  # (mask ref, position_ids ref, shapes, memo, keys), the newest last
 
-    def __deepcopy__(self, memo_of_copy) -> "Passes":
+    def __deepcopy__(self, memo_of_copy) -> Passes:
         return Passes()
 
-    def find(self, mask, position_ids, shapes: tuple, build_keys: Callable[[], "Keys"]) -> tuple[Memo, "Keys"]:
+    def find(self, mask, position_ids, shapes: tuple, build_keys: Callable[[], Keys]) -> tuple[Memo, Keys]:
         """The memo and keys of the pass that ``mask`` and ``position_ids`` (tensors or ``None``) belong to."""
         for entry in self.recent:
             mask_ref, position_ref, known_shapes, memo, keys = entry

@@ -8,8 +8,8 @@ attention function.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from transformers.masking_utils import causal_mask_function

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, cast
 
 import torch
-from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import GenerationMixin, PreTrainedModel
 
 probe: contextvars.ContextVar = contextvars.ContextVar("longreach_probe", default=None)
 
@@ -63,9 +67,10 @@ def generation(prompt_lengths: torch.Tensor):
         _compiled_prompt_lengths[0] = outer
 
 
-def generate(model: nn.Module, previous, *args, **kwargs):
+def generate(model: PreTrainedModel, previous, *args, **kwargs):
     """``model.generate`` of an applied model: transformers' own (or the one it had), inside :func:`generation`."""
-    run = previous if previous is not None else type(model).generate.__get__(model)
+    generating = cast("type[GenerationMixin]", type(model))  # a causal language model's class mixes it in
+    run = previous if previous is not None else generating.generate.__get__(model)
     lengths = _prompt_lengths_of(model, args, kwargs)
     if lengths is None:
         return run(*args, **kwargs)
@@ -73,7 +78,7 @@ def generate(model: nn.Module, previous, *args, **kwargs):
         return run(*args, **kwargs)
 
 
-def _prompt_lengths_of(model: nn.Module, args: tuple, kwargs: dict) -> torch.Tensor | None:
+def _prompt_lengths_of(model: PreTrainedModel, args: tuple, kwargs: dict) -> torch.Tensor | None:
     """Each prompt's real tokens: its attention mask's sum, else the tokens that are not padding where
     ``generate`` would infer the mask from them (``_prepare_attention_mask_for_generation``: a pad token
     in the inputs that is not also the end-of-sequence token), else every token."""
@@ -111,7 +116,7 @@ importance: contextvars.ContextVar = contextvars.ContextVar("longreach_pair_impo
 
 
 @contextlib.contextmanager
-def pair_importance():
+def pair_importance() -> Iterator[dict[int, torch.Tensor]]:
     """Record, per layer, DPE's importance of each rotary pair in each query head during prefill: the mean
     over the real tokens of ``|q_p| |k_p|`` (each pair's 2-D norm, which RoPE's rotation leaves unchanged;
     a key/value head serves its group of query heads), as LuLuLuyi/DPE ``qk_2_norm_select_dim.py``.

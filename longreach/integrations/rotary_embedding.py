@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
 
 from ..methods.scaling import STATIC_TYPES, Scaling, describe_own
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def find_rotary(model: nn.Module) -> nn.Module | None:
@@ -26,7 +30,7 @@ def find_rotary(model: nn.Module) -> nn.Module | None:
     return None
 
 
-def rescaled(model: nn.Module, frequency: Scaling, state) -> tuple[nn.Module, dict]:
+def rescaled(model: PreTrainedModel, frequency: Scaling, state) -> tuple[nn.Module, dict]:
     """A new rotary module of the model's own class for ``frequency``, and the ``rope_parameters`` to record;
     the model is not touched (``apply`` validates everything first). ``state``: what is applied now, or None.
 
@@ -43,34 +47,33 @@ def rescaled(model: nn.Module, frequency: Scaling, state) -> tuple[nn.Module, di
         )
     config = copy.deepcopy(model.config.get_text_config())
     own_type = own.get("rope_type", "default")
-    if own_type == "default":
-        config.rope_parameters = frequency.rope_parameters(own, 2 * own_rotary.inv_freq.shape[-1])
-        rotary = type(own_rotary)(config).to(own_rotary.inv_freq.device)
-    elif own_type in STATIC_TYPES:
-        config.rope_parameters = copy.deepcopy(own)
-        rotary = type(own_rotary)(config).to(own_rotary.inv_freq.device)
-        inv_freq, rotary.attention_scaling = frequency.over(own_rotary.inv_freq, own_rotary.attention_scaling, own)
-        for name in ("inv_freq", "original_inv_freq"):
-            if hasattr(rotary, name):
-                getattr(rotary, name).copy_(inv_freq)
-    else:
+    if own_type != "default" and own_type not in STATIC_TYPES:
         raise ValueError(
             f"{model.__class__.__name__} has its own {describe_own(own)} scaling, whose frequencies "
             f"change during the forward pass: longreach composes no frequency method over it; "
             f"apply a position method alone"
         )
-    if rotary.inv_freq.device.type == "meta":  # an empty model (lm-eval checks the method before loading): no values
+    own_freq = _inv_freq(own_rotary)
+    if own_type == "default":
+        config.rope_parameters = frequency.rope_parameters(own, 2 * own_freq.shape[-1])
+        rotary = type(own_rotary)(config).to(own_freq.device)
+    else:
+        config.rope_parameters = copy.deepcopy(own)
+        rotary = type(own_rotary)(config).to(own_freq.device)
+        inv_freq, scaling = frequency.over(own_freq, _attention_scaling(own_rotary), own)
+        rotary.attention_scaling = scaling  # type: ignore[assignment]  # torch types Module.__setattr__ too narrowly
+        for name in ("inv_freq", "original_inv_freq"):
+            if hasattr(rotary, name):
+                getattr(rotary, name).copy_(inv_freq)
+    new_freq = _inv_freq(rotary)
+    if new_freq.device.type == "meta":  # an empty model (lm-eval checks the method before loading): no values
         pass
-    elif not (
-        torch.isfinite(rotary.inv_freq).all()
-        and (rotary.inv_freq > 0).all()
-        and math.isfinite(rotary.attention_scaling)
-    ):
+    elif not (torch.isfinite(new_freq).all() and (new_freq > 0).all() and math.isfinite(_attention_scaling(rotary))):
         raise ValueError(f"factor={frequency.factor!r} is out of range: the scaled RoPE frequencies over- or underflow")
     return rotary, copy.deepcopy(config.rope_parameters)
 
 
-def install(model: nn.Module, state, rotary: nn.Module, rope_parameters: dict) -> None:
+def install(model: PreTrainedModel, state, rotary: nn.Module, rope_parameters: dict) -> None:
     """Put ``rotary`` in place of the model's own rotary module (kept in ``state``, the applied state, for
     :func:`restore`) and record its ``rope_parameters`` in the config, so that saving the model keeps them."""
     config = model.config.get_text_config()
@@ -80,7 +83,7 @@ def install(model: nn.Module, state, rotary: nn.Module, rope_parameters: dict) -
     config.rope_parameters = rope_parameters
 
 
-def restore(model: nn.Module, state) -> None:
+def restore(model: PreTrainedModel, state) -> None:
     """Put back the rotary module and ``rope_parameters`` :func:`install` replaced (nothing if it did not)."""
     if state.replaced_rotary is not None:
         parent, attribute = _parent_of(model, state.rotary)
@@ -88,11 +91,22 @@ def restore(model: nn.Module, state) -> None:
         model.config.get_text_config().rope_parameters = state.replaced_rope_parameters
 
 
-def _own_rotary(model: nn.Module, state) -> tuple[nn.Module, dict]:
+def _own_rotary(model: PreTrainedModel, state) -> tuple[nn.Module, dict]:
     """The model's own rotary module and ``rope_parameters``, also while a frequency method replaces them."""
     if state is not None and state.replaced_rotary is not None:
         return state.replaced_rotary, state.replaced_rope_parameters
-    return find_rotary(model), model.config.get_text_config().rope_parameters
+    rotary = find_rotary(model)
+    assert rotary is not None  # apply refuses a model without one first
+    return rotary, model.config.get_text_config().rope_parameters
+
+
+# A rotary module's buffer and number, which nn.Module's __getattr__ types as Tensor | Module.
+def _inv_freq(rotary: nn.Module) -> torch.Tensor:
+    return cast(torch.Tensor, rotary.inv_freq)
+
+
+def _attention_scaling(rotary: nn.Module) -> float:
+    return cast(float, rotary.attention_scaling)
 
 
 def _parent_of(model: nn.Module, child: nn.Module) -> tuple[nn.Module, str]:

@@ -41,7 +41,7 @@ def _fits(field: str, value) -> bool:
     if field == "method":
         return isinstance(value, str)
     if field == "training_window":
-        return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 2
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 2
     if field == "params":
         return isinstance(value, dict)
     return value is None or isinstance(value, dict)

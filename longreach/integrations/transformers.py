@@ -26,7 +26,7 @@ import numbers
 from dataclasses import dataclass
 
 from torch import nn
-from transformers import AttentionInterface
+from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface
 
 from .. import methods
@@ -129,7 +129,7 @@ _model_window = training_window  # apply's keyword argument of the same name hid
 
 
 def apply(
-    model: nn.Module,
+    model: PreTrainedModel,
     method: str = "string",
     *,
     training_window: int | None = None,
@@ -138,7 +138,7 @@ def apply(
     backend: str = "auto",
     keep_moved_keys: bool = False,
     **params,
-) -> nn.Module:
+) -> PreTrainedModel:
     """Switch ``model``'s attention to ``method``, in place; every forward and ``generate`` then uses it.
 
     Everything is validated before the model changes: a refused call leaves the method applied before
@@ -204,11 +204,13 @@ def apply(
     # a frequency method may still refuse here, before any change
     rescaled = rotary_embedding.rescaled(model, frequency, _state(model)) if frequency else None
     remove(model)
+    own_rotary = find_rotary(model)  # the model's own again, if a frequency method had replaced it
+    assert own_rotary is not None
     applied = Applied(
         position_method,
         model.config._attn_implementation,
         window,
-        find_rotary(model),
+        own_rotary,
         backend,
         frequency,
         dropping,
@@ -233,7 +235,7 @@ def _plain_number(value):
     return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
-def _check_model(model: nn.Module, backend: str) -> None:
+def _check_model(model: PreTrainedModel, backend: str) -> None:
     problem = backends.model_problem(backend, next(model.parameters()).device.type)
     if problem:
         raise ValueError(problem)
@@ -260,32 +262,39 @@ def _resolve(model, window, method, scaling, drop, params):
             raise ValueError(f"{method} is a drop method already; give drop= with a position method instead")
         method, drop, params = "rope", {"method": method, **params}, {}
     position_method = methods.create(method, training_window=window, **params)
-    frequency = dropping = None
-    if scaling is not None:
-        if not isinstance(scaling, dict):
-            raise ValueError(f"scaling={scaling!r} must be a dict such as {{'rope_type': 'yarn', 'factor': 2.0}}")
-        scaling = {k: _plain_number(v) for k, v in scaling.items()}
-        rope_type = scaling.pop("rope_type", None) or scaling.pop("method", None)
-        if rope_type is None:
-            raise ValueError(
-                f"scaling={scaling!r} names no rope_type; give e.g. {{'rope_type': 'yarn', 'factor': 2.0}}"
-            )
-        methods.find(rope_type, "frequency")
-        frequency = methods.create(rope_type, window, **scaling)
-    if drop is not None:
-        if not isinstance(drop, dict):
-            raise ValueError(f"drop={drop!r} must be a dict such as {{'method': 'dynamic_drop'}}")
-        drop = {k: _plain_number(v) for k, v in drop.items()}
-        name = drop.pop("method", "drop")
-        methods.find(name, "drop")
-        dropping = methods.create(name, window, **drop)
-        layers = model.config.get_text_config().num_hidden_layers
-        if max(dropping.layers) >= layers:
-            raise ValueError(f"layers={list(dropping.layers)} is out of range: layer indices 0 .. {layers - 1}")
+    frequency = None if scaling is None else _frequency_method(scaling, window)
+    dropping = None if drop is None else _drop_method(model, drop, window)
     return position_method, frequency, dropping
 
 
-def reapply(model: nn.Module, record: dict) -> nn.Module:
+def _frequency_method(scaling, window):
+    """The frequency method ``scaling=`` names (a dict with ``rope_type`` and its parameters)."""
+    if not isinstance(scaling, dict):
+        raise ValueError(f"scaling={scaling!r} must be a dict such as {{'rope_type': 'yarn', 'factor': 2.0}}")
+    scaling = {k: _plain_number(v) for k, v in scaling.items()}
+    rope_type = scaling.pop("rope_type", None) or scaling.pop("method", None)
+    if rope_type is None:
+        raise ValueError(f"scaling={scaling!r} names no rope_type; give e.g. {{'rope_type': 'yarn', 'factor': 2.0}}")
+    methods.find(rope_type, "frequency")
+    return methods.create(rope_type, window, **scaling)
+
+
+def _drop_method(model, drop, window):
+    """The drop method ``drop=`` names (a dict with ``method``, ``drop`` when absent, and its parameters), its
+    layers checked against the model's."""
+    if not isinstance(drop, dict):
+        raise ValueError(f"drop={drop!r} must be a dict such as {{'method': 'dynamic_drop'}}")
+    drop = {k: _plain_number(v) for k, v in drop.items()}
+    name = drop.pop("method", "drop")
+    methods.find(name, "drop")
+    dropping = methods.create(name, window, **drop)
+    layers = model.config.get_text_config().num_hidden_layers
+    if max(dropping.layers) >= layers:
+        raise ValueError(f"layers={list(dropping.layers)} is out of range: layer indices 0 .. {layers - 1}")
+    return dropping
+
+
+def reapply(model: PreTrainedModel, record: dict) -> PreTrainedModel:
     """Apply what :meth:`Applied.record` describes (the ``longreach`` entry of a saved config), with the
     ``auto`` backend (a ``backend`` kept by older versions was a device choice: it is not restored)."""
     return apply(
@@ -298,7 +307,7 @@ def reapply(model: nn.Module, record: dict) -> nn.Module:
     )
 
 
-def remove(model: nn.Module) -> nn.Module:
+def remove(model: PreTrainedModel) -> PreTrainedModel:
     """Restore the attention and RoPE frequencies ``model`` had before [`apply`][longreach.apply].
 
     A no-op on a model nothing was applied to.

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from typing import Any
 
 from .. import methods
 from ..methods.base import PositionMethod
@@ -184,9 +185,9 @@ def _record(method: str, params: dict, training_window: int | None, scaling, dro
     """The record of ``longreach.apply``'s arguments, in :meth:`.transformers.Applied.record`'s form: a frequency
     method alone is RoPE with it as ``scaling``, a drop method alone RoPE with it as ``drop``."""
     kind = methods.kind_of(method)
-    for composed, value in (("frequency", scaling), ("drop", drop)):
-        if kind == composed and value is not None:
-            raise ValueError(f"{method} is a {composed} method already; give it with a position method instead")
+    for other, value in (("frequency", scaling), ("drop", drop)):
+        if kind == other and value is not None:
+            raise ValueError(f"{method} is a {other} method already; give it with a position method instead")
     if kind == "frequency":
         method, scaling, params = "rope", {"rope_type": method, **params}, {}
     elif kind == "drop":
@@ -220,7 +221,7 @@ def model_problem(text_config) -> str | None:
     if getattr(text_config, "kv_lora_rank", None):
         return "kv_lora_rank: models with multi-head latent attention (MLA) do not run longreach methods in vLLM yet"
     ropes = layer_ropes(text_config)
-    others = sorted(set(ropes) - {None, *LAYER_TYPES})
+    others = sorted(name for name in ropes if name is not None and name not in LAYER_TYPES)
     if others:
         return (
             f"rope_parameters of layer type {', '.join(others)}: longreach's methods in vLLM know the RoPE of "
@@ -266,10 +267,10 @@ def _runs_in_vllm(record: dict) -> None:
     if not isinstance(record, dict) or not isinstance(record.get("method"), str):
         raise ValueError(f"{CONFIG_KEY}={record!r} must be a record such as {{'method': 'string', 'params': {{}}}}")
     scaling, drop = record.get("scaling"), record.get("drop")
-    for value, kind in ((scaling, "scaling"), (drop, "drop")):
+    for value, argument in ((scaling, "scaling"), (drop, "drop")):
         if value is not None and not isinstance(value, dict):
-            raise ValueError(f"{kind}={value!r} must be a dict such as {_EXAMPLES[kind]}")
-    named = [(record["method"], None, SUPPORTED)]
+            raise ValueError(f"{argument}={value!r} must be a dict such as {_EXAMPLES[argument]}")
+    named: list[tuple[Any, str | None, tuple[str, ...]]] = [(record["method"], None, SUPPORTED)]  # JSON values
     if scaling:
         named.append((scaling.get("rope_type"), "frequency", FREQUENCY))
     if drop:

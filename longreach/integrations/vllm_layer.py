@@ -6,8 +6,8 @@ frequencies vLLM's own rotary embedding turned the layer's queries and keys by; 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import torch
 
@@ -37,7 +37,7 @@ class LayerMethod:
     pairs: :meth:`parts_of`), and the rotary frequencies ``[P]``."""
 
     method: PositionMethod
-    cells: list[Cell] | None
+    cells: tuple[Cell, ...] | None
     inv_freq: torch.Tensor
     signature: str  # equal for the layers whose record, window and head size are equal: they compute alike
     window: int | None
@@ -56,6 +56,7 @@ class LayerMethod:
         generated = None
         if prefilling is not None:
             generated = per_token(~prefilling[: len(query_start) - 1].bool(), query_start, tokens)[None]
+        assert self.drop is not None  # asked in the layers it drops_in
         return self.drop.rates(positions, self.method.training_window, generated)[0]
 
     def scaled(self, query: torch.Tensor, query_start: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
@@ -76,7 +77,8 @@ class LayerMethod:
         return tuple(part if part.pairs is None else replace(part, pairs=part.pairs[heads]) for part in parts)
 
 
-CellsProblem = Callable[[list[Cell], PositionMethod], "str | None"]  # a backend's: why it cannot run a method's cells
+# a backend's: why it cannot run a method's cells
+CellsProblem = Callable[[tuple[Cell, ...], PositionMethod], "str | None"]
 
 
 def layer_method(impl, window: int | None, problem_of: CellsProblem | None = None):
@@ -97,12 +99,15 @@ def layer_method(impl, window: int | None, problem_of: CellsProblem | None = Non
     if not problem and getattr(impl, "logits_soft_cap", None):  # Gemma 2's attn_logit_softcapping
         problem = f"logits_soft_cap={impl.logits_soft_cap}: capped attention logits do not run longreach methods yet"
     cells_problem = None
-    if not problem and problem_of is not None and cells is None:
-        cells_problem = "its pairs selected per layer and head (dimensions=) do not run here yet"
-    elif not problem and problem_of is not None and drop is not None:
-        cells_problem = f"{drop.name} drops scores per query, which this backend does not do yet; the CPU backend does"
-    elif not problem and problem_of is not None:
-        cells_problem = problem_of(cells, method)
+    if not problem and problem_of is not None:
+        if cells is None:
+            cells_problem = "its pairs selected per layer and head (dimensions=) do not run here yet"
+        elif drop is not None:
+            cells_problem = (
+                f"{drop.name} drops scores per query, which this backend does not do yet; the CPU backend does"
+            )
+        else:
+            cells_problem = problem_of(cells, method)
     if cells_problem:
         problem = f"{method.name} on {type(impl).__name__}: {cells_problem}"
     if problem:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from . import registry, scaling
 from .base import Part, PositionMethod
 from .registry import REGISTRY, available, create, find, kind_of, names
 
-METHODS: dict[str, type[PositionMethod]] = {name: REGISTRY[name] for name in names("position")}
+METHODS: dict[str, type[PositionMethod]] = {
+    name: cast(type[PositionMethod], REGISTRY[name])  # a method of kind position is one
+    for name in names("position")
+}
 
 
 def paper_baseline(name: str, training_window: int) -> dict:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import fields
-from typing import ClassVar
+from dataclasses import Field, fields
+from typing import Any, ClassVar, cast
 
 import torch
 
@@ -31,11 +31,13 @@ class PositionMethod:
     reference and the pictures.
     """
 
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # every method is a dataclass (what fields() reads)
     kind: ClassVar[str] = "position"
     name: ClassVar[str]
     paper: ClassVar[str]
     changes: ClassVar[str]
     ranges: ClassVar[dict[str, str]]
+    training_window: int  # every method's field: the model's L, which its defaults derive from
 
     def parts(self) -> tuple[Part, ...]:
         """The disjoint regions of the causal triangle, each with its position shifts, that make up ``P``."""
@@ -95,10 +97,11 @@ def require_number(
     """Raise ``ValueError`` unless ``value`` is a finite real number in range (``low_open``: ``value > low``)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a number ({rule}), got {value!r}")
+    number = cast(float, value)  # any numbers.Real: mypy does not model the numeric tower (python/mypy#3186)
     if (
-        not math.isfinite(value)
-        or (low is not None and (value <= low if low_open else value < low))
-        or (high is not None and value > high)
+        not math.isfinite(number)
+        or (low is not None and (number <= low if low_open else number < low))
+        or (high is not None and number > high)
     ):
         raise ValueError(f"{name}={value!r} is out of range: {rule}")
 
@@ -113,7 +116,8 @@ def require_int(name: str, value, low: int, high: int | None, rule: str) -> None
     """Raise ``ValueError`` naming the parameter, its value and the allowed range."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{name} must be an integer ({rule}), got {value!r}")
-    if value < low or (high is not None and value > high):
+    number = cast(int, value)  # any numbers.Integral: mypy does not model the numeric tower (python/mypy#3186)
+    if number < low or (high is not None and number > high):
         raise ValueError(f"{name}={value} is out of range: {rule}")
 
 

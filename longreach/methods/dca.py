@@ -69,6 +69,7 @@ class DualChunk(PositionMethod):
             object.__setattr__(self, "chunk_size", 3 * L // 4)
         if self.local_window is None:
             object.__setattr__(self, "local_window", L // 8)
+        assert self.chunk_size is not None and self.local_window is not None  # set above
         require_int("chunk_size", self.chunk_size, 2, None, "chunk_size > local_window > 0")
         require_int(
             "local_window",
@@ -98,10 +99,12 @@ class DualChunk(PositionMethod):
 
     @property
     def chunk(self) -> int:
+        assert self.chunk_size is not None and self.local_window is not None  # set in __post_init__
         return self.chunk_size - self.local_window
 
     def parts(self) -> tuple[Part, ...]:
         c, s = self.chunk, self.chunk_size
+        assert s is not None  # set in __post_init__
         inter = min(2 * c - 1, s)
 
         def start(p):
@@ -135,6 +138,7 @@ class DualChunk(PositionMethod):
 
     def relative_positions(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
         c, s = self.chunk, self.chunk_size
+        assert s is not None  # set in __post_init__
         d = causal_distance(query_positions, key_positions)
         q_chunk = torch.div(query_positions, c, rounding_mode="floor")
         k_chunk = torch.div(key_positions, c, rounding_mode="floor")

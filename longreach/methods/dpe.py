@@ -22,6 +22,7 @@ import base64
 import binascii
 import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -146,6 +147,11 @@ class DPE(PositionMethod):
     dimensions: object = None
 
     def __post_init__(self) -> None:
+        # derived here, not dataclass fields (nor parameters): set with object.__setattr__ (frozen), typed for mypy
+        self._mask: torch.Tensor | None  # [layers, heads, pairs]: the pairs that change; None: every pair
+        self._layer_parts: dict[int | None, tuple[Part, ...]]
+        self._query_shift: Callable[[torch.Tensor], torch.Tensor]
+        self._key_shift: Callable[[torch.Tensor], torch.Tensor]
         if self.group_scales is None:
             published = "; ".join(f"{k}: {','.join(map(str, v))}" for k, v in PUBLISHED.items())
             raise ValueError(
@@ -155,8 +161,8 @@ class DPE(PositionMethod):
         scales = self.group_scales if isinstance(self.group_scales, (tuple, list)) else (self.group_scales,)
         if not scales:
             raise ValueError("group_scales=() is out of range: integers >= 1, one per frequency group (at least one)")
-        for scale in scales:
-            require_int("group_scales", scale, 1, None, "integers >= 1, one per frequency group")
+        for value in scales:
+            require_int("group_scales", value, 1, None, "integers >= 1, one per frequency group")
         object.__setattr__(self, "group_scales", tuple(int(s) for s in scales))
         require_int("local_window", self.local_window, 1, None, "local_window > 0")
         if self.top_k is not None:
@@ -186,6 +192,7 @@ class DPE(PositionMethod):
         object.__setattr__(self, "_key_shift", lambda p: grouped(p) - p[..., None])
 
     def check_model(self, layers: int, query_heads: int, pairs: int) -> None:
+        assert self.group_scales is not None  # set in __post_init__
         groups = len(self.group_scales)
         if pairs % groups:
             raise ValueError(
@@ -247,6 +254,7 @@ class DPE(PositionMethod):
         return params
 
     def describe(self) -> str:
+        assert self.group_scales is not None  # set in __post_init__
         values = [
             f"group_scales={','.join(map(str, self.group_scales))}",
             f"local_window={self.local_window}",

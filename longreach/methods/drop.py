@@ -131,4 +131,4 @@ class DynamicDrop:
         )
 
 
-METHODS: tuple[type, ...] = (Drop, DynamicDrop)
+METHODS: tuple[type[Drop | DynamicDrop], ...] = (Drop, DynamicDrop)

@@ -10,7 +10,8 @@ defaults, and it validates them when built. A method that needs the training win
 
 from __future__ import annotations
 
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, Field, fields
+from typing import Any, ClassVar, Protocol
 
 from . import drop, scaling
 from .base import unknown
@@ -21,7 +22,21 @@ from .rope import Rope
 from .self_extend import SelfExtend
 from .string import String
 
-REGISTRY: dict[str, type] = {
+
+class Method(Protocol):
+    """What every method class has: its description, and its parameters as dataclass fields."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+    kind: ClassVar[str]
+    name: ClassVar[str]
+    paper: ClassVar[str]
+    changes: ClassVar[str]
+    ranges: ClassVar[dict[str, str]]
+
+    def __init__(self, **params: Any) -> None: ...
+
+
+REGISTRY: dict[str, type[Method]] = {
     cls.name: cls for cls in (Rope, String, ReRope, SelfExtend, DualChunk, DPE, *scaling.METHODS, *drop.METHODS)
 }
 
@@ -31,12 +46,12 @@ def names(kind: str | None = None) -> list[str]:
     return [name for name, cls in REGISTRY.items() if kind in (None, cls.kind)]
 
 
-def parameters(cls: type) -> dict:
+def parameters(cls: type[Method]) -> dict:
     """A method's parameters and their defaults (``None``: derived from ``L``, or required)."""
     return {f.name: None if f.default is MISSING else f.default for f in fields(cls) if f.name != "training_window"}
 
 
-def _lookup(name: str) -> type | None:
+def _lookup(name: str) -> type[Method] | None:
     return REGISTRY.get(scaling.ALIASES.get(name, name))
 
 
@@ -46,7 +61,7 @@ def kind_of(name: str) -> str | None:
     return None if cls is None else cls.kind
 
 
-def find(name: str, kind: str | None = None) -> type:
+def find(name: str, kind: str | None = None) -> type[Method]:
     """The class of method ``name`` (or of one of its aliases, e.g. transformers' ``linear`` for ``pi``).
 
     Raises:

@@ -44,6 +44,7 @@ class ReRope(PositionMethod):
 
     def parts(self) -> tuple[Part, ...]:
         w, k = self.window, self.leak
+        assert w is not None  # set in __post_init__
         if k is None:
             far = Part(w, None, query_shift=lambda p: w - p, key_shift=lambda p: -p)
         else:
@@ -51,6 +52,8 @@ class ReRope(PositionMethod):
         return (Part(0, w), far)
 
     def relative_positions(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+        w = self.window
+        assert w is not None  # set in __post_init__
         d = causal_distance(query_positions, key_positions)
-        far = self.window + (d - self.window) / self.leak if self.leak else d * 0 + self.window  # NaN stays NaN
-        return torch.where(d < self.window, d, far)
+        far = w + (d - w) / self.leak if self.leak else d * 0 + w  # NaN stays NaN
+        return torch.where(d < w, d, far)

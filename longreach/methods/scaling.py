@@ -93,7 +93,7 @@ class Scaling:
         return f"{self.name}(" + ", ".join(f"{k}={v}" for k, v in self.params.items()) + ")"
 
 
-def _original_window(method: Scaling) -> None:
+def _original_window(method: Yarn | Llama3) -> None:
     """Fill ``original_max_position_embeddings`` with ``L`` unless given, and check it."""
     if method.original_max_position_embeddings is None:
         object.__setattr__(method, "original_max_position_embeddings", method.training_window)
@@ -200,8 +200,9 @@ class Yarn(Scaling):
         ``0.1 ln s + 1`` (or ``attention_factor``) on top of the model's own. On default frequencies this
         equals transformers' ``yarn`` with ``truncate=False``, whose ramp is linear in the pair index, which
         is linear in ``ln r_k`` there."""
-        s = self.factor
-        rotations = self.original_max_position_embeddings * theta / (2 * math.pi)
+        s, original = self.factor, self.original_max_position_embeddings
+        assert original is not None  # set in __post_init__
+        rotations = original * theta / (2 * math.pi)
         slow, fast = math.log(self.beta_slow), math.log(self.beta_fast)
         gamma = ((rotations.log() - slow) / (fast - slow)).clamp(0, 1)
         gain = self.attention_factor if self.attention_factor is not None else 0.1 * math.log(s) + 1 if s > 1 else 1.0

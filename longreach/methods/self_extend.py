@@ -47,6 +47,7 @@ class SelfExtend(PositionMethod):
 
     def parts(self) -> tuple[Part, ...]:
         G, W = self.group_size, self.neighbor_window
+        assert W is not None  # set in __post_init__
         return (
             Part(0, W),
             Part(
@@ -59,6 +60,7 @@ class SelfExtend(PositionMethod):
 
     def relative_positions(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
         G, W = self.group_size, self.neighbor_window
+        assert W is not None  # set in __post_init__
         d = causal_distance(query_positions, key_positions)
         grouped = torch.div(query_positions, G, rounding_mode="floor") - torch.div(
             key_positions, G, rounding_mode="floor"

@@ -19,7 +19,7 @@ class MethodSpec:
     params: tuple[tuple[str, object], ...] = ()
 
     @classmethod
-    def parse(cls, text: str) -> "MethodSpec":
+    def parse(cls, text: str) -> MethodSpec:
         name, _, rest = text.partition(":")
         params = {}
         for item in filter(None, rest.split(",")):

@@ -66,6 +66,7 @@ class String(PositionMethod):
             object.__setattr__(self, "local_window", default_local_window(L))
         require_int("shift", self.shift, 1, L - 1, f"local_window < shift < L = {L}")
         require_int("local_window", self.local_window, 1, None, f"0 < local_window < shift = {self.shift}")
+        assert self.shift is not None and self.local_window is not None  # set above
         if not self.local_window < self.shift:
             where = (
                 f" (the default at L = {L}, min(128, L // 16): give a smaller local_window, or a larger shift)"
@@ -79,14 +80,18 @@ class String(PositionMethod):
         require_bool("mscale", self.mscale)
 
     def parts(self) -> tuple[Part, ...]:
+        S, W = self.shift, self.local_window
+        assert S is not None and W is not None  # set in __post_init__
         return (
-            Part(min_distance=0, max_distance=self.shift),
-            Part(min_distance=self.shift, query_shift=-(self.shift - self.local_window)),
+            Part(min_distance=0, max_distance=S),
+            Part(min_distance=S, query_shift=-(S - W)),
         )
 
     def relative_positions(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+        S, W = self.shift, self.local_window
+        assert S is not None and W is not None  # set in __post_init__
         d = causal_distance(query_positions, key_positions)
-        return torch.where(d < self.shift, d, d - self.shift + self.local_window)
+        return torch.where(d < S, d, d - S + W)
 
     @property
     def logit_scale(self) -> float:

@@ -168,7 +168,7 @@ def document(length: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndar
     is_query[-1] |= not is_query.any()  # at least one query
     keys, values = _keys_and_values(min(int((~is_query).sum()), KEYS), rng)
     records = []  # (key, value) of the records so far
-    for place, query in zip(places, is_query):
+    for place, query in zip(places, is_query, strict=True):
         if query or len(records) == len(keys):
             key, value = records[rng.integers(len(records))]
             tokens[place : place + RECORD] = (ASK, key, value)
@@ -207,13 +207,13 @@ def retrieval_case(window: int, distance: int, needles: int, rng: np.random.Gene
     """
     query = window - RECORD
     target = query - distance
-    if not (1 <= target and distance >= RECORD):
+    if not (target >= 1 and distance >= RECORD):
         raise ValueError(f"distance={distance} is out of range: {RECORD} .. {query - 1} for a window of {window}")
     tokens = rng.integers(SPECIAL, SPECIAL + FILLER, size=window)
     tokens[0] = BOS
     keys, values = _keys_and_values(needles, rng)
     taken = [(target, target + RECORD), (query, window)]
-    for key, value, index in zip(keys, values, range(needles)):
+    for key, value, index in zip(keys, values, range(needles), strict=True):
         start = target if index == 0 else _free_start(taken, 1, query - RECORD, rng)
         if index:
             taken.append((start, start + RECORD))

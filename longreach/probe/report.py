@@ -7,6 +7,7 @@ Reads training runs (``step_N/state.json``) and their ``measure.json``; writes `
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -95,7 +96,7 @@ def _thirds(grid: list[int], window: int) -> dict[str, list[int]]:
     names = ["first third", "middle third", "last third"]
     return {
         name: [d for d in grid if lo <= d < hi]
-        for name, lo, hi in zip(names, edges, edges[1:])
+        for name, (lo, hi) in zip(names, itertools.pairwise(edges), strict=True)
         if any(lo <= d < hi for d in grid)
     }
 
@@ -168,7 +169,7 @@ def _plots(summary: dict, out: Path) -> None:
             if r["frequency_at_effective_length"]
         ]
         if measured:
-            frequency.plot(*zip(*measured), marker="o", color=line.get_color(), label=name)
+            frequency.plot(*zip(*measured, strict=True), marker="o", color=line.get_color(), label=name)
     tokens.set(
         xlabel="tokens seen",
         ylabel="effective length (tokens)",

@@ -193,7 +193,10 @@ def calibrate(
     best = {}
     for g, group in sweep.items():
         # ties: the scale every other group was held at (the setting each sweep was measured in), else the smaller
-        scored = [(by_label[spec.label].score, value == others, -value, value) for value, spec in zip(values, group)]
+        scored = [
+            (by_label[spec.label].score, value == others, -value, value)
+            for value, spec in zip(values, group, strict=True)
+        ]
         best[g] = max(scored)[-1]
     scales = [best[g] for g in range(groups)]
     chosen = _spec(scales, local_window, chosen_top_k, dimensions)
@@ -225,7 +228,7 @@ def calibrate(
                     "interval": list(by_label[s.label].interval),
                     "n": by_label[s.label].n,
                 }
-                for v, s in zip(values, sweep[g])
+                for v, s in zip(values, sweep[g], strict=True)
             ]
             for g in range(groups)
         },
@@ -234,7 +237,7 @@ def calibrate(
         "check": [
             {"label": row.label, "score": row.score, "interval": list(row.interval), "n": row.n} for row in final
         ],
-        "minus_rope": dict(zip(("difference", "interval", "n"), final[0].minus(final[1]))),
+        "minus_rope": dict(zip(("difference", "interval", "n"), final[0].minus(final[1]), strict=True)),
     }
     (out / "calibration.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     (out / "calibration.md").write_text(_markdown(result, final), encoding="utf-8")

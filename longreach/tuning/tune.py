@@ -45,7 +45,7 @@ def settings(method: str, grid: dict[str, list], fixed: dict | None = None) -> l
     if overlap := sorted(set(fixed) & set(grid)):
         raise ValueError(f"{', '.join(overlap)} is both fixed and in the grid; give it once")
     return [
-        MethodSpec(method, tuple(sorted({**fixed, **dict(zip(grid, values))}.items())))
+        MethodSpec(method, tuple(sorted({**fixed, **dict(zip(grid, values, strict=True))}.items())))
         for values in itertools.product(*grid.values())
     ]
 
@@ -212,7 +212,11 @@ def run(
                         "interval": list(r.interval),
                         "n": r.n,
                         **(
-                            {"minus_baseline": dict(zip(("difference", "interval", "n"), r.minus(table[-1])))}
+                            {
+                                "minus_baseline": dict(
+                                    zip(("difference", "interval", "n"), r.minus(table[-1]), strict=True)
+                                )
+                            }
                             if baseline and r is not table[-1]
                             else {}
                         ),

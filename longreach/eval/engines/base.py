@@ -9,7 +9,8 @@ one (SGLang, TensorRT-LLM) is one more module.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from ..case import Case
@@ -85,5 +86,5 @@ class Engine(ABC):
         ends the run (every finished case is saved, and a rerun goes on).
         """
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 -- not abstract: an engine that holds nothing need not define it
         """Release what :meth:`start` took (weights, an engine's processes); called once, after an error too."""

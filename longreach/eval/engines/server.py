@@ -15,8 +15,8 @@ import json
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Iterator
 
 from ..task_protocol import EVALUATE
 from .base import Engine, EngineGone

@@ -8,7 +8,8 @@ sharded over them (:mod:`longreach.eval.distributed`).
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from ..task_protocol import EVALUATE
 from .base import Engine

@@ -9,7 +9,7 @@ method's starts. ``rope`` with no parameters is stock vLLM, with no record; ever
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from ..distributed import Parallel
 from ..task_protocol import EVALUATE

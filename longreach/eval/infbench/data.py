@@ -98,13 +98,22 @@ def problem(row, task: str) -> str | None:
     not read.)"""
     if not isinstance(row, dict):
         return "not a JSON object (not an InfiniteBench record)"
+    return _fields_problem(row) or _answer_problem(row["answer"], task) or _task_problem(row, task)
+
+
+def _fields_problem(row: dict) -> str | None:
+    """Every record's: its fields, ``context`` and ``input`` texts."""
     missing = [f for f in FIELDS if f not in row]
     if missing:
         return f"no {', '.join(missing)} (not an InfiniteBench record)"
     for field in ("context", "input"):
         if not isinstance(row[field], str):
             return f"{field}={_shown(row[field])} is not a text"
-    answer = row["answer"]
+    return None
+
+
+def _answer_problem(answer, task: str) -> str | None:
+    """The answer's shape for ``task`` (multiple choice: :func:`_choice_problem`)."""
     first = answer[0] if isinstance(answer, list) and answer else answer
     if isinstance(answer, list) and not answer:
         return f"answer=[] holds no answer ({task})"
@@ -120,6 +129,11 @@ def problem(row, task: str) -> str | None:
         values = first if isinstance(first, list) else answer
         if not (isinstance(values, list) and values and all(_whole(v) for v in values)):
             return f"answer={_shown(answer)} is not a list of whole numbers, nor one inside a list ({task})"
+    return None
+
+
+def _task_problem(row: dict, task: str) -> str | None:
+    """Multiple choice's options and answer; the call Code.Run's input names, the ``The ... of`` of Math.Find's."""
     if task in CHOICE:
         return _choice_problem(row, task)
     if task == "code_run" and not FUNCTION_CALL.search(row["input"]):

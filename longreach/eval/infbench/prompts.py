@@ -46,7 +46,8 @@ def create_prompt(record: dict, task: str, template: str = "llama3.1") -> str:
     characters cut: ``the largest number``, no space left); multiple choice puts the four options in."""
     text = TEMPLATES[template][task]
     context = record.get("context")
-    options = dict(zip(("OPTION_A", "OPTION_B", "OPTION_C", "OPTION_D"), record.get("options") or []))
+    # not strict: only the multiple-choice tasks have options (the others none)
+    options = dict(zip(("OPTION_A", "OPTION_B", "OPTION_C", "OPTION_D"), record.get("options") or [], strict=False))
     if task == "code_run":
         call = FUNCTION_CALL.findall(record["input"])[0]
         return text.format(func=call.split("(")[0], func_call=call, context=context)

@@ -176,7 +176,7 @@ def math_calc(prediction: str, label) -> float:
     values = label[0] if isinstance(label[0], list) else label
     given = [int(item) for item in re.split("[^0-9]", prediction) if item]
     right = 0
-    for value, guess in zip(values, given):
+    for value, guess in zip(values, given, strict=False):  # a prediction may give fewer or more values
         if value != guess:
             break
         right += 1

@@ -80,14 +80,7 @@ def build(out: Path, threshold: float = RULER_THRESHOLD) -> str:
         f"threshold {threshold:g}.\n"
     ]
     for model in models:
-        for family in RULER_FAMILIES:
-            rows = [r for (m, task), rs in by_task.items() if m == model and task.split(":")[0] == family for r in rs]
-            if rows:
-                sections.append(ruler_section(out, model if len(models) > 1 else "", family, rows, threshold, summary))
-        for family in infbench.FAMILIES:
-            rows = [r for (m, task), rs in by_task.items() if m == model and task.split(":")[0] == family for r in rs]
-            if rows:
-                sections.append(infbench_section(model if len(models) > 1 else "", family, rows, summary))
+        sections += _family_sections(out, model, model if len(models) > 1 else "", by_task, threshold, summary)
     for (model, task), rows in sorted(by_task.items()):
         title = task if len(models) == 1 else f"{task} — {model}"
         sections.append(_task_section(out, title, rows, threshold, summary))
@@ -104,26 +97,70 @@ def build(out: Path, threshold: float = RULER_THRESHOLD) -> str:
     return markdown
 
 
+def _family_sections(out: Path, model: str, shown: str, by_task: dict, threshold: float, summary: dict) -> list[str]:
+    """``model``'s RULER tables (one per packing) and InfiniteBench tables (one per family), titled with ``shown``
+    (empty for a folder of one model)."""
+    sections = []
+    for family in RULER_FAMILIES:
+        if rows := _family_rows(by_task, model, family):
+            sections.append(ruler_section(out, shown, family, rows, threshold, summary))
+    for family in infbench.FAMILIES:
+        if rows := _family_rows(by_task, model, family):
+            sections.append(infbench_section(shown, family, rows, summary))
+    return sections
+
+
+def _family_rows(by_task: dict, model: str, family: str) -> list[dict]:
+    return [r for (m, task), rs in by_task.items() if m == model and task.split(":")[0] == family for r in rs]
+
+
 def _task_section(out: Path, task: str, rows: list[dict], threshold: float, summary: dict) -> str:
     perplexity = rows[0]["metric"] == "perplexity"
     methods = list(dict.fromkeys(r["method"] for r in rows))
     lengths = sorted({r["length"] for r in rows})
     cells = group_cells(rows)
-    name = rows[0]["task"]
     header = "| method | " + " | ".join(length_text(n) for n in lengths) + " |"
     lines = [f"## {task}\n"]
-    if source := tasks.revision(name):
+    if source := tasks.revision(rows[0]["task"]):
         lines.append(
             f"Reproduces {source}; {rows[0].get('max_new_tokens', '?')} tokens to generate, inside the length.\n"
         )
+    table, series = _score_table(rows, methods, lengths, cells, header, threshold, summary)
+    lines += table
+    paired: dict[str, dict] = {}
+    if not perplexity and (baselines := baseline_of(rows)):
+        table, paired = _paired_table(rows, baselines, lengths, cells, header, summary)
+        lines += table
+    if any("fraction" in r for r in rows):
+        lines += _fraction_table(methods, lengths, cells, header)
+    if not perplexity:
+        lines.append(f"\nEmpty answers: {sum(c.empty for c in cells.values())} of {len(rows)}.")
+    lines += _task_pictures(out, task, rows, methods, lengths, series, paired, threshold)
+    return "\n".join(lines) + "\n"
+
+
+def _score_table(
+    rows: list[dict],
+    methods: list[str],
+    lengths: list[int],
+    cells: dict,
+    header: str,
+    threshold: float,
+    summary: dict,
+) -> tuple[list[str], dict[str, tuple[list, list, list]]]:
+    """The table of the task's scores per method and length (perplexity: with the mean log-perplexity; otherwise
+    with the effective length), the cells appended to ``summary``, and each method's ``(lengths, scores,
+    intervals)``."""
+    perplexity = rows[0]["metric"] == "perplexity"
+    model, name = rows[0]["model"], rows[0]["task"]
     if perplexity:
-        lines += [
+        lines = [
             "Perplexity / mean log-perplexity (nats per token); lower is better.\n",
             header,
             "|---" * (len(lengths) + 1) + "|",
         ]
     else:
-        lines += [header + " effective length |", "|---" * (len(lengths) + 2) + "|"]
+        lines = [header + " effective length |", "|---" * (len(lengths) + 2) + "|"]
     series = {}
     for method in methods:
         mine = {n: cells[method, n] for n in lengths if (method, n) in cells}
@@ -131,7 +168,7 @@ def _task_section(out: Path, task: str, rows: list[dict], threshold: float, summ
             low, high = cell.interval
             summary["cells"].append(
                 {
-                    "model": rows[0]["model"],
+                    "model": model,
                     "task": name,
                     "method": method,
                     "length": n,
@@ -153,64 +190,90 @@ def _task_section(out: Path, task: str, rows: list[dict], threshold: float, summ
             lines.append(f"| {method} | {row} |")
         else:
             effective = effective_lengths(mine, threshold)
-            summary["effective_length"].append({"model": rows[0]["model"], "task": name, "method": method, **effective})
+            summary["effective_length"].append({"model": model, "task": name, "method": method, **effective})
             row = " | ".join(mine[n].text() if n in mine else "—" for n in lengths)
             lines.append(f"| {method} | {row} | {effective_text(effective)} |")
         series[method] = (list(mine), [c.score for c in mine.values()], [c.interval for c in mine.values()])
-    baselines, paired = baseline_of(rows), defaultdict(dict)
-    if not perplexity and baselines:
-        lines += [
-            "",
-            f"Minus {BASELINE} on the same cases (mean paired difference, bootstrap interval over the pairs, pairs):",
-            "",
-            header,
-            "|---" * (len(lengths) + 1) + "|",
-        ]
-        for method, baseline in baselines.items():
-            texts = []
-            for n in lengths:
-                value, (low, high), pairs = stats.paired_difference(
-                    *(cells[m, n].by_case if (m, n) in cells else {} for m in (method, baseline))
-                )
-                summary["paired"].append(
-                    {
-                        "model": rows[0]["model"],
-                        "task": name,
-                        "method": method,
-                        "minus": baseline,
-                        "length": n,
-                        "difference": number(value),
-                        "low": number(low),
-                        "high": number(high),
-                        "n": pairs,
-                    }
-                )
-                texts.append(difference(value, (low, high), pairs) if pairs else "—")
-                if pairs:
-                    paired[method][n] = (value, (low, high))
-            lines.append(f"| {method} | " + " | ".join(texts) + " |")
-    if any("fraction" in r for r in rows):
-        lines += [
-            "",
-            "Fraction of the needles found (mean, bootstrap interval):",
-            "",
-            header,
-            "|---" * (len(lengths) + 1) + "|",
-        ]
-        for method in methods:
-            texts = []
-            for n in lengths:
-                fractions = (
-                    [100 * r["fraction"] for r in cells[method, n].rows if "fraction" in r]
-                    if (method, n) in cells
-                    else []
-                )
-                texts.append(f"{mean(fractions):.1f} {bounds(stats.bootstrap([fractions]))}" if fractions else "—")
-            lines.append(f"| {method} | " + " | ".join(texts) + " |")
-    empty = sum(c.empty for c in cells.values())
-    if not perplexity:
-        lines.append(f"\nEmpty answers: {empty} of {len(rows)}.")
-    window = rows[0].get("window")
+    return lines, series
+
+
+def _paired_table(
+    rows: list[dict],
+    baselines: dict[str, str],
+    lengths: list[int],
+    cells: dict,
+    header: str,
+    summary: dict,
+) -> tuple[list[str], dict[str, dict]]:
+    """The table of each method minus its baseline on the same cases, per length (appended to ``summary``), and
+    ``paired[method][length] = (difference, interval)`` where there are pairs."""
+    paired: defaultdict[str, dict] = defaultdict(dict)
+    lines = [
+        "",
+        f"Minus {BASELINE} on the same cases (mean paired difference, bootstrap interval over the pairs, pairs):",
+        "",
+        header,
+        "|---" * (len(lengths) + 1) + "|",
+    ]
+    for method, baseline in baselines.items():
+        texts = []
+        for n in lengths:
+            value, (low, high), pairs = stats.paired_difference(
+                *(cells[m, n].by_case if (m, n) in cells else {} for m in (method, baseline))
+            )
+            summary["paired"].append(
+                {
+                    "model": rows[0]["model"],
+                    "task": rows[0]["task"],
+                    "method": method,
+                    "minus": baseline,
+                    "length": n,
+                    "difference": number(value),
+                    "low": number(low),
+                    "high": number(high),
+                    "n": pairs,
+                }
+            )
+            texts.append(difference(value, (low, high), pairs) if pairs else "—")
+            if pairs:
+                paired[method][n] = (value, (low, high))
+        lines.append(f"| {method} | " + " | ".join(texts) + " |")
+    return lines, paired
+
+
+def _fraction_table(methods: list[str], lengths: list[int], cells: dict, header: str) -> list[str]:
+    """The table of the fraction of the needles found per method and length."""
+    lines = [
+        "",
+        "Fraction of the needles found (mean, bootstrap interval):",
+        "",
+        header,
+        "|---" * (len(lengths) + 1) + "|",
+    ]
+    for method in methods:
+        texts = []
+        for n in lengths:
+            fractions = (
+                [100 * r["fraction"] for r in cells[method, n].rows if "fraction" in r] if (method, n) in cells else []
+            )
+            texts.append(f"{mean(fractions):.1f} {bounds(stats.bootstrap([fractions]))}" if fractions else "—")
+        lines.append(f"| {method} | " + " | ".join(texts) + " |")
+    return lines
+
+
+def _task_pictures(
+    out: Path,
+    task: str,
+    rows: list[dict],
+    methods: list[str],
+    lengths: list[int],
+    series: dict,
+    paired: dict[str, dict],
+    threshold: float,
+) -> list[str]:
+    """The task's pictures (written into ``out``) as markdown lines: the scores by length (perplexity: and the loss
+    by position), a heatmap per method where the rows have depths."""
+    perplexity, window = rows[0]["metric"] == "perplexity", rows[0].get("window")
     if perplexity:
         picture = pictures.perplexity(out, task, {m: s[:2] for m, s in series.items()}, window)
     else:
@@ -226,14 +289,14 @@ def _task_section(out: Path, task: str, rows: list[dict], threshold: float, summ
             window,
             BASELINE,
         )
-    lines += ["", f"![{task}]({picture.name})"]
+    lines = ["", f"![{task}]({picture.name})"]
     if perplexity:
         lines.append(f"![{task} by position]({pictures.loss_by_position(out, task, rows, methods, window).name})")
     for method in methods:
         heat = pictures.heatmap(out, task, method, [r for r in rows if r["method"] == method], lengths)
         if heat:
             lines.append(f"![{task} {method}]({heat.name})")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _row_labels(records: list[dict]) -> list[dict]:

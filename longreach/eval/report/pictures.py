@@ -4,6 +4,7 @@ position; each axis says its unit and each colour bar what its cells are."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 from pathlib import Path
 from statistics import mean
@@ -93,8 +94,8 @@ def loss_by_position(out: Path, task: str, rows: list[dict], methods: list[str],
         mine = [r for r in rows if r["method"] == method and r["length"] == longest]
         if mine:
             edges = mine[0]["bucket_edges"]
-            centres = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:])]
-            series[method] = (centres, [mean(values) for values in zip(*(r["bucket_loss"] for r in mine))])
+            centres = [(a + b) / 2 for a, b in itertools.pairwise(edges)]
+            series[method] = (centres, [mean(values) for values in zip(*(r["bucket_loss"] for r in mine), strict=True)])
     return plots.lines(
         series,
         f"{task}: loss by position at {plots.length_text(longest)} tokens",
@@ -125,7 +126,7 @@ def heatmap(out: Path, task: str, method: str, rows: list[dict], lengths: list[i
         )
 
         def place(r):
-            return [(min(3, int(d * 4)), 100.0 * f) for d, f in zip(r["needle_depths"], r["found"])]
+            return [(min(3, int(d * 4)), 100.0 * f) for d, f in zip(r["needle_depths"], r["found"], strict=True)]
     else:
         return None
     sums, counts = np.zeros((len(labels), len(lengths))), np.zeros((len(labels), len(lengths)))

@@ -50,84 +50,18 @@ def ruler_section(out: Path, model: str, family: str, rows: list[dict], threshol
         + " | Avg. | wAvg (inc) | wAvg (dec) | effective length |",
         "|---" * (len(lengths) + 5) + "|",
     ]
-    series, by_interval = {}, {}
+    series: dict[str, dict] = {}
+    by_interval: dict[tuple[str, int], tuple[float, float]] = {}
     for method in methods:
-        complete, texts = {}, []
-        for n in lengths:
-            groups = {task: list(scores.values()) for task, scores in by_case[method, n].items()}
-            if not groups:
-                texts.append("—")
-                continue
-            score = mean(mean(g) for g in groups.values())
-            low, high = stats.bootstrap(list(groups.values()))
-            names = {task.split(":", 1)[1] for task in groups}
-            kind = "13" if names == set(ruler.TASKS) else "11" if names == set(RULER_WITHOUT_QA) else "incomplete"
-            cases = sum(len(g) for g in groups.values())
-            summary["ruler"].append(
-                {
-                    "model": rows[0]["model"],
-                    "family": family,
-                    "method": method,
-                    "length": n,
-                    "score": score,
-                    "low": number(low),
-                    "high": number(high),
-                    "tasks": sorted(groups),
-                    "cases": cases,
-                    "complete": kind != "incomplete",
-                }
-            )
-            label = {"13": "", "11": "11 tasks, "}.get(kind, f"{len(groups)} tasks, incomplete, ")
-            texts.append(f"{score:.1f} {bounds((low, high))} ({label}n={cases})")
-            if kind != "incomplete":
-                complete[n], by_interval[method, n] = (score, low), (low, high)
-        averages = stats.weighted_averages({n: s for n, (s, _) in complete.items()}) if complete else None
-        effective = {
-            "point": effective_length({n: s for n, (s, _) in complete.items()}, threshold) if complete else None,
-            "sure": effective_length({n: low for n, (_, low) in complete.items()}, threshold) if complete else None,
-        }
-        summary["effective_length"].append(
-            {"model": rows[0]["model"], "task": family, "method": method, **effective, **(averages or {})}
+        line, series[method], intervals = _score_row(
+            method, lengths, by_case, rows[0]["model"], family, threshold, summary
         )
-        series[method] = complete
-        tail = " | ".join(f"{averages[k]:.1f}" for k in ("avg", "wavg_inc", "wavg_dec")) if averages else "— | — | —"
-        lines.append(f"| {method} | " + " | ".join(texts) + f" | {tail} | {effective_text(effective)} |")
-    paired = defaultdict(dict)
+        lines.append(line)
+        by_interval.update({(method, n): interval for n, interval in intervals.items()})
+    paired: dict[str, dict] = {}
     if baselines := baseline_of(rows):
-        lines += [
-            "",
-            f"Minus {BASELINE} on the same cases (the mean over tasks of each task's mean paired difference; "
-            "bootstrap interval resampling each task's pairs; pairs):",
-            "",
-            "| method | " + " | ".join(length_text(n) for n in lengths) + " |",
-            "|---" * (len(lengths) + 1) + "|",
-        ]
-        for method, baseline in baselines.items():
-            texts = []
-            for n in lengths:
-                value, (low, high), pairs = stats.paired_average(by_case[method, n], by_case[baseline, n])
-                summary["ruler_paired"].append(
-                    {
-                        "model": rows[0]["model"],
-                        "family": family,
-                        "method": method,
-                        "minus": baseline,
-                        "length": n,
-                        "difference": number(value),
-                        "low": number(low),
-                        "high": number(high),
-                        "n": pairs,
-                    }
-                )
-                tasks = len(by_case[method, n])  # fewer than 13: a partial average, marked as in the scores' table
-                texts.append(
-                    (difference(value, (low, high), pairs) + ("" if tasks == len(ruler.TASKS) else f" ({tasks} tasks)"))
-                    if pairs
-                    else "—"
-                )
-                if pairs and n in series[method]:  # pictured where the score is: a complete set of tasks
-                    paired[method][n] = (value, (low, high))
-            lines.append(f"| {method} | " + " | ".join(texts) + " |")
+        table, paired = _paired_table(baselines, lengths, by_case, series, rows[0]["model"], family, summary)
+        lines += table
     if any(series.values()):
         picture = pictures.compare(
             out,
@@ -151,3 +85,99 @@ def ruler_section(out: Path, model: str, family: str, rows: list[dict], threshol
         + "."
     )
     return "\n".join(lines) + "\n"
+
+
+def _score_row(
+    method: str, lengths: list[int], by_case: dict, model: str, family: str, threshold: float, summary: dict
+) -> tuple[str, dict[int, tuple[float, float]], dict[int, tuple[float, float]]]:
+    """``method``'s row of the table: per length the RULER score with its interval, then Avg., the weighted
+    averages and the effective length, each appended to ``summary``. Also, at the lengths with a complete set of
+    tasks (13, or 11 without QA), ``(score, low)`` and the interval ``(low, high)``."""
+    complete, intervals, texts = {}, {}, []
+    for n in lengths:
+        groups = {task: list(scores.values()) for task, scores in by_case[method, n].items()}
+        if not groups:
+            texts.append("—")
+            continue
+        score = mean(mean(g) for g in groups.values())
+        low, high = stats.bootstrap(list(groups.values()))
+        names = {task.split(":", 1)[1] for task in groups}
+        kind = "13" if names == set(ruler.TASKS) else "11" if names == set(RULER_WITHOUT_QA) else "incomplete"
+        cases = sum(len(g) for g in groups.values())
+        summary["ruler"].append(
+            {
+                "model": model,
+                "family": family,
+                "method": method,
+                "length": n,
+                "score": score,
+                "low": number(low),
+                "high": number(high),
+                "tasks": sorted(groups),
+                "cases": cases,
+                "complete": kind != "incomplete",
+            }
+        )
+        label = {"13": "", "11": "11 tasks, "}.get(kind, f"{len(groups)} tasks, incomplete, ")
+        texts.append(f"{score:.1f} {bounds((low, high))} ({label}n={cases})")
+        if kind != "incomplete":
+            complete[n], intervals[n] = (score, low), (low, high)
+    averages = stats.weighted_averages({n: s for n, (s, _) in complete.items()}) if complete else None
+    effective = {
+        "point": effective_length({n: s for n, (s, _) in complete.items()}, threshold) if complete else None,
+        "sure": effective_length({n: low for n, (_, low) in complete.items()}, threshold) if complete else None,
+    }
+    summary["effective_length"].append(
+        {"model": model, "task": family, "method": method, **effective, **(averages or {})}
+    )
+    tail = " | ".join(f"{averages[k]:.1f}" for k in ("avg", "wavg_inc", "wavg_dec")) if averages else "— | — | —"
+    return f"| {method} | " + " | ".join(texts) + f" | {tail} | {effective_text(effective)} |", complete, intervals
+
+
+def _paired_table(
+    baselines: dict[str, str],
+    lengths: list[int],
+    by_case: dict,
+    series: dict[str, dict],
+    model: str,
+    family: str,
+    summary: dict,
+) -> tuple[list[str], dict[str, dict]]:
+    """The table of each method minus its baseline (appended to ``summary``), and ``paired[method][length] =
+    (difference, interval)`` where there are pairs and a score in ``series``."""
+    paired: defaultdict[str, dict] = defaultdict(dict)
+    lines = [
+        "",
+        f"Minus {BASELINE} on the same cases (the mean over tasks of each task's mean paired difference; "
+        "bootstrap interval resampling each task's pairs; pairs):",
+        "",
+        "| method | " + " | ".join(length_text(n) for n in lengths) + " |",
+        "|---" * (len(lengths) + 1) + "|",
+    ]
+    for method, baseline in baselines.items():
+        texts = []
+        for n in lengths:
+            value, (low, high), pairs = stats.paired_average(by_case[method, n], by_case[baseline, n])
+            summary["ruler_paired"].append(
+                {
+                    "model": model,
+                    "family": family,
+                    "method": method,
+                    "minus": baseline,
+                    "length": n,
+                    "difference": number(value),
+                    "low": number(low),
+                    "high": number(high),
+                    "n": pairs,
+                }
+            )
+            tasks = len(by_case[method, n])  # fewer than 13: a partial average, marked as in the scores' table
+            texts.append(
+                (difference(value, (low, high), pairs) + ("" if tasks == len(ruler.TASKS) else f" ({tasks} tasks)"))
+                if pairs
+                else "—"
+            )
+            if pairs and n in series[method]:  # pictured where the score is: a complete set of tasks
+                paired[method][n] = (value, (low, high))
+        lines.append(f"| {method} | " + " | ".join(texts) + " |")
+    return lines, paired

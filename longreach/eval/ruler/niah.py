@@ -108,7 +108,8 @@ class Niah:
                     for _ in range(n)
                 ]
             indexes = sorted(rng.sample(range(n), min(n, len(needles))), reverse=True)
-            for index, needle in zip(indexes, needles):
+            # not strict: a haystack of fewer lines than needles places the first ones only
+            for index, needle in zip(indexes, needles, strict=False):
                 lines.insert(index, needle)
             context = "\n".join(lines)
             depths = [index / n for index in indexes]
@@ -121,7 +122,8 @@ class Niah:
             for plural, single in (("Some", "A"), ("are all", "is"), ("are", "is"), ("answers", "answer")):
                 template, answer = template.replace(plural, single), answer.replace(plural, single)
             type_v = type_v[:-1]
-        by_value = dict(zip((needle.rsplit(" ", 1)[-1][:-1] for needle in needles), depths))
+        # not strict: the needles placed have depths, the others (one grid depth; fewer lines than needles) none
+        by_value = dict(zip((needle.rsplit(" ", 1)[-1][:-1] for needle in needles), depths, strict=False))
         return (
             template.format(type_needle_v=type_v, context=context, query=query),
             answer.format(type_needle_v=type_v, query=query),
