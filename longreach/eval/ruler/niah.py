@@ -122,7 +122,7 @@ class Niah:
             for plural, single in (("Some", "A"), ("are all", "is"), ("are", "is"), ("answers", "answer")):
                 template, answer = template.replace(plural, single), answer.replace(plural, single)
             type_v = type_v[:-1]
-        # not strict: the needles placed have depths, the others (one grid depth; fewer lines than needles) none
+        # not strict: only the needles placed have depths (a haystack of fewer lines than needles holds the first)
         by_value = dict(zip((needle.rsplit(" ", 1)[-1][:-1] for needle in needles), depths, strict=False))
         return (
             template.format(type_needle_v=type_v, context=context, query=query),
