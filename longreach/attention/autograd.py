@@ -42,7 +42,8 @@ class PartsAttention(torch.autograd.Function):
                 grad_q[:, :, b.rows] += dq
                 grad_k[:, :, b.keys] += dk
                 grad_value[:, :, b.keys] += dv
-        return (None, None, None, grad_value.to(value.dtype), *(g.to(t.dtype) for g, t in zip(grads, shifted)))
+        grads_in_dtypes = (g.to(t.dtype) for g, t in zip(grads, shifted, strict=True))
+        return (None, None, None, grad_value.to(value.dtype), *grads_in_dtypes)
 
 
 def _block_backward(backward, b, grad_out, q, k, value, out, lse, scaling):

@@ -10,8 +10,8 @@ query row, not the whole cache.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 
@@ -113,4 +113,5 @@ def view_angles(
         else:
             angles.append(rotation(shift - key_constant, inv_freq, dtype, q_positions.device))
     shape = (batch, 1, q_len, inv_freq.shape[-1])
-    return tuple(torch.stack([angle[side].expand(shape) for angle in angles]) for side in (0, 1))
+    cos, sin = [torch.stack([angle[side].expand(shape) for angle in angles]) for side in (0, 1)]
+    return cos, sin

@@ -16,7 +16,7 @@ Inductor to fuse around it.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

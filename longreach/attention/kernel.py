@@ -16,7 +16,7 @@ left padding this index distance equals the position distance of every real toke
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

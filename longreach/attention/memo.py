@@ -9,7 +9,7 @@ that finds an entry reuses it.
 
 from __future__ import annotations
 
-from typing import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 MAX_HELD_MASK_ELEMENTS = 1 << 26
 """A plan whose additive masks hold more elements than this (256 MiB in float32) is rebuilt per layer, not held."""

@@ -53,20 +53,23 @@ def run(plans, backend, scaling, value, shifted):
             torch.full((batch, heads, q_len), NEG_INF, dtype=accumulate, device=q0.device),
         )
 
-    out = lse = None  # allocated at the first block that covers only some rows; a whole first block is taken as it is
-    reached = []  # the row ranges some block has reached
-    for plan, q, k in zip(plans, shifted[0::2], shifted[1::2]):
+    # allocated at the first block that covers only some rows; a whole first block is taken as it is
+    out: torch.Tensor | None = None
+    lse: torch.Tensor | None = None
+    reached: list[tuple[int, int]] = []  # the row ranges some block has reached
+    for plan, q, k in zip(plans, shifted[0::2], shifted[1::2], strict=True):
         call = backend.block_for(q, value)
         for b in plan:
             part_out, part_lse = run_block(call, b, q, k, value, scaling)  # [B, Hq, T, Dv], [B, Hq, T]
             if isinstance(b.mask, torch.Tensor):
                 part_out, part_lse = with_empty_rows(part_out, part_lse, b.mask)
             rows = range(q_len)[b.rows]
-            if out is None and len(rows) == q_len:
-                out, lse = part_out.to(accumulate), part_lse.to(accumulate)
-            elif out is None:
-                out, lse = nothing_attended()
-                out[:, :, b.rows], lse[:, :, b.rows] = part_out, part_lse
+            if out is None or lse is None:  # (both or neither)
+                if len(rows) == q_len:
+                    out, lse = part_out.to(accumulate), part_lse.to(accumulate)
+                else:
+                    out, lse = nothing_attended()
+                    out[:, :, b.rows], lse[:, :, b.rows] = part_out, part_lse
             elif not in_place and len(rows) == q_len:  # FlexAttention's autograd keeps its outputs: merged out of place
                 out, lse = merge(out, lse, part_out, part_lse)
             elif not in_place:

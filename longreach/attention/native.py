@@ -17,8 +17,8 @@ import importlib.util
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 
@@ -46,10 +46,11 @@ def cell_table(
     _, view_of = query_views(cells)
     _, key_of = key_views(cells)
     rows, span_first, span_stop = [], [], []
-    for cell, query_view, key_view in zip(cells, view_of, key_of):
+    for cell, query_view, key_view in zip(cells, view_of, key_of, strict=True):
         span = -1
-        if cell.part.key_span is not None:
-            first, stop = key_indices(cell.span(q_positions))
+        key_span = cell.part.key_span
+        if key_span is not None:
+            first, stop = key_indices(key_span(q_positions))
             span_first.append(first)
             span_stop.append(stop)
             span = len(span_first) - 1
@@ -189,6 +190,7 @@ def _imported(library: Path):
     if not library.exists():
         return None
     spec = importlib.util.spec_from_file_location(library.stem, library)
+    assert spec is not None and spec.loader is not None  # a .so file: the extension module loader's
     try:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)

@@ -16,8 +16,8 @@ cache for its "vec" kernels, which its own writer fills, and whose key blocks th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -118,10 +118,13 @@ def step_layout(
     longest = int(seq_lens.max()) if len(seq_lens) else 1
     tables = [key_angles.of(shift, longest, keys_transposed) for shift in shifts]
     key_cos, key_sin = [table[0] for table in tables], [table[1] for table in tables]
-    # a request's key positions are its key indices: a span is clamped to the keys there are
-    table, span_first, span_stop = native.cell_table(
-        cells, positions, lambda span: tuple(bound.clamp(0, longest).to(torch.int64)[0].contiguous() for bound in span)
-    )
+
+    def key_indices(span: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """A request's key positions are its key indices: a span is clamped to the keys there are."""
+        first, stop = [bound.clamp(0, longest).to(torch.int64)[0].contiguous() for bound in span]
+        return first, stop
+
+    table, span_first, span_stop = native.cell_table(cells, positions, key_indices)
     q_lens = query_start[1:] - query_start[:-1]
     sequences = torch.stack([query_start[:-1], q_lens, seq_lens - q_lens, seq_lens, torch.zeros_like(seq_lens)], dim=1)
     return Step(
@@ -151,7 +154,7 @@ def attend(
     tokens = query.shape[0]
     rows = query.transpose(0, 1).to(torch.float32).contiguous()  # [Hq, T, D]
     queries = [rows]
-    if step.view_cos is not None:
+    if step.view_cos is not None and step.view_sin is not None:  # (both or neither)
         queries += [moved.contiguous() for moved in apply_rotation(rows[None], step.view_cos, step.view_sin)]
     none = torch.empty(0)
     planes = 1 + len(step.key_cos)  # the cache as it is, then once per key shift, turned as read

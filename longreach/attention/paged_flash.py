@@ -17,8 +17,8 @@ edges, and makes three calls over those pieces with block tables that start at a
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 
@@ -78,8 +78,10 @@ def write_moved_keys(
     the cells, written to their slots of that shift's plane ``[slots + 1, Hkv, D]`` (a slot of -1, a padding token,
     writes the last row, which no block holds)."""
     shifts, _ = key_views(cells)
-    rows = torch.where(slots < 0, planes[0].shape[0] - 1, slots) if shifts else None
-    for plane, shift in zip(planes, shifts):
+    if not shifts:
+        return
+    rows = torch.where(slots < 0, planes[0].shape[0] - 1, slots)
+    for plane, shift in zip(planes, shifts, strict=True):
         cos, sin = shift_angles(shift, positions[None], inv_freq.to(key.device), torch.float32)  # [1, 1, T, P]
         plane.index_copy_(0, rows, apply_rotation(key, cos[0, 0, :, None], sin[0, 0, :, None]).to(plane.dtype))
 
@@ -112,7 +114,7 @@ def flash_cells(
     queries, view_of = moved_queries(query, cells, positions, inv_freq)
     _, key_of = key_views(cells)
     results = []
-    for cell, query_view, key_view in zip(cells, view_of, key_of):
+    for cell, query_view, key_view in zip(cells, view_of, key_of, strict=True):
         results.append(
             varlen(
                 q=queries[query_view],
@@ -210,7 +212,7 @@ def flash_dual_chunk(
             block_table=table,
             return_softmax_lse=True,
         )
-        for view, (table, used, causal) in zip(view_of, calls)
+        for view, (table, used, causal) in zip(view_of, calls, strict=True)
     ]
     (own, own_lse), (previous, previous_lse), (earlier, earlier_lse) = results
     near, near_lse = torch.empty_like(own), torch.empty_like(own_lse)

@@ -8,12 +8,12 @@ a position shift for its queries and keys; RoPE's rotations add, so an already-r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Union
 
 import torch
 
-Shift = Union[float, Callable[[torch.Tensor], torch.Tensor]]
+Shift = float | Callable[[torch.Tensor], torch.Tensor]
 """A position shift: a constant, or a function of the tokens' absolute positions ``[B, L]`` (Self-Extend,
 DCA) returning ``[B, L]``, or ``[B, L, G]`` for a shift per frequency: one value per group of ``P / G``
 consecutive rotary pairs, highest frequency first (DPE)."""

@@ -10,6 +10,7 @@ O(n^2 * D) tensors on purpose -- it is the slow, obvious definition the kernel i
 from __future__ import annotations
 
 import math
+from typing import Literal, overload
 
 import torch
 
@@ -36,6 +37,39 @@ def unrotate(
     return torch.cat((head, x[..., rot:].to(torch.float64)), dim=-1)
 
 
+@overload
+def dense_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    relative_positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    scaling: float,
+    attention_scaling: float = 1.0,
+    key_padding: torch.Tensor | None = None,
+    logit_scale: float | torch.Tensor = 1.0,
+    drop_rates: torch.Tensor | None = None,
+    return_weights: Literal[False] = False,
+) -> torch.Tensor: ...
+
+
+@overload
+def dense_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    relative_positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    scaling: float,
+    attention_scaling: float = 1.0,
+    key_padding: torch.Tensor | None = None,
+    logit_scale: float | torch.Tensor = 1.0,
+    drop_rates: torch.Tensor | None = None,
+    *,
+    return_weights: Literal[True],
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 def dense_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -48,7 +82,7 @@ def dense_attention(
     logit_scale: float | torch.Tensor = 1.0,
     drop_rates: torch.Tensor | None = None,
     return_weights: bool = False,
-) -> torch.Tensor:
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of unrotated ``query [B, Hq, Lq, D]`` over ``key``/``value [B, Hkv, Lkv, D]`` in float64.
 
     ``relative_positions [B or 1, Lq, Lkv]``: RoPE's position per pair, NaN where not attended; or
@@ -88,8 +122,8 @@ def dense_attention(
             row = scores[b, h, i]
             attended_scores = row[torch.isfinite(row)]
             if attended_scores.numel() and drop_rates[b, i] > 0:
-                k = math.ceil(float(drop_rates[b, i]) * (attended_scores.numel() - 1) - 1e-9)
-                cut = attended_scores.kthvalue(k + 1).values
+                rank = math.ceil(float(drop_rates[b, i]) * (attended_scores.numel() - 1) - 1e-9)
+                cut = attended_scores.kthvalue(rank + 1).values
                 scores[b, h, i] = row.masked_fill(row < cut, float("-inf"))
     weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
     out = (weights @ v).transpose(1, 2)

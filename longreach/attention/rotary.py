@@ -10,6 +10,8 @@ only the first ``2 * len(inv_freq)`` dimensions rotate.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -48,7 +50,8 @@ def apply_rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
         rest = [x[..., 2 * half :].to(cos.dtype).expand(*first.shape[:-1], -1)] if 2 * half < x.shape[-1] else []
         return torch.cat([first, second, *rest], dim=-1).to(x.dtype)
     lead, angles = x.shape[:-1], cos.shape[:-1]
-    if len(angles) > len(lead) or any(a not in (1, b) for a, b in zip(reversed(angles), reversed(lead))):
+    # not strict: broadcasting matches the trailing dimensions; x's leading ones past the angles' stay as they are
+    if len(angles) > len(lead) or any(a not in (1, b) for a, b in zip(reversed(angles), reversed(lead), strict=False)):
         lead = torch.broadcast_shapes(lead, angles)  # the angles widen x (a Python function: slow, so only then)
     shape = lead + x.shape[-1:]
     moved = torch.empty(shape, dtype=cos.dtype, device=x.device)  # written in place: no temporaries, no concatenation
@@ -66,7 +69,7 @@ def inverse_frequencies(rotary: nn.Module, layer_type: str | None = None) -> tor
     """
     if layer_type is not None and hasattr(rotary, f"{layer_type}_inv_freq"):
         return getattr(rotary, f"{layer_type}_inv_freq")
-    return rotary.inv_freq
+    return cast(torch.Tensor, rotary.inv_freq)  # a buffer (nn.Module's __getattr__ says Tensor | Module)
 
 
 def rotary_pairs(rotary: nn.Module) -> int:

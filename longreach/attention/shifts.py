@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import weakref
 from collections import OrderedDict
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -113,6 +113,7 @@ def augmented(query, key, part: Part, q_positions, positions, inv_freq) -> tuple
     """
     moved_q = shifted(query, part.query_shift, q_positions, inv_freq)
     moved_k = shifted_keys(key, part.key_shift, positions, inv_freq)
+    assert part.pairs is not None  # augmented: for a part with per-head pairs only
     dims = _pair_dims(part.pairs, query.shape[1], query.shape[-1], query.device)
     q = torch.cat((moved_q.masked_fill(~dims, 0.0), query.masked_fill(dims, 0.0)), dim=-1)
     return q, torch.cat((moved_k, key), dim=-1)
@@ -208,7 +209,7 @@ class MovedKeys:
         self.vouched = False  # before a call: the cache holds ``received``, unchanged
         self.extending = 0  # during a call: the keys it adds after the kept ones (0: none are trusted)
 
-    def __deepcopy__(self, memo_of_copy) -> "MovedKeys":
+    def __deepcopy__(self, memo_of_copy) -> MovedKeys:
         return MovedKeys()  # a copied model keeps nothing: its cache is another one
 
     def vouch(self, cached_key: torch.Tensor | None) -> None:
@@ -276,11 +277,13 @@ def fold_block_key_shifts(parts: Sequence[Part], positions: torch.Tensor) -> lis
     for part in parts:
         size = part.key_shift_block
         starts = range(lowest // size * size, highest + 1, size) if size is not None else range(0)
-        if not starts or len(starts) > MAX_FOLDED_BLOCKS:  # tiny chunks: rotating the keys is cheaper
+        if size is None or not starts or len(starts) > MAX_FOLDED_BLOCKS:  # tiny chunks: rotating the keys is cheaper
             folded.append(part)
             continue
+        key_shift = part.key_shift
+        assert callable(key_shift)  # constant on blocks: a function of the positions (DCA's)
         for start in starts:
-            sigma = float(part.key_shift(torch.tensor([start], dtype=torch.float64))[0])
+            sigma = float(key_shift(torch.tensor([start], dtype=torch.float64))[0])
             folded.append(
                 Part(
                     part.min_distance,

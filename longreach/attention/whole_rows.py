@@ -17,7 +17,8 @@ so a row's scores over every key it may attend must exist before its softmax. Th
 
 from __future__ import annotations
 
-from typing import Iterator, NamedTuple, Sequence
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -112,7 +113,8 @@ def _tiles(
 ) -> Iterator[Tile]:
     """The tiles of ``rows`` (absolute indices), each with its key window and its cells' keys, widened to
     multiples of the width quantum (see the module)."""
-    quantum = -(-(-(-kv_len // WIDTHS)) // WIDTH_ALIGNMENT) * WIDTH_ALIGNMENT
+    per_width = -(-kv_len // WIDTHS)  # ceil(kv_len / WIDTHS)
+    quantum = -(-per_width // WIDTH_ALIGNMENT) * WIDTH_ALIGNMENT
 
     def widen(start, stop):
         return slice(start // quantum * quantum, min(kv_len, -(-stop // quantum) * quantum))
@@ -198,7 +200,7 @@ class _DroppedRows(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, plan, scaling, drop, query, value, *flat):
-        shifted = list(zip(flat[0::2], flat[1::2]))
+        shifted = list(zip(flat[0::2], flat[1::2], strict=True))
         out = torch.zeros((*query.shape[:3], value.shape[-1]), dtype=compute_dtype(query.dtype), device=query.device)
         for tile in _tiles(*plan):
             probabilities = _probabilities(tile, query, shifted, scaling, drop)
@@ -210,7 +212,7 @@ class _DroppedRows(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         query, value, out, *flat = ctx.saved_tensors
-        shifted = list(zip(flat[0::2], flat[1::2]))
+        shifted = list(zip(flat[0::2], flat[1::2], strict=True))
         accumulate = out.dtype
         grad_value = torch.zeros(value.shape, dtype=accumulate, device=value.device)
         grads = [torch.zeros(t.shape, dtype=accumulate, device=t.device) for t in flat]
@@ -232,4 +234,5 @@ class _DroppedRows(torch.autograd.Function):
                 grads[2 * index + 1][:, :, keys] += per_kv_head(
                     part.transpose(-1, -2) @ q[:, :, tile.rows].to(accumulate), k.shape[1]
                 )
-        return (None, None, None, None, grad_value.to(value.dtype), *(g.to(t.dtype) for g, t in zip(grads, flat)))
+        grads_in_dtypes = (g.to(t.dtype) for g, t in zip(grads, flat, strict=True))
+        return (None, None, None, None, grad_value.to(value.dtype), *grads_in_dtypes)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -39,11 +39,13 @@ class Backend:
         the call to :attr:`fallback`."""
         return cells
 
-    def keep(self, prepared: object) -> bool:
+    # ``prepared`` (keep, run) is what this backend's own prepare returned, of a type each backend chooses: Any here,
+    # so that a backend's methods name their own
+    def keep(self, prepared: Any) -> bool:
         """Whether ``prepared`` is small enough to hold for a forward pass."""
         return True
 
-    def run(self, prepared: object, cells: tuple[Cell, ...], call: Call) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(self, prepared: Any, cells: tuple[Cell, ...], call: Call) -> tuple[torch.Tensor, torch.Tensor]:
         """``(out [B, Hq, Lq, Dv], lse [B, Hq, Lq])``, ``out`` in the accumulation dtype or already in the query's (a
         view of ``[B, Lq, Hq, Dv]`` that the kernel returns as it is); a row with no key is 0, ``-inf``."""
         raise NotImplementedError

@@ -20,8 +20,8 @@ import functools
 import os
 import shutil
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -44,7 +44,7 @@ def available(device: torch.device | str, for_auto: bool = False) -> bool:
     return _compiler() is not None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiler() -> str | None:
     """The C++ compiler torch would build with (``CXX``, else ``c++``), or ``None``."""
     return shutil.which(os.environ.get("CXX", "c++"))
@@ -115,12 +115,12 @@ class CpuFused(Backend):
     def give_up(self, error) -> None:
         give_up(error)
 
-    def prepare(self, cells: tuple[Cell, ...], call: Call) -> "Layout | None":
+    def prepare(self, cells: tuple[Cell, ...], call: Call) -> Layout | None:
         """The cells' layout, or ``None`` (to the tiled kernel) for padding other than on the left, or key spans over
         positions that are not consecutive (packed documents)."""
         return Layout.of(cells, call)
 
-    def run(self, layout: "Layout", cells: tuple[Cell, ...], call: Call) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(self, layout: Layout, cells: tuple[Cell, ...], call: Call) -> tuple[torch.Tensor, torch.Tensor]:
         """As in the Triton kernel (:mod:`.triton`), a cell's query is moved by its query shift less a constant key
         shift (a row per query: a decoding step moves one, where moving the keys would turn the whole cache); DCA's
         key shift, constant per chunk, is folded into one query per chunk in decoding. A layer rotates its query
@@ -147,7 +147,7 @@ class Layout:
     first_key: torch.Tensor
 
     @classmethod
-    def of(cls, cells: tuple[Cell, ...], call: Call) -> "Layout | None":
+    def of(cls, cells: tuple[Cell, ...], call: Call) -> Layout | None:
         positions, key_padding = call.positions, call.key_padding
         batch, kv_len, q_len = call.batch, call.kv_len, call.q_len
         first_key = torch.zeros(batch, dtype=torch.int64) if key_padding is None else first_real_keys(key_padding)
@@ -167,9 +167,12 @@ class Layout:
         return cls(table, angles, key_shifts, span_first, span_stop, first_key.to(torch.int64).contiguous())
 
 
-def _key_indices(span, offsets: torch.Tensor, kv_len: int, batch: int, q_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _key_indices(
+    span, offsets: torch.Tensor | None, kv_len: int, batch: int, q_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A span of key positions ``(first, stop)`` as key indices in ``[0, Lkv]``, ``[B, Lq]`` each (``offsets [B]``: each
     sequence's position of key 0), clamped before the subtraction: DCA's "every position" is int64's least."""
+    assert offsets is not None  # found wherever a cell has a key span (Layout.of declines the call otherwise)
     first_position = offsets[:, None]
     return tuple(
         (bound.clamp(first_position - kv_len, first_position + 2 * kv_len) - first_position)

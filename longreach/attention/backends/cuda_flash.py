@@ -66,8 +66,9 @@ class CudaFlash(Backend):
             return None
         return cells if all(cell.by_distance_alone for cell in cells) else None
 
-    def run(self, cells: tuple[Cell, ...], _, call: Call) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each cell's band on the query and keys its shifts move, merged by log-sum-exp."""
+    def run(self, prepared: tuple[Cell, ...], cells: tuple[Cell, ...], call: Call) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each cell's band (of ``prepared``, the cells :meth:`prepare` took) on the query and keys its shifts move,
+        merged by log-sum-exp."""
         (out, lse), *others = [
             _band(
                 shifted(call.query, cell.query_shift, call.q_positions, call.inv_freq),
@@ -77,7 +78,7 @@ class CudaFlash(Backend):
                 cell.hi,
                 call.scaling,
             )
-            for cell in cells
+            for cell in prepared
         ]
         for cell_out, cell_lse in others:
             out, lse = merge(out, lse, cell_out, cell_lse)

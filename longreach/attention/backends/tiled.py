@@ -9,7 +9,8 @@ decoding, put the moved and the plain keys side by side (:func:`..shifts.augment
 
 from __future__ import annotations
 
-from typing import Callable, ClassVar
+from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 
@@ -51,8 +52,8 @@ class TiledBackend(Backend):
         """Whether unmasked blocks may be as large as the region allows (else tiles, differentiated tile by tile)."""
         return not call.needs_grad or self.has_backward
 
-    def prepare(self, cells: tuple[Cell, ...], call: Call) -> list[list[Block]]:
-        """Each cell's blocks (:mod:`..plan`)."""
+    def prepare(self, cells: tuple[Cell, ...], call: Call) -> list[list[Block]] | None:
+        """Each cell's blocks (:mod:`..plan`); never ``None`` here, a subclass may decline (:mod:`.cuda_cudnn`)."""
         padded = padded_keys(call.key_padding, call.q_len, call.kv_len)
         return [self.plan(cell, call, padded) for cell in cells]
 
@@ -88,8 +89,9 @@ class TiledBackend(Backend):
         return held <= MAX_HELD_MASK_ELEMENTS
 
     def run(self, plans: list[list[Block]], cells: tuple[Cell, ...], call: Call) -> tuple[torch.Tensor, torch.Tensor]:
-        kept, inputs, keys = [], [], {}
-        for cell, plan in zip(cells, plans):
+        kept, inputs = [], []
+        keys: dict[tuple[int, int], torch.Tensor] = {}  # moved keys by (key shift, pairs)
+        for cell, plan in zip(cells, plans, strict=True):
             if not plan:  # no pair of the cell here (a decoding step's other chunks): nothing to move
                 continue
             part = cell.part
@@ -106,10 +108,10 @@ class TiledBackend(Backend):
                     part.pairs,
                     angles(call, "query", part.query_shift, call.q_positions),
                 )
-                if (k := keys.get((id(part.key_shift), id(part.pairs)))) is None:  # DCA's three parts turn keys once
-                    k = keys[id(part.key_shift), id(part.pairs)] = moved_keys(
-                        call, part.key_shift, part.pairs
-                    )  # [B, Hkv, Lkv, D]
+                moved_id = (id(part.key_shift), id(part.pairs))  # DCA's three parts turn keys once
+                if (moved := keys.get(moved_id)) is None:
+                    moved = keys[moved_id] = moved_keys(call, part.key_shift, part.pairs)
+                k = moved  # [B, Hkv, Lkv, D]
             kept.append(plan)
             inputs += [q, k]
         if not inputs:  # no cell reaches a key

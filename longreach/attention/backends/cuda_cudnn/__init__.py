@@ -48,7 +48,7 @@ _kernels_failed: list[str] = []  # why the Triton rotation and merge failed to c
 
 
 def _declined(reason: str) -> None:
-    """Hand the call on (``None``), with one warning per ``reason`` in this process."""
+    """Say that the call is handed on, once per ``reason`` in this process (the caller returns ``None``)."""
     if reason not in _reasons_declined:
         _reasons_declined.add(reason)
         warnings.warn(
@@ -56,7 +56,6 @@ def _declined(reason: str) -> None:
             "(slower, the same results)",
             stacklevel=6,
         )
-    return None
 
 
 class CudnnError(RuntimeError):
@@ -146,22 +145,13 @@ class CudaCudnn(TiledBackend):
         in a process (a decoding step is never cuDNN's)."""
         if call.q_len <= SMALL_QUERY:
             return None
-        if call.needs_grad:
-            return _declined("gradients")
-        if call.key_padding is not None:
-            return _declined("key padding (a padded batch)")
-        if any(cell.part.pairs is not None for cell in cells):
-            return _declined("DPE's per-head rotary pairs")
-        for cell in cells:
-            band = None if cell.hi is None else cell.hi - cell.lo - 1  # the band's tile
-            if cell.part.key_span is not None or band is None:
-                continue
-            if band < MIN_BAND_TILE:
-                return _declined(f"a band narrower than {MIN_BAND_TILE} keys")
-            if band_clipped(call.q_len, cell.lo, cell.hi, call.offset, band):
-                return _declined("a chunk of queries whose band meets the first key")
+        reason = _needs_mask(cells, call)
+        if reason is not None:
+            _declined(reason)
+            return None
         plans = [self.plan(cell, call, 0) if cell.part.key_span is None else _spanned(cell, call) for cell in cells]
-        return None if any(plan is None for plan in plans) else plans
+        whole = [plan for plan in plans if plan is not None]
+        return whole if len(whole) == len(plans) else None
 
     def run(self, plans: list[list[Block]], cells: tuple[Cell, ...], call: Call) -> tuple[torch.Tensor, torch.Tensor]:
         """Every block one call of cuDNN's attention on queries and keys moved by :func:`.kernels.rotated`,
@@ -183,8 +173,9 @@ class CudaCudnn(TiledBackend):
             return super().run(plans, cells, call)
 
     def _run_fused(self, plans, cells, call) -> tuple[torch.Tensor, torch.Tensor]:
-        pieces, keys = [], {}
-        for cell, plan in zip(cells, plans):
+        pieces = []
+        keys: dict[int, torch.Tensor] = {}  # moved keys by key shift
+        for cell, plan in zip(cells, plans, strict=True):
             if not plan:  # no pair of the cell here: nothing to move
                 continue
             part = cell.part
@@ -212,16 +203,41 @@ class CudaCudnn(TiledBackend):
         return Piece(out, lse, b.rows.start, reversed=b.flipped)
 
 
+def _needs_mask(cells: tuple[Cell, ...], call: Call) -> str | None:
+    """Why some block of a prefill would need a mask or autograd would differentiate it (host arithmetic before any
+    block is made, key spans aside: :func:`_spanned`), or ``None``."""
+    if call.needs_grad:
+        return "gradients"
+    if call.key_padding is not None:
+        return "key padding (a padded batch)"
+    if any(cell.part.pairs is not None for cell in cells):
+        return "DPE's per-head rotary pairs"
+    for cell in cells:
+        if cell.part.key_span is not None or cell.hi is None:
+            continue
+        band = cell.hi - cell.lo - 1  # the band's tile
+        if band < MIN_BAND_TILE:
+            return f"a band narrower than {MIN_BAND_TILE} keys"
+        if band_clipped(call.q_len, cell.lo, cell.hi, call.offset, band):
+            return "a chunk of queries whose band meets the first key"
+    return None
+
+
 def _spanned(cell: Cell, call: Call) -> list[Block] | None:
     """A cell limited by key spans (DCA) as whole blocks (:func:`...plan.span_blocks`), its spans read on the host
     once per pass; ``None`` (with a warning) where the keys' positions are not their indices (a batch whose
     positions differ) or a block would need a mask."""
     indices = torch.arange(call.kv_len, device=call.positions.device)
     if not torch.equal(call.positions, indices.expand_as(call.positions)):
-        return _declined("key spans at positions other than the keys' indices")
-    first, stop = (bound.expand(call.batch, call.q_len)[0].cpu() for bound in cell.span(call.q_positions))
+        _declined("key spans at positions other than the keys' indices")
+        return None
+    key_span = cell.part.key_span
+    assert key_span is not None  # a cell limited by key spans
+    first, stop = (bound.expand(call.batch, call.q_len)[0].cpu() for bound in key_span(call.q_positions))
     found = span_blocks(first, stop, cell.lo, cell.hi, call.offset, call.kv_len)
-    return found if found is not None else _declined("key spans that are not whole blocks")
+    if found is None:
+        _declined("key spans that are not whole blocks")
+    return found
 
 
 def _moved(x: torch.Tensor, shift_angles: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:

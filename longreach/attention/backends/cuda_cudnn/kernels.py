@@ -14,7 +14,9 @@ them :data:`FUSED` is False. Runs compiled on CUDA, and on the CPU under Triton'
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+import itertools
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -224,7 +226,7 @@ def merge_into(pieces: Sequence[Piece], out: torch.Tensor, lse: torch.Tensor | N
     row is read from every piece that covers it and written once."""
     batch, length, heads, dim = out.shape
     edges = sorted({0, length, *(p.first for p in pieces), *(p.stop for p in pieces)})
-    for start, stop in zip(edges, edges[1:]):
+    for start, stop in itertools.pairwise(edges):
         covering = [p for p in pieces if p.first <= start and stop <= p.stop]
         if not covering:
             out[:, start:stop].zero_()

@@ -139,7 +139,7 @@ RECOMPILE_LIMIT = 64
 a few lengths; past it PyTorch falls back to the eager version, which holds the whole scores matrix)."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _function(device_type: str):
     """Compiled ``flex_attention`` on CUDA; the eager one elsewhere (its warning about that, once, silenced)."""
     if device_type == "cuda":
@@ -228,9 +228,11 @@ class Flex(TiledBackend):
         segment; a query segment's rows are a softmax of their own, merged with the others' by log-sum-exp."""
         queries, keys, regions = [], [], []
         for cell in cells:
-            moving_query = callable(cell.query_shift)
-            query = cell.query_shift if moving_query else None
-            key = (cell.key_shift, 0.0 if moving_query else float(cell.query_shift))
+            query: Shift | None = None
+            if callable(cell.query_shift):  # a moving query: its own segment
+                query, key = cell.query_shift, (cell.key_shift, 0.0)
+            else:
+                key = (cell.key_shift, float(cell.query_shift))
             queries += [] if query in queries else [query]
             keys += [] if key in keys else [key]
             span = cell.span(call.q_positions)
@@ -259,7 +261,8 @@ class Flex(TiledBackend):
             moved = shifted_keys(
                 call.key, key_shift, positions, inv_freq, None, angles(call, "key", key_shift, positions)
             )
-            keys.append(shifted(moved, -query_constant, None, inv_freq) if query_constant else moved)
+            # a constant shift: the positions go unread
+            keys.append(shifted(moved, -query_constant, positions, inv_freq) if query_constant else moved)
         q_segment, kv_segment = segment_length(call.q_len), segment_length(call.kv_len)
         side_queries = _side_by_side(queries, q_segment)  # [B, Hq, segments * s_q, D]
         side_keys = _side_by_side(keys, kv_segment)  # [B, Hkv, segments * s_k, D]

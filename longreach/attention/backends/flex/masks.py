@@ -45,7 +45,7 @@ class Region:
         first, stop, key_positions = self.span
         return covers(distance, self.lo, self.hi, real, key_positions[b, kv_idx], (first[b, q_idx], stop[b, q_idx]))
 
-    def block_mask(self, batch: int, q_len: int, kv_len: int, device) -> "_flex_module.BlockMask":
+    def block_mask(self, batch: int, q_len: int, kv_len: int, device) -> _flex_module.BlockMask:
         """The region as a FlexAttention block mask (one for the whole batch when nothing depends on the sequence)."""
         if self.padding is None and self.span is None:
             return _structured_block_mask(self.lo, self.hi, self.offset, q_len, kv_len, str(device))
@@ -66,7 +66,10 @@ def _block_mask(region: Region, batch: int, q_len: int, kv_len: int, device):
     def as_tensor(x):
         return None if x is None else torch.tensor(min(max(x, INT32.min), INT32.max), dtype=torch.int32, device=device)
 
-    span = None if region.span is None else tuple(map(_int32, region.span))
+    span = None
+    if region.span is not None:
+        first, stop, key_positions = region.span
+        span = (_int32(first), _int32(stop), _int32(key_positions))
     traced = dataclasses.replace(
         region, lo=as_tensor(region.lo), hi=as_tensor(region.hi), offset=as_tensor(region.offset), span=span
     )
@@ -122,7 +125,7 @@ def segment_length(length: int) -> int:
 
 def segmented_block_mask(
     cells: list[tuple[int, int, Region]], q_segments: int, kv_segments: int, q_len: int, kv_len: int, device
-) -> "_flex_module.BlockMask":
+) -> _flex_module.BlockMask:
     """One block mask over queries and keys laid side by side in tile-aligned segments (``segment_length`` rows or
     keys each): cell ``(a, c, region)`` gives query segment ``a`` against key segment ``c`` the pairs of ``region``
     (row ``a s_q + t`` is query ``t`` as a part moves it, key ``c s_k + j`` key ``j``); pairs of no cell are out.

@@ -184,22 +184,24 @@ def lay_out(cells: tuple[Cell, ...], q_positions: torch.Tensor, inv_freq: torch.
     shifts, key_of = key_views(cells)
     slots = [
         Slot(cell.lo, cell.hi, None if table == 0 else table - 1, cell.part.key_span is not None)
-        for cell, table in zip(cells, key_of)
+        for cell, table in zip(cells, key_of, strict=True)
     ]
     moved = view_angles(views, q_positions, inv_freq, dtype) if views else None
     spans = None
     if any(cell.part.key_span is not None for cell in cells):
         everything = torch.iinfo(torch.int64)
         every = [torch.full_like(q_positions, bound, dtype=torch.int64) for bound in (everything.min, everything.max)]
-        bounds = [
-            every if cell.part.key_span is None else [b.expand_as(q_positions) for b in cell.span(q_positions)]
-            for cell in cells
-        ]
-        spans = tuple(torch.stack([bound[side] for bound in bounds]) for side in (0, 1))  # [C, B, Lq] each
+        bounds = []
+        for cell in cells:
+            span = cell.span(q_positions)
+            bounds.append(every if span is None else [b.expand_as(q_positions) for b in span])
+        first, stop = [torch.stack([bound[side] for bound in bounds]) for side in (0, 1)]  # [C, B, Lq] each
+        spans = (first, stop)
     tables = None
     if shifts:
         turns = [key_angles(shift) for shift in shifts]
-        tables = tuple(torch.stack([turn[side][:, 0] for turn in turns]) for side in (0, 1))  # [T, B, Lkv, P] each
+        cos, sin = [torch.stack([turn[side][:, 0] for turn in turns]) for side in (0, 1)]  # [T, B, Lkv, P] each
+        tables = (cos, sin)
     return Layout(slots, view_of, moved, tables, spans)
 
 

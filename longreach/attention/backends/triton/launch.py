@@ -126,8 +126,16 @@ def launch(
     key, value = _unit_stride(key), _unit_stride(value)
     pairs = dim // 2 if cos is None else cos.shape[-1]
     dummy = torch.empty(1, dtype=accumulate, device=key.device)  # never read (its flag is off): no launch to fill it
-    cos, sin = (dummy, dummy) if cos is None else (cos.to(accumulate).contiguous(), sin.to(accumulate).contiguous())
-    first, stop = (dummy, dummy) if first is None else (first.contiguous(), stop.contiguous())
+    if cos is None:
+        cos = sin = dummy
+    else:
+        assert sin is not None  # given with cos
+        cos, sin = cos.to(accumulate).contiguous(), sin.to(accumulate).contiguous()
+    if first is None:
+        first = stop = dummy
+    else:
+        assert stop is not None  # given with first
+        first, stop = first.contiguous(), stop.contiguous()
     key_positions = dummy if key_positions is None else key_positions.contiguous()
     q_positions = dummy if q_positions is None else q_positions.contiguous()
     valid = dummy if padding is None else padding.to(torch.int8).contiguous()
@@ -225,7 +233,7 @@ if triton is not None:
 
     if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter runs kernels on fake tensors: their shapes instead
 
-        @key_splits.register_fake
+        @key_splits.register_fake  # type: ignore[attr-defined]  # a CustomOpDef, which torch types as a Callable
         def _(query, key, value, bounds, tables, spanned, scaling, offset, splits=0, *tensors):
             batch, q_heads, q_len = query.shape[1:4]
             grid = Grid.of(key.device, batch, key.shape[1], q_heads // key.shape[1] * q_len, key.shape[2], splits)
