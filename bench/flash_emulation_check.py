@@ -1,4 +1,5 @@
-"""The FlashAttention emulation the CUDA tests rest on (``tests/flash_emulation.py``), checked against a real kernel.
+"""The FlashAttention emulation the CUDA tests rest on (``tests/helpers/flash_emulation.py``), checked against a real
+kernel.
 
 ``longreach.attention.paged_flash`` (vLLM's CUDA backend) and ``cuda_flash`` are tested on the CPU through an
 emulation of FlashAttention's varlen call: bottom-right causal alignment, a left window, ``seqused_k``, grouped heads,
@@ -21,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from flash_emulation import flash_attn_varlen_func  # noqa: E402  (the emulation under check)
+from helpers.flash_emulation import flash_attn_varlen_func  # noqa: E402  (the emulation under check)
 
 BLOCK = 16
 # (name, [(queries, keys held, keys used)] per request, query heads, key/value heads, left window): each a semantic

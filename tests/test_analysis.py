@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import transformers
-from conftest import tiny_model
+from helpers.tiny_models import tiny_model
 
 from longreach import cli, plots
 from longreach.analysis import cost, frequency, matrix
@@ -36,7 +36,7 @@ def test_frequency_errors_and_token_lengths(tmp_path):
         frequency.synthetic("zipf")
     (tmp_path / "a.txt").write_text("abc")
     (tmp_path / "b.txt").write_text("abcdefgh")
-    from conftest import byte_tokenizer
+    from helpers.tiny_models import byte_tokenizer
 
     assert frequency.token_lengths(tmp_path, byte_tokenizer()).tolist() == [3, 8]
 

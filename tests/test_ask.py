@@ -5,7 +5,7 @@ import re
 
 import pytest
 import torch
-from conftest import TINY_VOCAB, byte_tokenizer, tiny_model
+from helpers.tiny_models import TINY_VOCAB, byte_tokenizer, tiny_model
 
 import longreach
 from longreach import ask, demo_page
@@ -52,6 +52,7 @@ def test_a_bad_document_is_one_line(tmp_path, name, content, expected):
         ask.read_document(tmp_path / name)
 
 
+@pytest.mark.slow
 @torch.no_grad()
 def test_each_method_answers_the_same_prompt_and_the_model_is_left_as_it_came():
     tokenizer = byte_tokenizer()

@@ -1,14 +1,14 @@
-"""A new backend is one file and one registry line: the toy backend (tests/toy_backend.py), once registered, is
+"""A new backend is one file and one registry line: the toy backend (tests/helpers/toy_backend.py), once registered, is
 known to the kernel, to pick and its errors, and to apply."""
 
 import pytest
 import torch
-import toy_backend
-from conftest import tiny_model
-from test_kernel import case, expected
+from helpers import toy_backend
+from helpers.cases import attend, case, expected
+from helpers.tiny_models import tiny_model
 
 import longreach
-from longreach.attention import backends, kernel
+from longreach.attention import backends
 from longreach.methods import create
 
 
@@ -24,15 +24,14 @@ def toy(monkeypatch):
 def test_a_registered_backend_computes_every_method_as_the_reference(toy, name, params):
     """Prefill and a decoding step, left padding, grouped-query heads, the model's sliding window."""
     method = create(name, training_window=60, **params)
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(50, pads=(0, 7))
+    example = case(50, pads=(0, 7))
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = example
     for q_len, window in ((50, None), (1, None), (50, 30)):
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3, window=window)
-        got = kernel.attention(
-            q_rot[:, :, -q_len:].float(),
-            k_rot.float(),
-            v.float(),
-            method.parts(),
-            inv_freq.float(),
+        got = attend(
+            method,
+            example,
+            q_len,
             scaling=0.3,
             key_padding=padding,
             positions=positions,

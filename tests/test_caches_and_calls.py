@@ -9,40 +9,18 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from conftest import native_builds, tiny_model
+from helpers.model_cases import CACHE_FAMILIES, METHODS, ids, left_padded
+from helpers.native import native_builds
+from helpers.tiny_models import tiny_model
 from transformers import AttentionInterface, StaticCache
 from transformers.masking_utils import AttentionMaskInterface
 
 import longreach
 
-METHODS = {
-    "string": dict(shift=20, local_window=4),
-    "rerope": dict(window=30, leak=2.0),
-    "self_extend": dict(group_size=3, neighbor_window=16),
-    "dca": dict(chunk_size=30, local_window=6),
-    "dynamic_drop": dict(chunk=8, initial_rate=0.2, layers=(0, 1)),
-    "dpe": dict(
-        group_scales=(2, 3, 1, 4),
-        local_window=12,
-        top_k=3,
-        dimensions=torch.rand(2, 4, 8, generator=torch.Generator().manual_seed(1)),
-    ),
-}
-CACHE_FAMILIES = {"llama": {}, "mistral": {"sliding_window": 24}, "gemma3": {}}  # full, sliding, hybrid caches
 
-
-def ids(n, seed=0, batch=2):
-    return torch.randint(3, 97, (batch, n), generator=torch.Generator().manual_seed(seed))
-
-
-def left_padded(n=40, pad=7, seed=0):
-    x = ids(n, seed)
-    mask = torch.ones_like(x)
-    mask[1, :pad] = 0
-    return x, mask
-
-
-@pytest.mark.parametrize("family", sorted(CACHE_FAMILIES))
+@pytest.mark.parametrize(
+    "family", [f if f == "llama" else pytest.param(f, marks=pytest.mark.slow) for f in sorted(CACHE_FAMILIES)]
+)
 @pytest.mark.parametrize("name", sorted(METHODS))
 @torch.no_grad()
 def test_a_static_cache_equals_the_dynamic_cache(family, name):
@@ -61,7 +39,7 @@ def test_a_static_cache_equals_the_dynamic_cache(family, name):
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 @pytest.mark.parametrize("name", sorted(METHODS))
-@pytest.mark.parametrize("backend", ["auto", "flex"])
+@pytest.mark.parametrize("backend", ["auto", pytest.param("flex", marks=pytest.mark.slow)])
 @torch.no_grad()
 def test_cached_decoding_equals_the_reference_in_models(family, name, backend):
     """Left padding, a chunked prefill into the cache, then one-token steps, with FlexAttention (eager on
@@ -79,7 +57,7 @@ def test_cached_decoding_equals_the_reference_in_models(family, name, backend):
     assert (torch.cat(pieces, 1) - want)[mask.bool()].abs().max() <= 1e-8
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.parametrize("family", ["llama", pytest.param("gemma3", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name", ["rope", *sorted(METHODS)])
 @torch.no_grad()
 def test_generate_with_a_chunked_prefill_equals_one_forward(family, name):
@@ -103,6 +81,7 @@ def test_generate_with_a_chunked_prefill_equals_one_forward(family, name):
     assert (torch.stack(chunked.logits) - torch.stack(whole.logits)).abs().max() <= 1e-8
 
 
+@pytest.mark.slow
 @torch.no_grad()
 def test_compiled_forward_with_a_static_cache_equals_eager():
     model = tiny_model("llama")
@@ -257,7 +236,7 @@ def test_the_backend_is_a_device_choice_not_saved_with_the_model(tmp_path):
 
 
 def _byte_tokenizer():
-    from conftest import byte_tokenizer
+    from helpers.tiny_models import byte_tokenizer
 
     return byte_tokenizer()
 
@@ -359,7 +338,7 @@ def test_generate_declares_the_prompt_and_remove_gives_back_transformers_own():
     assert "generate" not in model.__dict__ and "generate" in twin.__dict__
 
 
-@pytest.mark.parametrize("backend", ["auto", "cpu_flash", "flex"])
+@pytest.mark.parametrize("backend", ["auto", "cpu_flash", pytest.param("flex", marks=pytest.mark.slow)])
 @torch.no_grad()
 def test_a_forward_builds_each_plan_once_whatever_the_number_of_layers(monkeypatch, backend):
     """Plans, block masks, the C++ kernel's layout, shift angles and the scan for padding depend on positions alone:
@@ -423,6 +402,7 @@ COMPILED_STEP = [("llama", name, "auto") for name in ["rope", "pi", "ntk", "yarn
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family, name, backend", COMPILED_STEP)
 @torch.no_grad()
 def test_a_decoding_step_with_a_static_cache_compiles_whole(family, name, backend):
@@ -463,6 +443,7 @@ def test_a_decoding_step_with_a_static_cache_compiles_whole(family, name, backen
     assert (compiled - eager).abs().max() <= 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, padded", [("string", True), ("dca", True), ("string", False)])
 @torch.no_grad()
 def test_generate_compiles_its_decoding_steps_whole(name, padded):
@@ -484,6 +465,7 @@ def test_generate_compiles_its_decoding_steps_whole(name, padded):
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1  # the steps ran compiled, compiled once
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(METHODS))
 @torch.no_grad()
 def test_every_method_compiles_whole_on_a_partial_rotary_model(name):

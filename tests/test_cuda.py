@@ -9,12 +9,12 @@ machine with ``pytest -m cuda``.
 
 import pytest
 import torch
-from conftest import tiny_model
-from test_caches_and_calls import CACHE_FAMILIES, left_padded
-from test_caches_and_calls import METHODS as MODEL_METHODS
-from test_gradients import METHODS as GRADIENT_METHODS
-from test_gradients import gradients
-from test_kernel import BASELINES, case, expected
+from helpers.cases import BASELINES, case, expected
+from helpers.gradients import METHODS as GRADIENT_METHODS
+from helpers.gradients import gradients
+from helpers.model_cases import CACHE_FAMILIES, left_padded
+from helpers.model_cases import METHODS as MODEL_METHODS
+from helpers.tiny_models import tiny_model
 
 import longreach
 from longreach.attention import backends, kernel, plan, reference

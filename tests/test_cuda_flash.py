@@ -5,10 +5,9 @@ reference; tests/test_cuda.py runs the real kernel."""
 
 import pytest
 import torch
-from test_cudnn import DISTANCE_METHODS
-from test_kernel import case, expected
+from helpers.cases import DISTANCE_METHODS, attend, case, expected
 
-from longreach.attention import backends, block_math, kernel
+from longreach.attention import backends, block_math
 from longreach.attention.backends import cuda_flash
 from longreach.attention.cells import lower
 from longreach.methods import create
@@ -50,30 +49,26 @@ def calls(monkeypatch):
     return made
 
 
-def flash_attention(method, q_rot, k_rot, v, inv_freq, positions, q_len, sliding_window=None):
-    return kernel.attention(
-        q_rot[:, :, -q_len:].float(),
-        k_rot.float(),
-        v.float(),
-        method.parts(),
-        inv_freq.float(),
-        scaling=0.3,
-        positions=positions,
-        sliding_window=sliding_window,
-        backend="cuda_flash",
+def flash_attention(method, example, q_len, sliding_window=None):
+    """``backend="cuda_flash"`` on the last ``q_len`` queries of ``example`` (a :func:`case`), at its positions."""
+    positions = example[5]
+    return attend(
+        method, example, q_len, scaling=0.3, positions=positions, sliding_window=sliding_window, backend="cuda_flash"
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, params", DISTANCE_METHODS)
 @pytest.mark.parametrize("n", [20, 120, 131])
 def test_every_distance_method_in_prefill_and_decoding_equals_the_reference(calls, name, params, n):
     """GQA 4:2; at n = 20 the far parts hold no pair."""
     method = create(name, training_window=120, **params)
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(n)
+    example = case(n)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = example
     for q_len in (n, 1):
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
         calls.clear()
-        got = flash_attention(method, q_rot, k_rot, v, inv_freq, positions, q_len)
+        got = flash_attention(method, example, q_len)
         assert calls and (got - want)[rows].abs().max() <= 1e-5, q_len
 
 
@@ -85,13 +80,13 @@ def test_a_decoding_step_is_unmasked_calls_on_the_keys_of_each_band(calls, name,
     path on such a call alone; the key heads reach it unrepeated. Prefill stays causal with a left window."""
     n = 131
     method = create(name, training_window=120, **params)
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(n)
+    example = case(n)
     cells = lower(method.parts(), sliding_window)
-    flash_attention(method, q_rot, k_rot, v, inv_freq, positions, 1, sliding_window)
+    flash_attention(method, example, 1, sliding_window)
     band_keys = [min(n, n if cell.hi is None else cell.hi) - cell.lo for cell in cells]
     assert calls == [(1, keys, 4, 2, False, -1, -1) for keys in band_keys]
     calls.clear()
-    flash_attention(method, q_rot, k_rot, v, inv_freq, positions, n, sliding_window)
+    flash_attention(method, example, n, sliding_window)
     windows = [-1 if cell.hi is None else cell.hi - cell.lo - 1 for cell in cells]
     assert calls == [(n - cell.lo, n - cell.lo, 4, 2, True, window, 0) for cell, window in zip(cells, windows)]
 
@@ -104,23 +99,17 @@ def test_a_chunk_and_the_models_window_are_one_call_per_cell_and_a_padded_batch_
     the reference. FlashAttention takes no mask: a padded batch is the tiled kernel's (``cuda_efficient``, its blocks
     computed by the math backend on this CPU), with no FlashAttention call."""
     method = create(name, training_window=120, **params)
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(70)
+    example = case(70)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = example
     for q_len, window in ((5, None), (70, 33)):
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3, window=window)
         calls.clear()
-        got = flash_attention(method, q_rot, k_rot, v, inv_freq, positions, q_len, window)
+        got = flash_attention(method, example, q_len, window)
         assert (got - want)[rows].abs().max() <= 1e-5 and len(calls) == len(lower(method.parts(), window))
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(70, pads=(0, 9))
+    example = case(70, pads=(0, 9))
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = example
     want, rows = expected(method, q, k, v, positions, padding, inv_freq, 70, scaling=0.3)
     monkeypatch.setattr(backends.REGISTRY["cuda_efficient"], "block", block_math.block)
     calls.clear()
-    got = kernel.attention(
-        *(x.float() for x in (q_rot, k_rot, v)),
-        method.parts(),
-        inv_freq.float(),
-        scaling=0.3,
-        key_padding=padding,
-        positions=positions,
-        backend="cuda_flash",
-    )
+    got = attend(method, example, scaling=0.3, key_padding=padding, positions=positions, backend="cuda_flash")
     assert (got - want)[rows].abs().max() <= 1e-5 and not calls

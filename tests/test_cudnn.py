@@ -6,22 +6,13 @@ import warnings
 
 import pytest
 import torch
-from test_kernel import BASELINES, case, expected
+from helpers.cases import BASELINES, DISTANCE_METHODS, attend, case, expected
 
 from longreach.attention import backends, kernel, shifts
 from longreach.attention.backends import cuda_cudnn, tiled
 from longreach.attention.backends.cuda_cudnn import kernels as cudnn_kernels
 from longreach.attention.rotary import apply_rotation
 from longreach.methods import create
-
-DISTANCE_METHODS = [
-    ("rope", {}),
-    ("string", {"shift": 40, "local_window": 5}),
-    ("rerope", {"window": 36}),
-    ("rerope", {"window": 36, "leak": 4.0}),
-    ("self_extend", {"group_size": 3, "neighbor_window": 34}),
-]
-
 
 PER_HEAD_PAIRS = ("dpe", BASELINES[-1][1])  # query heads of a key/value group move different pairs
 
@@ -44,26 +35,20 @@ def calls(monkeypatch):
     return made
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, params", DISTANCE_METHODS)
 @pytest.mark.parametrize("n", [120, 131])
 def test_every_distance_method_is_whole_causal_blocks_equal_to_the_reference(calls, name, params, n):
     """Prefill, GQA 4:2, a last chunk cut short (131 rows): every block unmasked or causal on a square."""
     method = create(name, training_window=120, **params)
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(n)
+    example = case(n)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = example
     want, rows = expected(method, q, k, v, positions, padding, inv_freq, n, scaling=0.3)
-    got = kernel.attention(
-        q_rot.float(),
-        k_rot.float(),
-        v.float(),
-        method.parts(),
-        inv_freq.float(),
-        scaling=0.3,
-        positions=positions,
-        backend="cuda_cudnn",
-    )
+    got = attend(method, example, scaling=0.3, positions=positions, backend="cuda_cudnn")
     assert calls and (got - want)[rows].abs().max() <= 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk_size, local_window", [(40, 6), (30, 12)])
 @pytest.mark.parametrize("q_len", [131, 60])
 def test_dca_is_a_causal_square_and_two_rectangles_per_chunk_equal_to_the_reference(
@@ -91,6 +76,7 @@ def test_dca_is_a_causal_square_and_two_rectangles_per_chunk_equal_to_the_refere
     assert calls == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("takes_groups", [True, False])
 def test_grouped_heads_go_as_they_are_until_cudnn_refuses_them(calls, monkeypatch, takes_groups):
     """Keys and values of 2 heads for 4 query heads: passed as they are where cuDNN takes them (no copy per query
@@ -143,8 +129,7 @@ def test_string_at_a_third_of_the_window_is_a_few_calls_and_causal_work(calls):
     rectangle), and one far square: 9 calls at n = 150, the work of causal attention."""
     n = 150
     method = create("string", training_window=n, shift=n // 3, local_window=8)
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(n, batch=1)
-    kernel.attention(q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), backend="cuda_cudnn")
+    attend(method, case(n, batch=1), backend="cuda_cudnn")
     assert len(calls) == 9
     assert sum(rows * keys / (2 if causal else 1) for rows, keys, causal in calls) <= 1.05 * n * n / 2  # causal's work
 
@@ -297,6 +282,7 @@ def _pieces(dtype, dim, g):
     return pieces
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype, dim", [(torch.float32, 20), (torch.bfloat16, 48), (torch.float32, 64)])
 def test_merge_into_writes_the_merged_rows_in_the_output_dtype_and_layout(dtype, dim):
     """``sum_b exp(lse_b - lse) out_b`` against plain torch in float64, written into ``[B, L, H, D]`` of the given
@@ -328,6 +314,7 @@ def test_merge_into_writes_the_merged_rows_in_the_output_dtype_and_layout(dtype,
     assert torch.equal(without_lse.transpose(1, 2), got)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, params", [("string", {"shift": 40, "local_window": 5}), ("rerope", {"window": 36})])
 def test_cuda_cudnn_moves_and_merges_with_its_kernels_into_the_returned_tensor(calls, monkeypatch, name, params):
     """bfloat16, head dim 48 with rotary on 32: queries and keys turned by :func:`cudnn_kernels.rotated` (STRING: a
@@ -353,10 +340,10 @@ def test_cuda_cudnn_moves_and_merges_with_its_kernels_into_the_returned_tensor(c
     monkeypatch.setattr(shifts, "apply_rotation", refused)
     monkeypatch.setattr(tiled, "run", refused)
     method = create(name, training_window=120, **params)
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(120, dim=48, rotary_dims=32)
+    example = case(120, dim=48, rotary_dims=32)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = example
     want, rows = expected(method, q, k, v, positions, padding, inv_freq, 120, scaling=0.3)
-    bf16 = (x.to(torch.bfloat16) for x in (q_rot, k_rot, v))
-    got = kernel.attention(*bf16, method.parts(), inv_freq.float(), scaling=0.3, backend="cuda_cudnn")
+    got = attend(method, example, dtype=torch.bfloat16, scaling=0.3, backend="cuda_cudnn")
     assert rotations == ([1] if name == "string" else [4, 4])  # STRING's keys stay; ReRoPE's turn once
     assert len(merged) == 1 and got.data_ptr() == merged[0].data_ptr() and got.dtype == torch.bfloat16
     assert got.is_contiguous() and (got.double() - want)[rows].abs().max() <= 0.05

@@ -3,8 +3,12 @@
 
 import json
 
+import pytest
+
 from longreach import demo
 from longreach.probe import measure
+
+pytestmark = pytest.mark.slow  # the shipped model over every distance, twice: about 20 s
 
 
 def test_the_demo_measures_both_methods_at_every_distance_and_resumes(tmp_path, monkeypatch):

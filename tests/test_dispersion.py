@@ -1,6 +1,6 @@
 import pytest
 import torch
-from conftest import TINY_VOCAB, byte_tokenizer, tiny_model
+from helpers.tiny_models import text_model
 
 import longreach
 from longreach.analysis import dispersion
@@ -9,9 +9,10 @@ from longreach.eval import haystack
 
 @pytest.fixture(scope="module")
 def setup():
-    return tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=200), byte_tokenizer(), haystack.essays()
+    return (*text_model(window=200), haystack.essays())
 
 
+@pytest.mark.slow
 def test_probe_matches_dense_probabilities_and_restores_the_model(setup):
     model, tokenizer, text = setup
     result = dispersion.measure(model, tokenizer, text, 300, points=4, top_k=1)
@@ -26,6 +27,7 @@ def test_probe_matches_dense_probabilities_and_restores_the_model(setup):
         assert torch.allclose(torch.tensor(values), dense, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_dropping_sharpens_attention_beyond_the_window(setup, tmp_path):
     """In the first dropped layer (same input), dropping keys can only raise the kept probabilities."""
     model, tokenizer, text = setup

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_model
-from transformers import AutoTokenizer
+from helpers.tiny_models import save_tiny_llama
 
 import longreach
 from longreach import models
@@ -38,17 +37,7 @@ EVAL = [
 def folder(tmp_path_factory) -> Path:
     """A tiny Llama (L = 64, 2 KV heads: splits over 2 processes) saved with the real tokenizer."""
     folder = tmp_path_factory.mktemp("distributed") / "model"
-    tokenizer = AutoTokenizer.from_pretrained(models.default_path())
-    model = tiny_model(
-        "llama",
-        vocab_size=len(tokenizer),
-        max_position_embeddings=64,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    save_tiny_llama(folder, window=64)
     return folder
 
 

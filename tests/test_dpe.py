@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import tiny_model
+from helpers.tiny_models import tiny_model
 from safetensors.torch import save_file
 
 import longreach
@@ -61,6 +61,7 @@ def importance_for(model, seed=0):
     return torch.rand(shape, generator=torch.Generator().manual_seed(seed))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gemma3", "phi3", "qwen3"])
 @torch.no_grad()
 def test_selected_pairs_per_head_equal_the_reference_and_batch_like_single_sequences(family):
@@ -157,7 +158,7 @@ def test_a_saved_dpe_model_carries_its_selection_not_the_files_path(tmp_path):
     import json
     import shutil
 
-    from conftest import byte_tokenizer
+    from helpers.tiny_models import byte_tokenizer
 
     model, x = tiny_model("llama"), torch.randint(3, 97, (1, 50))
     calibration = tmp_path / "calibration" / "dimensions.safetensors"

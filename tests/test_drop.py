@@ -4,8 +4,9 @@ import copy
 
 import pytest
 import torch
-from conftest import tiny_model
-from test_kernel import case, measure_peak_growth
+from helpers.cases import attend, case
+from helpers.memory import measure_peak_growth
+from helpers.tiny_models import tiny_model
 
 import longreach
 from longreach.attention import kernel, reference, whole_rows
@@ -56,19 +57,18 @@ def test_dynamic_drop_schedule():
 @pytest.mark.parametrize("pads", [(0, 0), (0, 7)])
 def test_dropped_kernel_matches_the_reference(name, params, pads):
     method = create(name, training_window=40, **params)
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(57, pads=pads)
+    example = case(57, pads=pads)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = example
     for q_len in (57, 1):
         rates = torch.rand(2, q_len, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 0.6
         P = method.relative_positions(positions[:, -q_len:, None], positions[:, None, :])
         want = reference.dense_attention(
             q[:, :, -q_len:], k, v, P, inv_freq, 0.3, key_padding=padding, drop_rates=rates
         )
-        got = kernel.attention(
-            q_rot[:, :, -q_len:].float(),
-            k_rot.float(),
-            v.float(),
-            method.parts(),
-            inv_freq.float(),
+        got = attend(
+            method,
+            example,
+            q_len,
             scaling=0.3,
             key_padding=padding if pads[1] else None,
             positions=positions,
@@ -198,6 +198,7 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
 """
 
 
+@pytest.mark.slow
 def test_dropped_attention_memory_at_16k_stays_bounded():
     """Rows are computed a tile at a time: far below the 1 GiB of one 16,384^2 float32 matrix."""
     grown = measure_peak_growth(MEMORY_PROBE)
@@ -225,6 +226,7 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode, n, bound", [("prefill", 8192, 8), ("train", 4096, 16)])
 def test_dropped_attention_memory_stays_linear_as_a_user_sees_it(mode, n, bound):
     """With the allocator as it is (no fixed mmap threshold), peak growth within a few times the inputs. The

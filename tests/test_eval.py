@@ -5,7 +5,7 @@ import types
 
 import pytest
 import torch
-from conftest import TINY_VOCAB, byte_tokenizer, tiny_model
+from helpers.tiny_models import TINY_VOCAB, byte_tokenizer, text_model, tiny_model
 
 from longreach import provenance
 from longreach.eval import haystack, report, runner, tasks
@@ -112,7 +112,7 @@ def test_effective_length_rule():
 
 
 def tiny_grid(tmp_path):
-    model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024)
+    loaded = text_model()
     grid = Grid(
         "tiny",
         ["niah", "niah4", "passkey", "ppl", "ruler-tight:niah_single_1"],
@@ -121,7 +121,7 @@ def tiny_grid(tmp_path):
         [0.0, 1.0],
         2,
     )
-    return grid, (model, byte_tokenizer())
+    return grid, loaded
 
 
 def test_time_per_case_keeps_batch_sizes_apart():
@@ -157,6 +157,7 @@ def test_file_names_of_long_method_labels_stay_short_and_apart():
     assert pictures.slug("string:shift=300,local_window=8") == "string_shift_300_local_window_8"  # short ones unchanged
 
 
+@pytest.mark.slow
 def test_the_pipeline_end_to_end_on_a_tiny_model(tmp_path):
     grid, loaded = tiny_grid(tmp_path)
     path = runner.run(grid, tmp_path, Transformers(loaded))
@@ -221,12 +222,13 @@ def test_the_pipeline_end_to_end_on_a_tiny_model(tmp_path):
     assert (tmp_path / "calibration.png").exists()
 
 
+@pytest.mark.slow
 def test_records_and_summary_say_what_a_length_meant(tmp_path):
     """Each case records its haystack size and, for ruler:*, the size RULER's search found for its task and length;
     summary.json and summary.md give per task and length the prompt tokens (mean, min, max) and that size."""
-    model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024)
+    loaded = text_model()
     grid = Grid("tiny", ["ruler:niah_single_1", "passkey"], [MethodSpec.parse("rope")], [1000], [0.5], 3)
-    records = runner.read_results(runner.run(grid, tmp_path, Transformers((model, byte_tokenizer()))))
+    records = runner.read_results(runner.run(grid, tmp_path, Transformers(loaded)))
     ruler_cases = [r for r in records if r["task"] == "ruler:niah_single_1"]
     (searched,) = {r["searched_units"] for r in ruler_cases}
     assert all(r["haystack_units"] <= searched and (searched - r["haystack_units"]) % 5 == 0 for r in ruler_cases)
@@ -343,6 +345,7 @@ def greedy_raising_on_call(monkeypatch, call: int, error: BaseException):
     return real
 
 
+@pytest.mark.slow
 def test_a_crash_mid_run_loses_nothing_and_a_rerun_duplicates_nothing(tmp_path, monkeypatch, capsys):
     grid, loaded = tiny_grid(tmp_path)
     greedy_raising_on_call(monkeypatch, 5, KeyboardInterrupt())
@@ -397,7 +400,7 @@ def test_method_specs_expand_the_paper_protocol_and_compose():
 
 
 def test_any_mix_of_methods_runs_through_the_runner(tmp_path):
-    model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024)
+    loaded = text_model()
     specs = [
         "rope",
         "string:shift=300,local_window=8",
@@ -409,7 +412,7 @@ def test_any_mix_of_methods_runs_through_the_runner(tmp_path):
         "dynamic_drop:chunk=100,layers=0;1",
     ]
     grid = Grid("tiny", ["passkey"], [MethodSpec.parse(m) for m in specs], [700], [0.5], 1)
-    records = runner.read_results(runner.run(grid, tmp_path, Transformers((model, byte_tokenizer()))))
+    records = runner.read_results(runner.run(grid, tmp_path, Transformers(loaded)))
     assert [r["method"] for r in records] == [MethodSpec.parse(m).label for m in specs]
     assert records[2]["resolved"] == "dca(chunk_size=511, local_window=85, mscale=False) [L=1024]"
     assert records[-2]["resolved"].startswith("string(shift=300, local_window=8, mscale=False) + ntk(factor=2)")
@@ -419,6 +422,7 @@ def test_any_mix_of_methods_runs_through_the_runner(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_a_failing_case_becomes_an_error_row_and_the_grid_goes_on(tmp_path, monkeypatch):
     grid, loaded = tiny_grid(tmp_path)
     real = greedy_raising_on_call(monkeypatch, 2, ValueError("a bug in one case"))
@@ -475,8 +479,7 @@ def test_eval_sets_up_before_the_first_case_is_timed(tmp_path, monkeypatch, caps
     monkeypatch.setattr(generate, "greedy", lambda *a, **k: events.append("answer") or greedy(*a, **k))
     monkeypatch.setattr(outcomes, "time", types.SimpleNamespace(perf_counter=lambda: events.append("clock") or clock()))
     grid = Grid("tiny", ["passkey"], [MethodSpec.parse("rope"), MethodSpec.parse("string")], [700], [0.5], 2)
-    model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024)
-    runner.run(grid, tmp_path, Transformers((model, byte_tokenizer())), batch_size=2)
+    runner.run(grid, tmp_path, Transformers(text_model()), batch_size=2)
     # the cases built (two readings of the clock), the set-up, then the clock that times the batch, its answers
     assert events[:5] == ["clock", "clock", "set-up", "clock", "answer"] and events.count("set-up") == 1
     assert capsys.readouterr().err.count("set-up: the attention kernel and a first forward pass") == 1

@@ -6,9 +6,9 @@ machine the same tests run compiled (tests/test_cuda.py adds bfloat16 there).
 
 import pytest
 import torch
-from test_kernel import BASELINES, case, expected
+from helpers.cases import BASELINES, attend, case, expected
 
-from longreach.attention import backends, kernel
+from longreach.attention import backends
 from longreach.attention.backends import triton as fused
 from longreach.attention.backends.triton import launch
 from longreach.methods import create
@@ -26,6 +26,7 @@ FUSABLE = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, params", FUSABLE)
 @pytest.mark.parametrize("pads", [(0, 0), (3, 29)])
 def test_every_method_matches_the_reference_in_prefill_chunks_and_decoding(name, params, pads):
@@ -33,26 +34,26 @@ def test_every_method_matches_the_reference_in_prefill_chunks_and_decoding(name,
     prefill."""
     method = create(name, training_window=60, **params)
     n = 130
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(n, pads=pads)
+    example = case(n, pads=pads)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = example
     for q_len in (n, 1, 5):
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
         for dtype in {torch.float32, EXACT if q_len == n else torch.float32}:
-            got = kernel.attention(
-                q_rot[:, :, -q_len:].to(dtype),
-                k_rot.to(dtype),
-                v.to(dtype),
-                method.layer_parts(0),
-                inv_freq.to(dtype),
+            got = attend(
+                method,
+                example,
+                q_len,
+                dtype,
                 scaling=0.3,
                 key_padding=padding if pads[1] else None,
                 positions=positions,
                 backend="triton",
-                logit_scale=method.logit_scale,
             )
             assert got.dtype == dtype and not got.isnan().any()
             assert (got - want)[rows].abs().max() <= TOLERANCE[dtype], (q_len, dtype)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name, params", [("string", {"shift": 40, "local_window": 5}), ("dca", {"chunk_size": 16, "local_window": 4})]
 )
@@ -60,15 +61,14 @@ def test_partial_rotary_a_sliding_window_and_one_key_head(name, params):
     """Dimensions past the rotary pairs keep their values (Phi-3); the model's window cuts every part; GQA 4:1."""
     method = create(name, training_window=60, **params)
     n, window = 140, 70
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(n, pads=(0, 11), rotary_dims=10, kv_heads=1)
+    example = case(n, pads=(0, 11), rotary_dims=10, kv_heads=1)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = example
     for q_len in (n, 2):
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3, window=window)
-        got = kernel.attention(
-            q_rot[:, :, -q_len:].float(),
-            k_rot.float(),
-            v.float(),
-            method.parts(),
-            inv_freq.float(),
+        got = attend(
+            method,
+            example,
+            q_len,
             scaling=0.3,
             key_padding=padding,
             positions=positions,
@@ -81,24 +81,15 @@ def test_partial_rotary_a_sliding_window_and_one_key_head(name, params):
 def test_key_splits_merge_to_the_one_pass_result(monkeypatch):
     """Flash-Decoding's splits, including splits that hold no key of a row (padding, the causal end), merge exactly."""
     method = create("rerope", training_window=60, window=12)
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(200, pads=(0, 90))
+    example = case(200, pads=(0, 90))
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = example
     want, rows = expected(method, q, k, v, positions, padding, inv_freq, 3, scaling=0.3)
     launched = []
     real_combine = launch._combine
     monkeypatch.setattr(launch, "_combine", lambda out, lse: launched.append(out.shape[0]) or real_combine(out, lse))
     for splits in (1, 2, 4):
         monkeypatch.setattr(launch, "_splits", lambda *args, splits=splits: splits)
-        out = kernel.attention(
-            q_rot[:, :, -3:].to(EXACT),
-            k_rot.to(EXACT),
-            v.to(EXACT),
-            method.parts(),
-            inv_freq.to(EXACT),
-            scaling=0.3,
-            key_padding=padding,
-            positions=positions,
-            backend="triton",
-        )
+        out = attend(method, example, 3, EXACT, scaling=0.3, key_padding=padding, positions=positions, backend="triton")
         assert (out - want)[rows].abs().max() <= TOLERANCE[EXACT]
     assert launched == [1, 2, 4]
 
@@ -108,7 +99,6 @@ def test_every_host_integer_the_kernel_takes_fits_int32(name, params, monkeypatc
     """An unbounded cell's bound included: torch 2.11's Inductor cannot compile a call to a user-defined kernel with a
     Python int above int32 (``expr_fits_within_32bit`` takes it for a symbol; seen on an H100, 2026-11-27)."""
     method = create(name, training_window=60, **params)
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(130)
     integers = []
 
     class Recorder:
@@ -119,10 +109,11 @@ def test_every_host_integer_the_kernel_takes_fits_int32(name, params, monkeypatc
             return run
 
     monkeypatch.setattr(launch, "_traceable", lambda kernel: Recorder())
-    kernel.attention(q_rot[:, :, -1:], k_rot, v, method.parts(), inv_freq, scaling=0.3, backend="triton")
+    attend(method, case(130), 1, torch.float64, scaling=0.3, backend="triton")
     assert len(integers) > 30 and max(integers) <= torch.iinfo(torch.int32).max
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name, params", [(n, p) for n, p in FUSABLE if n in ("string", "rerope", "self_extend", "dca")]
 )
@@ -155,17 +146,12 @@ def test_float64_before_triton_3_5_is_refused_in_one_line(monkeypatch):
     """Triton's ``tl.dot`` takes float64 from 3.5 on (torch 2.7's Triton is 3.3): a clear error, not a compiler's."""
     monkeypatch.setattr(fused.triton, "__version__", "3.3.1")
     method = create("string", training_window=60, shift=20, local_window=4)
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(30)
+    example = case(30)
     with pytest.raises(
         ValueError, match=r"^backend='triton' with float64 inputs needs Triton >= 3.5 .*3\.3\.1 is installed"
     ):
-        kernel.attention(q_rot, k_rot, v, method.parts(), inv_freq, backend="triton")
-    assert (
-        kernel.attention(
-            q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), backend="triton"
-        ).dtype
-        == torch.float32
-    )
+        attend(method, example, dtype=torch.float64, backend="triton")
+    assert attend(method, example, backend="triton").dtype == torch.float32
 
 
 def test_auto_decodes_with_the_kernel_on_cuda_only(monkeypatch):

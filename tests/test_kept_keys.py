@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 import transformers
-from conftest import tiny_model
+from helpers.tiny_models import tiny_model
 
 import longreach
 from longreach.integrations import kept_keys

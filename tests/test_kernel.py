@@ -1,51 +1,17 @@
 """The parts kernel against the dense per-pair reference, on random inputs."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
-from conftest import tiny_model
+from helpers.cases import BASELINES, attend, case, expected, inv_freq_for
+from helpers.memory import measure_peak_growth
+from helpers.tiny_models import tiny_model
 
 import longreach
-from longreach.attention import kernel, merge, plan, reference, shifts, views
+from longreach.attention import kernel, merge, plan, shifts, views
 from longreach.attention.backends import cpu_fused
 from longreach.attention.backends import triton as fused
 from longreach.attention.parts import Part
-from longreach.attention.rotary import rotate
 from longreach.methods import create
-
-
-def inv_freq_for(rotary_dims: int) -> torch.Tensor:
-    return 1.0 / (10000 ** (torch.arange(0, rotary_dims, 2, dtype=torch.float64) / rotary_dims))
-
-
-def case(n, batch=2, q_heads=4, kv_heads=2, dim=16, rotary_dims=16, pads=(0, 0), seed=0):
-    """Raw q/k/v, their rotated versions at padding-aware positions, and the key padding mask."""
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(batch, q_heads, n, dim, generator=g, dtype=torch.float64)
-    k = torch.randn(batch, kv_heads, n, dim, generator=g, dtype=torch.float64)
-    v = torch.randn(batch, kv_heads, n, dim, generator=g, dtype=torch.float64)
-    positions = torch.stack([torch.arange(n) - pad for pad in pads])  # left padding: real tokens from 0
-    padding = positions >= 0
-    inv_freq = inv_freq_for(rotary_dims)
-
-    def rotated(x):
-        return rotate(x, positions[:, None, :].double(), inv_freq)
-
-    return q, k, v, rotated(q), rotated(k), positions, padding, inv_freq
-
-
-def expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling, window=None):
-    P = method.layer_positions(positions[:, -q_len:, None], positions[:, None, :], 0)
-    if window is not None:
-        P = torch.where(positions[:, -q_len:, None] - positions[:, None, :] < window, P, torch.nan)
-    out = reference.dense_attention(
-        q[:, :, -q_len:], k, v, P, inv_freq, scaling, key_padding=padding, logit_scale=method.logit_scale
-    )
-    real_rows = padding[:, -q_len:]  # padding query rows are never read
-    return out, real_rows
 
 
 def rows_strided(x: torch.Tensor) -> torch.Tensor:
@@ -79,34 +45,26 @@ STRING_CASES = [(n, S, W) for n, S, W in [(7, 9, 2), (10, 9, 2), (33, 9, 2), (40
 
 @pytest.mark.parametrize("n, S, W", STRING_CASES)
 @pytest.mark.parametrize("pads", [(0, 0), (0, 5)])
-@pytest.mark.parametrize("backend", ["cpu_flash", "math", "flex"])
+@pytest.mark.parametrize("backend", ["cpu_flash", "math", pytest.param("flex", marks=pytest.mark.slow)])
 def test_string_prefill_and_decode_match_the_reference_fp32(n, S, W, pads, backend):
     """Includes n < S (no far part), n = S + 1 (one far pair), GQA 4:2, left padding."""
     method = create("string", training_window=3 * S, shift=S, local_window=W)
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(n, pads=pads)
+    example = case(n, pads=pads)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = example
     padding_arg = None if all(p == 0 for p in pads) else padding
     for q_len in (n, 1, 3):  # prefill, one-token decode, a chunk against the cache
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
-        got = kernel.attention(
-            q_rot[:, :, -q_len:].float(),
-            k_rot.float(),
-            v.float(),
-            method.parts(),
-            inv_freq.float(),
-            scaling=0.3,
-            key_padding=padding_arg,
-            backend=backend,
-            tile=8,
-        )
+        got = attend(method, example, q_len, scaling=0.3, key_padding=padding_arg, backend=backend, tile=8)
         assert got.dtype == torch.float32 and not got.isnan().any()
         assert (got - want)[rows].abs().max() <= 1e-5
 
 
 def test_float64_math_backend_is_exact():
     method = create("string", training_window=60, shift=20, local_window=4)
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(50, pads=(0, 7))
+    example = case(50, pads=(0, 7))
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = example
     want, rows = expected(method, q, k, v, positions, padding, inv_freq, 50, scaling=0.25)
-    got = kernel.attention(q_rot, k_rot, v, method.parts(), inv_freq, scaling=0.25, key_padding=padding, tile=16)
+    got = attend(method, example, dtype=torch.float64, scaling=0.25, key_padding=padding, tile=16)
     assert got.dtype == torch.float64
     assert (got - want)[rows].abs().max() <= 1e-12
 
@@ -115,54 +73,31 @@ def test_float64_math_backend_is_exact():
 @pytest.mark.parametrize("backend", ["auto", "flex"])
 def test_low_precision_inputs(dtype, tolerance, backend):
     method = create("string", training_window=60, shift=20, local_window=4)
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(48, pads=(0, 3))
+    example = case(48, pads=(0, 3))
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = example
     want, rows = expected(method, q, k, v, positions, padding, inv_freq, 48, scaling=0.25)
-    got = kernel.attention(
-        q_rot.to(dtype),
-        k_rot.to(dtype),
-        v.to(dtype),
-        method.parts(),
-        inv_freq.float(),
-        scaling=0.25,
-        key_padding=padding,
-        backend=backend,
-    )
+    got = attend(method, example, dtype=dtype, scaling=0.25, key_padding=padding, backend=backend)
     assert got.dtype == dtype and not got.isnan().any()
     assert (got.double() - want)[rows].abs().max() <= tolerance
 
 
 def test_partial_rotary_and_logit_scale():
     method = create("string", training_window=30, shift=10, local_window=3, mscale=True)
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(30, dim=16, rotary_dims=8)
+    example = case(30, dim=16, rotary_dims=8)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = example
     want, _ = expected(method, q, k, v, positions, padding, inv_freq, 30, scaling=0.3)
-    got = kernel.attention(
-        q_rot.float(),
-        k_rot.float(),
-        v.float(),
-        method.parts(),
-        inv_freq.float(),
-        scaling=0.3,
-        logit_scale=method.logit_scale,
-    )
+    got = attend(method, example, scaling=0.3, logit_scale=method.logit_scale)
     assert (got - want).abs().max() <= 1e-5
 
 
 @pytest.mark.parametrize("backend", ["auto", "flex"])
 def test_sliding_window_limits_every_part(backend):
     method = create("string", training_window=45, shift=15, local_window=2)
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(40)
+    example = case(40)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = example
     for window in (8, 25):
         want, _ = expected(method, q, k, v, positions, padding, inv_freq, 40, scaling=0.3, window=window)
-        got = kernel.attention(
-            q_rot.float(),
-            k_rot.float(),
-            v.float(),
-            method.parts(),
-            inv_freq.float(),
-            scaling=0.3,
-            sliding_window=window,
-            backend=backend,
-        )
+        got = attend(method, example, scaling=0.3, sliding_window=window, backend=backend)
         assert (got - want).abs().max() <= 1e-5
 
 
@@ -368,20 +303,11 @@ def test_every_plan_covers_each_allowed_pair_exactly_once(lo, hi, pads, q_len):
 def test_left_padded_batches_match_the_reference_across_the_padding_edge(name, params):
     """Three sequences padded 0, 5 and 13 keys, tiles of 8 that end inside and past the padding, GQA 4:2."""
     method = create(name, training_window=40, **params)
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(61, batch=3, pads=(0, 5, 13))
+    example = case(61, batch=3, pads=(0, 5, 13))
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = example
     for q_len in (61, 30, 1):
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
-        got = kernel.attention(
-            q_rot[:, :, -q_len:].float(),
-            k_rot.float(),
-            v.float(),
-            method.layer_parts(0),
-            inv_freq.float(),
-            scaling=0.3,
-            key_padding=padding,
-            positions=positions,
-            tile=8,
-        )
+        got = attend(method, example, q_len, scaling=0.3, key_padding=padding, positions=positions, tile=8)
         assert not got.isnan().any()
         assert (got - want)[rows].abs().max() <= 1e-5
 
@@ -404,10 +330,9 @@ def test_additive_masks_are_zero_where_allowed_and_minus_infinity_elsewhere():
 def test_rows_with_an_empty_part_or_no_key_give_no_nan():
     """Padding query rows see no key at all; early rows see no far key. Neither may give NaN."""
     method = create("string", training_window=30, shift=10, local_window=3)
-    _, _, v, q_rot, k_rot, _, padding, inv_freq = case(20, pads=(0, 12))
-    out = kernel.attention(
-        q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), key_padding=padding
-    )
+    example = case(20, pads=(0, 12))
+    *_, padding, _ = example
+    out = attend(method, example, key_padding=padding)
     assert not out.isnan().any()
     assert out[1, :12].abs().max() == 0  # rows of padding tokens
 
@@ -438,16 +363,6 @@ def test_bad_shapes_and_backend_are_clear_errors():
         kernel.attention(x, x[:, :, :2], x[:, :, :2], [Part()], inv_freq_for(8))
 
 
-def measure_peak_growth(probe: str, live_only: bool = True) -> int:
-    """Run ``probe`` in a fresh process; it prints its growth of peak RSS in bytes. With ``live_only`` a fixed
-    glibc mmap threshold returns freed blocks to the system, so RSS tracks live memory, not the allocator's
-    cache; without it, RSS is what a user sees, heap fragmentation included."""
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"} if live_only else dict(os.environ)
-    return int(
-        subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env).stdout
-    )
-
-
 MEMORY_PROBE = """
 import resource, torch
 from longreach.attention import kernel
@@ -475,90 +390,41 @@ def test_kernel_memory_at_16k_is_far_below_one_dense_matrix():
 def test_structured_path_for_long_inputs_matches_the_reference(n, S, tile):
     """Long unpadded inputs take the rectangle/causal-square and three-block band path."""
     method = create("string", training_window=3 * S, shift=S, local_window=8)
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(n, batch=1, pads=(0,))
+    example = case(n, batch=1, pads=(0,))
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = example
     for q_len in (n, 50, 20):  # prefill, and chunks against a cache
         want, _ = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
-        got = kernel.attention(
-            q_rot[:, :, -q_len:].float(),
-            k_rot.float(),
-            v.float(),
-            method.parts(),
-            inv_freq.float(),
-            scaling=0.3,
-            tile=tile,
-        )
+        got = attend(method, example, q_len, scaling=0.3, tile=tile)
         assert (got - want).abs().max() <= 1e-5
 
 
 def test_sliding_window_bands_with_a_lower_bound():
     """STRING's far part under a sliding window is a band [S, window): the band path with lo > 0."""
     method = create("string", training_window=120, shift=40, local_window=8)
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(150, batch=1, pads=(0,))
+    example = case(150, batch=1, pads=(0,))
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = example
     want, _ = expected(method, q, k, v, positions, padding, inv_freq, 150, scaling=0.3, window=100)
-    got = kernel.attention(
-        q_rot.float(),
-        k_rot.float(),
-        v.float(),
-        method.parts(),
-        inv_freq.float(),
-        scaling=0.3,
-        sliding_window=100,
-        tile=32,
-    )
+    got = attend(method, example, scaling=0.3, sliding_window=100, tile=32)
     assert (got - want).abs().max() <= 1e-5
-
-
-BASELINES = [
-    ("rerope", {"window": 12}),
-    ("rerope", {"window": 12, "leak": 4.0}),
-    ("self_extend", {"group_size": 3, "neighbor_window": 10}),
-    ("dca", {"chunk_size": 16, "local_window": 4}),
-    ("dca", {"chunk_size": 9, "local_window": 5}),
-    (
-        "dpe",
-        {"group_scales": (2, 3, 1, 4), "local_window": 10, "top_k": None},
-    ),  # every pair: a shift per frequency group
-    # per-head pairs that differ inside a key/value group (keys repeated per query head), then agree inside it (not
-    # repeated)
-    (
-        "dpe",
-        {
-            "group_scales": (2, 3, 1, 4),
-            "local_window": 10,
-            "top_k": 5,
-            "dimensions": torch.rand(1, 4, 8, generator=torch.Generator().manual_seed(3)),
-        },
-    ),
-    (
-        "dpe",
-        {
-            "group_scales": (4, 2),
-            "local_window": 7,
-            "top_k": None,
-            "dimensions": torch.tensor(
-                [[1, 0, 1, 1, 0, 0, 1, 0], [0, 1, 1, 0, 1, 1, 0, 0]], dtype=torch.bool
-            ).repeat_interleave(2, 0)[None],
-        },
-    ),
-]
 
 
 @pytest.mark.parametrize("name, params", BASELINES)
 @pytest.mark.parametrize("pads", [(0, 0), (0, 7)])
-@pytest.mark.parametrize("n, tile, backend", [(57, 16, "auto"), (140, 64, "auto"), (140, 64, "flex")])
+@pytest.mark.parametrize(
+    "n, tile, backend", [(57, 16, "auto"), (140, 64, "auto"), pytest.param(140, 64, "flex", marks=pytest.mark.slow)]
+)
 def test_baselines_prefill_and_decode_match_the_reference_fp32(name, params, pads, n, tile, backend):
     """Per-token shifts (absolute positions, left padding) and DCA's chunk spans, GQA 4:2; FlexAttention
     at more than one of its 128-token tiles."""
     method = create(name, training_window=40, **params)
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(n, pads=pads)
+    example = case(n, pads=pads)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = example
     for q_len in (n, 1, 20):
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
-        got = kernel.attention(
-            q_rot[:, :, -q_len:].float(),
-            k_rot.float(),
-            v.float(),
-            method.layer_parts(0),
-            inv_freq.float(),
+        got = attend(
+            method,
+            example,
+            q_len,
             scaling=0.3,
             key_padding=padding if pads[1] else None,
             positions=positions,
@@ -611,22 +477,15 @@ def test_dca_decoding_turns_the_query_per_chunk_instead_of_the_cached_keys(monke
     the query by each chunk's shift, never the cached keys, and still equals the reference (left padding
     included)."""
     method = create("dca", training_window=40, chunk_size=16, local_window=4)
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(70, pads=pads)
+    example = case(70, pads=pads)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = example
     monkeypatch.setattr(
         views, "shifted_keys", lambda key, shift, *args: key if not shift else pytest.fail("a key was rotated")
     )
     for q_len in (1, 5):
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
-        got = kernel.attention(
-            q_rot[:, :, -q_len:].float(),
-            k_rot.float(),
-            v.float(),
-            method.parts(),
-            inv_freq.float(),
-            scaling=0.3,
-            key_padding=padding if pads[1] else None,
-            positions=positions,
-        )
+        key_padding = padding if pads[1] else None
+        got = attend(method, example, q_len, scaling=0.3, key_padding=key_padding, positions=positions)
         assert (got - want)[rows].abs().max() <= 1e-5
 
 
@@ -693,20 +552,11 @@ def test_flex_runs_string_as_one_softmax_over_the_turned_keys(monkeypatch, name,
         lambda device: lambda q, k, *args, **kwargs: calls.append(k.shape[2]) or real(device)(q, k, *args, **kwargs),
     )
     method = create(name, training_window=300, **params)
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(300, pads=pads)
+    example = case(300, pads=pads)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = example
     want, rows = expected(method, q, k, v, positions, padding, inv_freq, 300, scaling=0.3, window=window)
-    got = kernel.attention(
-        q_rot.float(),
-        k_rot.float(),
-        v.float(),
-        method.parts(),
-        inv_freq.float(),
-        scaling=0.3,
-        logit_scale=method.logit_scale,
-        key_padding=padding if pads[1] else None,
-        sliding_window=window,
-        backend="flex",
-    )
+    key_padding = padding if pads[1] else None
+    got = attend(method, example, scaling=0.3, key_padding=key_padding, sliding_window=window, backend="flex")
     assert (got - want)[rows].abs().max() <= 1e-5
     parts = 1 if name == "rope" or (window is not None and window <= params["shift"]) else 2
     assert calls == [parts * 384]  # one call over every part's keys, each part's segment 3 tiles of 128
@@ -737,20 +587,10 @@ def test_flex_runs_every_part_in_one_launch(monkeypatch, name, params, q_len):
         lambda device: lambda q, k, *args, **kwargs: calls.append(k.shape[2]) or real(device)(q, k, *args, **kwargs),
     )
     method = create(name, training_window=200, **params)
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(300, pads=(0, 37))
+    example = case(300, pads=(0, 37))
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = example
     want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
-    got = kernel.attention(
-        q_rot[:, :, -q_len:].float(),
-        k_rot.float(),
-        v.float(),
-        method.parts(),
-        inv_freq.float(),
-        scaling=0.3,
-        logit_scale=method.logit_scale,
-        key_padding=padding,
-        positions=positions,
-        backend="flex",
-    )
+    got = attend(method, example, q_len, scaling=0.3, key_padding=padding, positions=positions, backend="flex")
     assert (got - want)[rows].abs().max() <= 1e-5
     assert len(calls) == 1
 
@@ -866,14 +706,11 @@ def test_auto_falls_back_with_one_warning_when_flexattention_fails_to_compile(mo
 
 def test_the_windowed_flash_backend_needs_cuda_and_half_precision():
     method = create("string", training_window=60, shift=20, local_window=4)
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(20)
     with pytest.raises(
         ValueError,
         match="backend='cuda_flash' needs PyTorch's FlashAttention: a CUDA device and float16 or bfloat16 inputs",
     ):
-        kernel.attention(
-            q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), backend="cuda_flash"
-        )
+        attend(method, case(20), backend="cuda_flash")
 
 
 WHOLE_METHOD = [
@@ -925,6 +762,7 @@ def test_whole_method_kernels_refuse_gradients_and_per_head_pairs_in_one_line(ba
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", WHOLE_METHOD)
 def test_a_model_generates_the_same_tokens_with_a_whole_method_kernel_as_on_tiles(backend):
     """DCA (three parts, key spans) in a model, left-padded: the same logits and the same tokens (dynamic and static

@@ -3,7 +3,7 @@
 lm-eval's own tasks download their data at run time, so three local tasks (YAML with local
 ``data_files``) cover its three request types: ``generate_until``, ``loglikelihood`` (multiple
 choice) and ``loglikelihood_rolling``. The model is tiny (L = 64) with the real SmolLM2 tokenizer;
-the prompts run past ``L``, so STRING changes the answers.
+the prompts run past ``L``, so STRING changes the answers (tests/helpers/: the tasks, the model).
 """
 
 import json
@@ -15,77 +15,16 @@ import pytest
 
 lm_eval = pytest.importorskip("lm_eval")
 
-from conftest import tiny_model  # noqa: E402
+from helpers.lm_eval_tasks import STRING, loglikelihoods, passage, write_task, write_tasks  # noqa: E402
+from helpers.tiny_models import save_tiny_llama  # noqa: E402
 from lm_eval.models.huggingface import HFLM  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
 
 import longreach  # noqa: E402
-from longreach import models  # noqa: E402
 from longreach.lm_eval import LongreachLM  # noqa: E402
 
-WINDOW = 64
-STRING = dict(method="string", shift=16, local_window=4)
 COMMON = dict(device="cpu", batch_size=2, max_length=256, dtype="float32")
 TASKS = ["lr_tiny_gen", "lr_tiny_choice", "lr_tiny_rolling"]
-WORDS = "river stone amber falcon quiet meadow copper lantern harbor violet thunder maple echo silver canyon".split()
-
-
-def passage(seed: int, words: int) -> str:
-    return " ".join(WORDS[(seed * 7 + 3 * i + i * i) % len(WORDS)] for i in range(words))
-
-
-def write_task(folder, name: str, output_type: str, rows: list[dict], fields: str) -> None:
-    data = folder / f"{name}.jsonl"
-    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    (folder / f"{name}.yaml").write_text(
-        f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
-        f"output_type: {output_type}\n{fields}metadata:\n  version: 1.0\n"
-    )
-
-
-def write_tasks(tasks):
-    """The generation and multiple-choice tasks, each over passages within L and well past it, in folder ``tasks``."""
-    tasks.mkdir()
-    lengths = [6, 30, 70, 110]  # words: within L, and well past it
-    write_task(
-        tasks,
-        "lr_tiny_gen",
-        "generate_until",
-        [{"context": passage(s, n) + "\nNext:", "answer": WORDS[s]} for s, n in enumerate(lengths)],
-        'doc_to_text: "{{context}}"\ndoc_to_target: "{{answer}}"\n'
-        'generation_kwargs:\n  until: ["\\n"]\n  max_gen_toks: 6\n  do_sample: false\n'
-        "metric_list:\n  - metric: exact_match\n",
-    )
-    write_task(
-        tasks,
-        "lr_tiny_choice",
-        "multiple_choice",
-        [
-            {"context": passage(s, n), "choices": [" " + w for w in WORDS[s : s + 3]], "label": s % 3}
-            for s, n in enumerate(lengths)
-        ],
-        'doc_to_text: "{{context}}"\ndoc_to_choice: "{{choices}}"\ndoc_to_target: "{{label}}"\n'
-        "metric_list:\n  - metric: acc\n",
-    )
-    return tasks
-
-
-def save_tiny_llama(folder, **overrides) -> None:
-    """A tiny Llama with L = WINDOW and the real SmolLM2 tokenizer's vocabulary and special tokens, saved with it in
-    ``folder``."""
-    tokenizer = AutoTokenizer.from_pretrained(models.default_path())
-    model = tiny_model(
-        "llama",
-        vocab_size=len(tokenizer),
-        max_position_embeddings=WINDOW,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        **overrides,
-    )
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
 
 
 @pytest.fixture(scope="module")
@@ -113,10 +52,6 @@ def samples(lm, tasks) -> dict:
     }
 
 
-def loglikelihoods(responses) -> list[float]:
-    return [float(r[0][0] if isinstance(r[0], (list, tuple)) else r[0]) for doc in responses for r in doc]
-
-
 def assert_same(ours: dict, theirs: dict, tolerance: float) -> None:
     assert ours["lr_tiny_gen"] == theirs["lr_tiny_gen"]
     for task in ("lr_tiny_choice", "lr_tiny_rolling"):
@@ -136,12 +71,14 @@ def evaluated(setup):
     }
 
 
+@pytest.mark.slow
 def test_rope_reproduces_lm_evals_own_hf_model(setup, evaluated):
     folder, tasks = setup
     plain = samples(HFLM(pretrained=str(folder), **COMMON), tasks)
     assert_same(evaluated["rope"], plain, 1e-4)
 
 
+@pytest.mark.slow
 def test_string_equals_longreachs_own_api_and_changes_the_answers(setup, evaluated):
     folder, tasks = setup
     ours, rope = evaluated["string"], evaluated["rope"]
@@ -199,6 +136,7 @@ def run_cli(*args: str, cwd) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_command_line_is_lm_evals_with_the_longreach_model(setup, evaluated, tmp_path):
     folder, tasks = setup
     model_args = f"pretrained={folder},method=string,shift=16,local_window=4,max_length=256,dtype=float32"
@@ -230,6 +168,7 @@ def test_command_line_is_lm_evals_with_the_longreach_model(setup, evaluated, tmp
     assert json.loads(result.read_text())["results"]["lr_tiny_choice"]["acc,none"] is not None
 
 
+@pytest.mark.slow
 def test_command_line_errors_are_one_line(setup, tmp_path):
     folder, tasks = setup
     done = run_cli(

@@ -5,8 +5,8 @@ import warnings
 
 import pytest
 import torch
-from conftest import native_builds
-from test_kernel import BASELINES, case, expected
+from helpers.cases import BASELINES, attend, case, expected
+from helpers.native import native_builds
 
 from longreach.attention import backends, kernel, native
 from longreach.attention.backends import cpu_fused
@@ -39,6 +39,7 @@ def calls(monkeypatch):
     return counted
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, params", METHODS)
 @pytest.mark.parametrize("pads", [(0, 0), (3, 29)])
 def test_every_method_matches_the_reference_in_prefill_chunks_and_decoding(name, params, pads, calls):
@@ -46,20 +47,18 @@ def test_every_method_matches_the_reference_in_prefill_chunks_and_decoding(name,
     of 40 queries, and decoding (one and five queries: query heads packed per key/value head)."""
     method = create(name, training_window=600, **params)
     n = 700
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(n, pads=pads)
+    example = case(n, pads=pads)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = example
     for q_len in (n, 40, 5, 1):
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
-        got = kernel.attention(
-            q_rot[:, :, -q_len:].float(),
-            k_rot.float(),
-            v.float(),
-            method.parts(),
-            inv_freq.float(),
+        got = attend(
+            method,
+            example,
+            q_len,
             scaling=0.3,
             key_padding=padding if pads[1] else None,
             positions=positions,
             backend="auto",
-            logit_scale=method.logit_scale,
         )
         assert got.dtype == torch.float32 and not got.isnan().any()
         assert (got - want)[rows].abs().max() <= 2e-5, q_len
@@ -71,19 +70,12 @@ def test_decoding_splits_the_keys_and_combines_them_exactly(pad, calls):
     """2,600 keys, one key/value head: the keys are split between tasks; with 1,500 padded keys the first split holds
     no key of the padded sequence."""
     method = create("string", training_window=2000, shift=700, local_window=50)
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(2600, batch=2, q_heads=3, kv_heads=1, pads=(0, pad))
+    example = case(2600, batch=2, q_heads=3, kv_heads=1, pads=(0, pad))
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = example
     for q_len in (1, 3):
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3)
-        got = kernel.attention(
-            q_rot[:, :, -q_len:].float(),
-            k_rot.float(),
-            v.float(),
-            method.parts(),
-            inv_freq.float(),
-            scaling=0.3,
-            key_padding=padding if pad else None,
-            positions=positions,
-        )
+        key_padding = padding if pad else None
+        got = attend(method, example, q_len, scaling=0.3, key_padding=key_padding, positions=positions)
         assert (got - want)[rows].abs().max() <= 2e-5
     assert len(calls) == 2
 
@@ -93,15 +85,14 @@ def test_a_sliding_window_partial_rotary_one_key_head_and_padding_not_on_the_lef
     with a hole is the tiled kernel's (the C++ kernel takes a first real key per sequence only)."""
     method = create("rerope", training_window=60, window=12)
     n, window = 300, 70
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(n, pads=(0, 11), rotary_dims=10, kv_heads=1)
+    example = case(n, pads=(0, 11), rotary_dims=10, kv_heads=1)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = example
     for q_len in (n, 2):
         want, rows = expected(method, q, k, v, positions, padding, inv_freq, q_len, scaling=0.3, window=window)
-        got = kernel.attention(
-            q_rot[:, :, -q_len:].float(),
-            k_rot.float(),
-            v.float(),
-            method.parts(),
-            inv_freq.float(),
+        got = attend(
+            method,
+            example,
+            q_len,
             scaling=0.3,
             key_padding=padding,
             positions=positions,
@@ -111,15 +102,7 @@ def test_a_sliding_window_partial_rotary_one_key_head_and_padding_not_on_the_lef
     assert len(calls) == 2
     holed = padding.clone()
     holed[0, 50] = False
-    kernel.attention(
-        q_rot.float(),
-        k_rot.float(),
-        v.float(),
-        method.parts(),
-        inv_freq.float(),
-        key_padding=holed,
-        positions=positions,
-    )
+    attend(method, example, key_padding=holed, positions=positions)
     assert len(calls) == 2
 
 
@@ -128,11 +111,10 @@ def test_a_head_wider_than_1024_is_exact(dim, calls):
     """Issue trust4, defect 5: 100 query rows read a plain plane of moved keys transposed, a key at a time, through a
     row as wide as the head (a fixed row of 1,024 floats overflowed: a segmentation fault at 1,100)."""
     method = create("rerope", training_window=60, window=12)
-    q, k, v, q_rot, k_rot, positions, padding, inv_freq = case(100, q_heads=2, kv_heads=1, dim=dim, rotary_dims=dim)
+    example = case(100, q_heads=2, kv_heads=1, dim=dim, rotary_dims=dim)
+    q, k, v, q_rot, k_rot, positions, padding, inv_freq = example
     want, rows = expected(method, q, k, v, positions, padding, inv_freq, 100, scaling=0.03)
-    got = kernel.attention(
-        q_rot.float(), k_rot.float(), v.float(), method.parts(), inv_freq.float(), scaling=0.03, positions=positions
-    )
+    got = attend(method, example, scaling=0.03, positions=positions)
     assert (got - want)[rows].abs().max() <= 1e-5
     assert len(calls) == 1
 

@@ -1,42 +1,19 @@
 """The CUDA backend's algorithm (longreach.attention.paged_flash: a FlashAttention call per cell, merged) against the
-float64 dense reference, its two vLLM functions emulated on the CPU (tests/flash_emulation.py): the same mixed batch
-of requests as the CPU kernel's tests, keys moved into planes written as vLLM caches them. It has not run on a GPU."""
+float64 dense reference, its two vLLM functions emulated on the CPU (tests/helpers/flash_emulation.py): the same mixed
+batch of requests as the CPU kernel's tests (tests/helpers/paged.py), keys moved into planes written as vLLM caches
+them. It has not run on a GPU."""
 
-import flash_emulation
 import pytest
 import torch
-from test_paged import METHODS, REQUESTS, expected, paged_case
+from helpers import flash_emulation
+from helpers.paged import METHODS, REQUESTS, run
 
-from longreach.attention.cells import key_views, lower
-from longreach.attention.paged_flash import Requests, flash_cells, flash_dual_chunk, spans_problem, write_moved_keys
+from longreach.attention.cells import lower
+from longreach.attention.paged_flash import spans_problem
 from longreach.methods import create
 
 
-def run(method, dtype=torch.float32, window=None, block_size=128):
-    raw, query, key_cache, value_cache, block_table, query_start, seq_lens, inv_freq = paged_case(block_size, dtype)
-    key_cache, value_cache = key_cache.transpose(1, 2), value_cache.transpose(1, 2)  # FlashAttention's layout
-    cells = lower(method.parts(), window)
-    blocks, block_size, kv_heads, dim = key_cache.shape
-    planes = [torch.zeros(blocks * block_size + 1, kv_heads, dim, dtype=dtype) for _ in key_views(cells)[0]]
-    for row, n in enumerate(seq_lens.tolist()):  # every key as vLLM caches it: its slot, its position
-        positions = torch.arange(n)
-        slots = block_table[row].long()[positions // block_size] * block_size + positions % block_size
-        keys = key_cache.reshape(-1, kv_heads, dim)[slots]
-        write_moved_keys(planes, keys, slots, cells, positions, inv_freq.float())
-    write_moved_keys(planes, keys[:2], torch.tensor([-1, -1]), cells, positions[:2], inv_freq.float())  # padding
-    output = torch.full_like(query, float("nan"))
-    moved = [plane[:-1].view(key_cache.shape) for plane in planes]
-    requests = Requests(
-        block_table.int(), query_start.int(), seq_lens.int(), max(q for _, q in REQUESTS), int(seq_lens.max())
-    )
-    calls = (inv_freq.float(), 0.3, flash_emulation.flash_attn_varlen_func, flash_emulation.merge_attn_states, output)
-    if method.name == "dca":
-        flash_dual_chunk(query, key_cache, value_cache, moved[0], requests, method.parts(), method.chunk, *calls)
-    else:
-        flash_cells(query, key_cache, value_cache, moved, requests, cells, *calls)
-    return output, expected(method, raw, inv_freq, 0.3), cells
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("name, params", [(n, p) for n, p in METHODS if n != "dca"])
 def test_every_distance_method_matches_the_reference_through_flash_attention_calls(name, params):
     method = create(name, training_window=600, **params)
@@ -45,6 +22,7 @@ def test_every_distance_method_matches_the_reference_through_flash_attention_cal
     assert (got - want).abs().max() <= 2e-5
 
 
+@pytest.mark.slow
 def test_string_is_two_calls_and_one_merge(monkeypatch):
     """The band with the window (S - 1, 0), the far part on S fewer keys, the query turned back by S - W."""
     calls = []
@@ -61,6 +39,7 @@ def test_string_is_two_calls_and_one_merge(monkeypatch):
     assert (got - want).abs().max() <= 2e-5
 
 
+@pytest.mark.slow
 def test_bfloat16_and_the_models_sliding_window():
     method = create("rerope", training_window=600, window=50)
     got, want, _ = run(method, torch.bfloat16)
@@ -70,6 +49,7 @@ def test_bfloat16_and_the_models_sliding_window():
     assert (got - windowed).abs().max() <= 2e-5  # STRING's far part lies beyond a window of 100
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk_size, local_window", [(180, 20), (90, 10)])
 def test_dca_by_three_calls_over_pieces_cut_at_chunk_edges_matches_the_reference(chunk_size, local_window):
     """Chunks of 160 and 80 keys (whole blocks of 16) over requests of up to 1,300 keys: prefills across several

@@ -132,6 +132,7 @@ def test_measuring_scores_a_perfect_and_a_blind_model_and_pairs_their_cases():
     assert difference == 100.0 and low == high == 100.0 and n == 20
 
 
+@pytest.mark.slow
 def test_training_checkpoints_in_safetensors_and_resumes_to_the_same_weights(tmp_path):
     data, shape = Corpus(80, "natural"), train.Shape(layers=1, hidden=32, heads=2, kv_heads=1)
     straight = train.train(
@@ -247,6 +248,7 @@ def test_bad_training_arguments_end_in_one_line(argv, message, tmp_path):
         cli.main(["probe", "train", "--out", str(tmp_path / "run"), *argv])
 
 
+@pytest.mark.slow
 def test_the_experiment_trains_measures_and_reports_its_runs_in_parallel_and_resumes(tmp_path):
     from longreach.probe import experiment
 

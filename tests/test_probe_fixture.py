@@ -40,6 +40,7 @@ def test_the_fixture_is_the_experiments_final_natural_model():
     assert state["shape"] == asdict(train.Shape())  # the default model
 
 
+@pytest.mark.slow
 def test_rope_retrieves_poorly_at_the_undertrained_distances(last_third):
     band, rope, _ = last_third
     assert (
@@ -47,12 +48,14 @@ def test_rope_retrieves_poorly_at_the_undertrained_distances(last_third):
     )  # somewhere in the last third, below RULER's bar for sure
 
 
+@pytest.mark.slow
 def test_string_raises_retrieval_on_the_last_third_by_a_margin_its_interval_supports(last_third):
     band, rope, string = last_third
     difference, (low, _), n = measure.paired_difference(string, rope, band)
     assert n >= 100 and low > 0, (difference, low, n)
 
 
+@pytest.mark.slow
 def test_the_fixture_feeds_longreach_eval_and_tune_as_a_model_without_a_tokenizer(tmp_path):
     """``longreach eval`` and ``tune`` take a probe checkpoint with the ``probe`` tasks (token ids, no tokenizer);
     a text task on it is refused in one line."""

@@ -1,16 +1,19 @@
 """Property-based checks (hypothesis): random methods and parameters, lengths, left pads, GQA ratios,
 families, dtypes and cache kinds, each against the float64 dense reference."""
 
+import pytest
 import torch
-from conftest import tiny_model
+from helpers.cases import case
+from helpers.tiny_models import tiny_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_kernel import case
 from transformers import DynamicCache, StaticCache
 
 import longreach
 from longreach.attention import kernel, reference
 from longreach.methods import create
+
+pytestmark = pytest.mark.slow  # 30 examples of each: about a minute
 
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 

@@ -6,7 +6,7 @@ import math
 import re
 
 import pytest
-from conftest import TINY_VOCAB, byte_tokenizer, tiny_model
+from helpers.tiny_models import TINY_VOCAB, byte_tokenizer, tiny_model
 from transformers import AutoTokenizer
 
 from longreach import models
@@ -27,7 +27,7 @@ def count(tokenizer, text: str) -> int:
     return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-@pytest.mark.parametrize("length", [2048, 4096])
+@pytest.mark.parametrize("length", [2048, pytest.param(4096, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name", ALL)
 def test_prompt_plus_generation_fits_the_length_and_fills_it(tokenizer, name, length):
     case = tasks.get(name).build(tokenizer, length, 0.5 if tasks.get(name).uses_depth else None, seed=3)
@@ -309,6 +309,7 @@ def _record(task: str, length: int, seed: int, score: float, empty: bool = False
     }
 
 
+@pytest.mark.slow
 def test_the_ruler_score_is_the_mean_of_task_means_with_averages_and_effective_length(tmp_path):
     means = {4096: 90.0, 8192: 86.0}  # every task scores these at 4K and 8K: RULER mean = the same
     records = [
@@ -346,6 +347,7 @@ def test_the_ruler_score_is_the_mean_of_task_means_with_averages_and_effective_l
     assert next(e for e in summary["effective_length"] if e["task"] == "ruler")["point"] is None  # out of the averages
 
 
+@pytest.mark.slow
 def test_the_ruler_difference_against_rope_pairs_cases_within_each_task(tmp_path):
     # string gains 20 on the first task only (its two cases 0 -> 20 and 10 -> 30): the mean over 13 tasks is 20 / 13;
     # each task's pairs are resampled on their own, so the interval is exact; the third case of string has no pair
@@ -388,6 +390,7 @@ def test_effective_length_is_reported_by_point_and_by_lower_bound(tmp_path):
     assert effective["point"] == 4096 and effective["sure"] == 0  # 9/10: 90 >= 85.6, its lower bound 59.6 is not
 
 
+@pytest.mark.slow
 def test_a_batch_gives_the_answers_of_one_case_at_a_time_also_read_in_chunks(tmp_path):
     model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024)
 

@@ -85,7 +85,7 @@ def test_qwens_temperature_is_a_tenth_where_chunkllamas_is_a_twentieth():
 
 
 def test_apply_reads_a_qwen25_1m_config_and_explicit_parameters_win():
-    from conftest import tiny_model
+    from helpers.tiny_models import tiny_model
 
     own = {"chunk_size": 48, "local_size": 8, "original_max_position_embeddings": 64}
     model = tiny_model("qwen2", dual_chunk_attention_config=own, max_position_embeddings=1000)

@@ -55,6 +55,7 @@ def rulers_context(n: int, needles: list[str], depths: list[int], sent_tokenize)
     return " ".join(pieces)
 
 
+@pytest.mark.slow
 def test_essay_sentences_are_rulers_on_the_whole_corpus(rulers_sent_tokenize):
     """Every essay: the whole corpus, prefixes, and the corpus repeated past its end (a 128K+ haystack)."""
     words = common.essay_words()

@@ -7,7 +7,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from conftest import byte_tokenizer, tiny_model
+from helpers.tiny_models import byte_tokenizer, tiny_model
 
 from longreach.cli import main
 from longreach.eval import runner

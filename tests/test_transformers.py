@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from conftest import tiny_model
+from helpers.tiny_models import tiny_model
 
 import longreach
 from longreach.integrations.transformers import key_positions_mask

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_VOCAB, byte_tokenizer, tiny_model
+from helpers.tiny_models import text_model
 from safetensors.torch import load_file
 
 import longreach
@@ -82,12 +82,8 @@ def test_paired_differences_use_only_the_cases_both_settings_ran():
     )
 
 
-def tiny(window=1024):
-    return tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=window), byte_tokenizer()
-
-
 def test_tune_runs_the_grid_through_the_runner_and_resumes(tmp_path):
-    loaded = tiny()
+    loaded = text_model()
     args = ("tiny", "string", {"shift": [300, 500]}, "passkey", 700, 2, tmp_path, {"local_window": 8})
     table, winner, text = tune.run(*args, loaded=loaded)
     assert [row.label for row in table] == [
@@ -114,7 +110,7 @@ def test_tune_runs_the_grid_through_the_runner_and_resumes(tmp_path):
 @torch.no_grad()
 def test_pair_importance_is_the_mean_product_of_pair_norms():
     """Layer 0 by hand: q and k projections of the normed embeddings, before RoPE (which keeps pair norms)."""
-    model, _ = tiny()
+    model, _ = text_model()
     longreach.apply(model, "rope")
     x = torch.randint(3, 97, (1, 30))
     with pair_importance() as record:
@@ -131,8 +127,9 @@ def test_pair_importance_is_the_mean_product_of_pair_norms():
     assert sorted(record) == [0, 1] and torch.allclose(record[0], want, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_calibrate_measures_importance_sweeps_each_group_and_checks_the_combination(tmp_path, monkeypatch):
-    loaded = tiny()
+    loaded = text_model()
     monkeypatch.chdir(tmp_path.parent)
     result = calibrate.calibrate(
         "tiny",

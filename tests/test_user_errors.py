@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_VOCAB, byte_tokenizer, tiny_model
+from helpers.tiny_models import TINY_VOCAB, byte_tokenizer, tiny_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -395,6 +395,7 @@ junk = st.sampled_from(
 )
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(
     command=st.sampled_from(commands), pairs=st.lists(st.tuples(st.sampled_from(flags), junk), min_size=1, max_size=3)

@@ -18,6 +18,8 @@ import torch
 
 vllm = pytest.importorskip("vllm")
 
+from helpers.tiny_models import save_vllm_model  # noqa: E402
+
 import longreach  # noqa: E402
 from longreach.integrations import vllm as plugin  # noqa: E402
 from longreach.integrations import vllm_layer  # noqa: E402
@@ -56,50 +58,16 @@ OWN_SCALING = {
 }  # fmt: skip
 
 
-def save_model(path, family: str = "llama", rope: dict | None = None, **config) -> str:
-    """A random 2-layer model of ``family`` (Llama; Qwen2: biased q, k, v; Qwen3: q and k normed; Mistral: a sliding
-    window of 128 keys; Phi-3: fused q, k, v and half of each head rotary, as Phi-4-mini's three quarters) saved to
-    ``path``, its RoPE plain or with ``rope``'s scaling, with ``config``'s settings."""
-    import transformers
-
-    config_class, model_class = {
-        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
-        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
-        "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
-    }[family]
-    torch.manual_seed(0)
-    config = config_class(
-        vocab_size=4096,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        max_position_embeddings=4096,
-        bos_token_id=1,
-        eos_token_id=2,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, **(rope or {})},
-        **({"sliding_window": 128} if family == "mistral" else {}),
-        **({"partial_rotary_factor": 0.5, "pad_token_id": 0} if family == "phi3" else {}),
-        **config,
-    )
-    model_class(config).save_pretrained(path)
-    return str(path)
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return save_model(tmp_path_factory.mktemp("tiny-llama"))
+    return save_vllm_model(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture(scope="module")
 def llama31_dir(tmp_path_factory):
     """The Llama 3.1 shape: Llama 3's own RoPE scaling in the config, as its checkpoints carry it."""
     family, rope = OWN_SCALING["llama3"]
-    return save_model(tmp_path_factory.mktemp("tiny-llama31"), family, {"rope_type": "llama3", **rope})
+    return save_vllm_model(tmp_path_factory.mktemp("tiny-llama31"), family, {"rope_type": "llama3", **rope})
 
 
 @pytest.fixture(scope="module")
@@ -228,7 +196,7 @@ def test_every_method_in_vllm_equals_transformers_with_apply(model_dir, llama31_
 def test_more_families_equal_transformers(prompts, tmp_path, family, method):
     """Qwen3 (q and k normed before RoPE) and Mistral (every layer a sliding window of 128 keys: STRING's shift is
     past it, so RoPE's own; DCA moves the pairs in it that cross a chunk's edge)."""
-    folder = save_model(tmp_path, family)
+    folder = save_vllm_model(tmp_path, family)
     expected = transformers_runs(folder, prompts, method, METHODS[method])
     overrides = plugin.overrides(method, training_window=WINDOW, **METHODS[method])
     assert_equal_runs(vllm_runs(folder, prompts, hf_overrides=overrides), prompts, expected)
@@ -240,7 +208,7 @@ def test_string_over_the_models_own_scaling_equals_transformers(prompts, tmp_pat
     with linear scaling; Phi-3 with LongRoPE, every prompt past its original window (128): vLLM takes the long factors
     for every position of an engine whose ``max_model_len`` passes it, transformers for a forward pass past it."""
     family, rope = OWN_SCALING[scaling]
-    folder = save_model(tmp_path, family, {"rope_type": scaling, **rope})
+    folder = save_vllm_model(tmp_path, family, {"rope_type": scaling, **rope})
     expected = transformers_runs(folder, prompts, "string", METHODS["string"])
     overrides = plugin.overrides("string", training_window=WINDOW, **METHODS["string"])
     assert_equal_runs(vllm_runs(folder, prompts, hf_overrides=overrides), prompts, expected)
@@ -251,7 +219,7 @@ def qwen1m_dir(tmp_path_factory):
     """A Qwen2 with Qwen2.5-1M's ``dual_chunk_attention_config``, scaled down: chunk 192, local 32, trained on 256
     tokens (the prompts reach 906)."""
     own = {"chunk_size": 192, "local_size": 32, "original_max_position_embeddings": 256}
-    return save_model(tmp_path_factory.mktemp("tiny-qwen-1m"), "qwen2", dual_chunk_attention_config=own)
+    return save_vllm_model(tmp_path_factory.mktemp("tiny-qwen-1m"), "qwen2", dual_chunk_attention_config=own)
 
 
 def test_qwen25_1m_runs_its_own_dual_chunk_attention_config(prompts, qwen1m_dir):
@@ -376,7 +344,7 @@ def test_every_family_without_a_record_runs_as_in_stock_vllm(prompts, tmp_path, 
     as plain transformers (Qwen2.5-1M's own config runs in no stock vLLM 0.32: its rotary embedding needs CUDA)."""
     monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     rope = None if scaling is None else {"rope_type": scaling, **OWN_SCALING[scaling][1]}
-    folder, stock = save_model(tmp_path, family, rope), []
+    folder, stock = save_vllm_model(tmp_path, family, rope), []
     assert_equal_runs(vllm_runs(folder, prompts, impls=stock), prompts, transformers_runs(folder, prompts))
     assert stock == ["vllm.v1.attention.backends.cpu_attn.CPUAttentionBackendImpl"]
 
@@ -582,8 +550,8 @@ def test_the_cuda_backends_calls_merged_by_vllms_own_merge_match_the_reference()
     ``merge_attn_states`` (its CPU path) and the emulated FlashAttention call equals the float64 reference (STRING:
     two calls, one merge; Self-Extend: moved keys and queries, three cells; DCA: three calls over pieces cut at chunk
     edges, two merges, with rows that reach no key)."""
-    import flash_emulation
-    from test_paged_flash import run
+    from helpers import flash_emulation
+    from helpers.paged import run
     from vllm.v1.attention.ops.merge_attn_states import merge_attn_states
 
     from longreach.integrations import vllm_cuda

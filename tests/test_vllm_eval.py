@@ -16,9 +16,10 @@ import time
 import urllib.request
 
 import pytest
-import torch
 
 pytest.importorskip("vllm")
+
+from helpers.tiny_models import save_vllm_model  # noqa: E402
 
 from longreach.cli import main  # noqa: E402
 from longreach.eval import runner  # noqa: E402
@@ -30,27 +31,15 @@ LENGTHS = "1024,1536"
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer
 
     from longreach import models
 
     gguf = models.default_gguf()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        max_position_embeddings=4096,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
     path = tmp_path_factory.mktemp("tiny-smollm2")
-    LlamaForCausalLM(config).save_pretrained(path)
+    ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    save_vllm_model(path, vocab_size=len(tokenizer), **ids)
     tokenizer.save_pretrained(path)
     return str(path)
 

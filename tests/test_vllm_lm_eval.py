@@ -1,9 +1,9 @@
 """lm-evaluation-harness through vLLM with a longreach method (``make test-vllm``; skipped without vLLM and lm-eval).
 
-The local tasks of tests/test_lm_eval.py (``generate_until`` and ``multiple_choice``, offline) on a tiny Llama with
-head dim 64 (vLLM's CPU kernel takes no smaller) and the real SmolLM2 tokenizer, L = 64 and prompts past it: STRING
-through vLLM -- lm-eval's own ``vllm`` model with the record as ``hf_overrides``, and ``longreach-vllm`` on lm-eval's
-command line -- gives what ``LongreachLM`` (transformers) gives.
+The local tasks of tests/test_lm_eval.py (``generate_until`` and ``multiple_choice``, offline; written by
+tests/helpers/lm_eval_tasks.py) on a tiny Llama with head dim 64 (vLLM's CPU kernel takes no smaller) and the real
+SmolLM2 tokenizer, L = 64 and prompts past it: STRING through vLLM -- lm-eval's own ``vllm`` model with the record as
+``hf_overrides``, and ``longreach-vllm`` on lm-eval's command line -- gives what ``LongreachLM`` (transformers) gives.
 """
 
 import importlib.metadata
@@ -25,8 +25,9 @@ def _vllm_cpus_version(real):
 importlib.metadata.version = _vllm_cpus_version(importlib.metadata.version)
 
 import lm_eval  # noqa: E402
+from helpers.lm_eval_tasks import STRING, loglikelihoods, write_tasks  # noqa: E402
+from helpers.tiny_models import save_tiny_llama  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
-from test_lm_eval import STRING, loglikelihoods, save_tiny_llama, write_tasks  # noqa: E402
 
 from longreach.integrations.vllm import overrides  # noqa: E402
 from longreach.lm_eval import LongreachLM  # noqa: E402

@@ -1,0 +1,132 @@
+"""Tiny models of several RoPE families, built from configs (no downloads), and what tests save them with.
+
+:func:`tiny_model` (hidden size 64, 2 layers, vocabulary 97) for the transformers tests; :func:`byte_tokenizer` and
+:func:`text_model` for the tests that need text; :func:`save_tiny_llama` (the real SmolLM2 tokenizer, L = 64) for
+lm-eval and torchrun; :func:`save_vllm_model` (head dim 64, the smallest vLLM's CPU kernel takes) for the vLLM tests.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import transformers
+
+COMMON = dict(
+    vocab_size=97,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=96,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+FAMILIES = {
+    "llama": (transformers.LlamaConfig, {}),
+    "qwen2": (transformers.Qwen2Config, {}),
+    "mistral": (transformers.MistralConfig, {"sliding_window": None}),
+    "qwen3": (transformers.Qwen3Config, {"head_dim": 16}),
+    "gemma": (transformers.GemmaConfig, {"head_dim": 16}),
+    "gemma3": (
+        transformers.Gemma3TextConfig,
+        {"head_dim": 16, "sliding_window": 24, "layer_types": ["sliding_attention", "full_attention"]},
+    ),
+    "phi3": (transformers.Phi3Config, {"partial_rotary_factor": 0.5, "num_key_value_heads": 4}),
+}
+
+
+def tiny_model(family: str, dtype=torch.float32, **overrides) -> transformers.PreTrainedModel:
+    config_class, extra = FAMILIES[family]
+    config = config_class(**{**COMMON, **extra, **overrides})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="sdpa")
+    return model.to(dtype).eval()
+
+
+def byte_tokenizer() -> transformers.PreTrainedTokenizerFast:
+    """A byte-level tokenizer (256 bytes + 4 specials) with a chat template; vocab fits TINY_VOCAB."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<|im_start|>": 3, **{ch: i + 4 for i, ch in enumerate(alphabet)}}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        additional_special_tokens=["<|im_start|>"],
+    )
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+        "{{ '<|im_start|>assistant\n' }}"
+    )
+    return tokenizer
+
+
+TINY_VOCAB = 260
+
+
+def text_model(window: int = 1024) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerFast]:
+    """``(model, tokenizer)``: a tiny Llama with L = ``window`` over :func:`byte_tokenizer`'s vocabulary, and that
+    tokenizer, as the runner's ``loaded`` takes them."""
+    return tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=window), byte_tokenizer()
+
+
+def save_tiny_llama(folder, window: int = 64, **overrides) -> None:
+    """A tiny Llama with L = ``window`` and the real SmolLM2 tokenizer's vocabulary and special tokens, saved with it
+    in ``folder`` (tests/test_lm_eval.py, tests/test_vllm_lm_eval.py, tests/test_distributed.py)."""
+    from transformers import AutoTokenizer
+
+    from longreach import models
+
+    tokenizer = AutoTokenizer.from_pretrained(models.default_path())
+    model = tiny_model(
+        "llama",
+        vocab_size=len(tokenizer),
+        max_position_embeddings=window,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **overrides,
+    )
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def save_vllm_model(path, family: str = "llama", rope: dict | None = None, **config) -> str:
+    """A random 2-layer model of ``family`` (Llama; Qwen2: biased q, k, v; Qwen3: q and k normed; Mistral: a sliding
+    window of 128 keys; Phi-3: fused q, k, v and half of each head rotary, as Phi-4-mini's three quarters) saved to
+    ``path``, its RoPE plain or with ``rope``'s scaling, with ``config``'s settings (over the defaults below): head dim
+    64, vLLM's CPU kernel's smallest (tests/test_vllm.py, tests/test_vllm_eval.py)."""
+    config_class, model_class = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
+    }[family]
+    torch.manual_seed(0)
+    defaults = dict(
+        vocab_size=4096,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=4096,
+        bos_token_id=1,
+        eos_token_id=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, **(rope or {})},
+        **({"sliding_window": 128} if family == "mistral" else {}),
+        **({"partial_rotary_factor": 0.5, "pad_token_id": 0} if family == "phi3" else {}),
+    )
+    config = config_class(**{**defaults, **config})
+    model_class(config).save_pretrained(path)
+    return str(path)
