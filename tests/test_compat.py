@@ -51,7 +51,7 @@ def test_cpu_flash_forward_and_backward_with_grouped_heads_on_either_branch(grou
     expected = torch.autograd.grad(want, (q, k, v), grad_out)
     with torch.no_grad():
         got = cpu_flash.backward(grad_out, q, k, v, out, lse, None, causal, 0.3)
-    for mine, theirs in zip(got, expected):
+    for mine, theirs in zip(got, expected, strict=True):
         assert mine.shape == theirs.shape and torch.allclose(mine, theirs, atol=1e-5)
 
 

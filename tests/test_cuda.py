@@ -159,7 +159,7 @@ def test_gradients_on_cuda_equal_the_reference(name, params, backend, monkeypatc
     monkeypatch.setattr(kernel, "attention", to_cuda)
     for n, q_len, tile in ((140, 140, 64), (140, 1, 64), (140, 13, 32)):
         got, want = gradients(method, backend, n, q_len, (0, 6), torch.float64, tile)
-        for g, w, what in zip(got, want, "qkv"):
+        for g, w, what in zip(got, want, "qkv", strict=True):
             assert (g - w).abs().max() <= 1e-4 * max(1.0, w.abs().max()), (what, q_len)
 
 

@@ -88,7 +88,9 @@ def test_a_decoding_step_is_unmasked_calls_on_the_keys_of_each_band(calls, name,
     calls.clear()
     flash_attention(method, example, n, sliding_window)
     windows = [-1 if cell.hi is None else cell.hi - cell.lo - 1 for cell in cells]
-    assert calls == [(n - cell.lo, n - cell.lo, 4, 2, True, window, 0) for cell, window in zip(cells, windows)]
+    assert calls == [
+        (n - cell.lo, n - cell.lo, 4, 2, True, window, 0) for cell, window in zip(cells, windows, strict=True)
+    ]
 
 
 @pytest.mark.parametrize("name, params", DISTANCE_METHODS)

@@ -35,7 +35,7 @@ def test_dropping_sharpens_attention_beyond_the_window(setup, tmp_path):
     longreach.apply(model, "dynamic_drop", chunk=50, initial_rate=0.3, step=0.2, max_rate=0.9, layers=(0, 1))
     dropped = dispersion.measure(model, tokenizer, text, 600, points=8, top_k=3)
     longreach.remove(model)
-    for position, a, b in zip(plain["positions"], plain["layers"][0], dropped["layers"][0]):
+    for position, a, b in zip(plain["positions"], plain["layers"][0], dropped["layers"][0], strict=True):
         assert b == pytest.approx(a, abs=1e-7) if position < 200 else b > a
     picture = dispersion.plot({"rope": plain, "dynamic_drop": dropped}, tmp_path / "d.png", window=200)
     assert picture.stat().st_size > 0

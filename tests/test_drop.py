@@ -110,7 +110,7 @@ def test_drop_composes_and_only_touches_its_layers():
     plain = model(x, output_hidden_states=True).hidden_states
     longreach.apply(model, "string", shift=12, local_window=3, drop={"method": "drop", "rate": 0.4, "layers": [2]})
     dropped = model(x, output_hidden_states=True).hidden_states
-    assert all(torch.equal(a, b) for a, b in zip(plain[:3], dropped[:3]))  # layers 0 and 1 untouched
+    assert all(torch.equal(a, b) for a, b in zip(plain[:3], dropped[:3], strict=True))  # layers 0 and 1 untouched
     assert not torch.allclose(plain[3], dropped[3])
     assert "drop(rate=0.4, layers=[2])" in longreach.describe(model)
 

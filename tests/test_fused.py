@@ -128,7 +128,7 @@ def test_a_static_cache_by_position_with_slots_in_any_order(name, params):
     generator = torch.Generator().manual_seed(3)
     slots, pads, written = 96, (0, 7), (90, 83)
     positions = torch.full((2, slots), compiled_step.EMPTY)
-    for b, (pad, count) in enumerate(zip(pads, written)):
+    for b, (pad, count) in enumerate(zip(pads, written, strict=True)):
         positions[b, :count] = torch.arange(count) - pad  # padding: negative positions
     positions = positions.roll(-25, dims=1)  # a rolled buffer: the newest slots are not the last
     q, k, v = (torch.randn(2, h, n, 16, generator=generator) for h, n in ((4, 2), (2, slots), (2, slots)))

@@ -29,7 +29,7 @@ def test_gradients_equal_the_reference_in_float64(name, params, backend, pads):
         (90, 90, 32),
     ):  # prefill, decode, a chunk; whole blocks
         got, want = gradients(method, backend, n, q_len, pads, torch.float64, tile)
-        for g, w, what in zip(got, want, "qkv"):  # the CPU flash op is ~5e-8 accurate even in float64
+        for g, w, what in zip(got, want, "qkv", strict=True):  # the CPU flash op is ~5e-8 accurate even in float64
             assert (g - w).abs().max() <= {"math": 1e-12, "cpu_flash": 1e-6}[backend] * max(1.0, w.abs().max()), (
                 what,
                 n,
@@ -42,7 +42,7 @@ def test_gradients_in_float32_and_bfloat16(name, params):
     method = create(name, training_window=40, **params)
     for dtype, tolerance in ((torch.float32, 1e-5), (torch.bfloat16, 5e-2)):
         got, want = gradients(method, "auto", 90, 90, (0, 6), dtype, 32)
-        for g, w in zip(got, want):
+        for g, w in zip(got, want, strict=True):
             assert (g - w).abs().max() <= tolerance * max(1.0, w.abs().max())
 
 
@@ -94,7 +94,7 @@ def test_drop_attention_gradients_equal_the_reference():
             out = reference.dense_attention(*leaves, P, inv_freq, 0.3, key_padding=padding, drop_rates=rates)
         (out * padding[:, :, None, None]).square().sum().backward()
         results.append([leaf.grad for leaf in leaves])
-    for g, w in zip(*results):
+    for g, w in zip(*results, strict=True):
         assert (g - w).abs().max() <= 1e-9 * max(1.0, w.abs().max())
 
 

@@ -109,7 +109,7 @@ def test_kept_keys_give_what_moving_every_key_gives_bit_for_bit(name):
         want = scenario(model)
         longreach.apply(model, name, keep_moved_keys=True, **METHODS[name])
         got = scenario(model)
-        for step, (a, b) in enumerate(zip(got, want)):
+        for step, (a, b) in enumerate(zip(got, want, strict=True)):
             assert torch.equal(a, b), f"{scenario.__name__}, call {step}: {(a - b).abs().max():.2e}"
 
 

@@ -37,7 +37,7 @@ def test_rows_whose_elements_are_strided_give_the_reference_and_its_gradients(ba
         ]  # fmt: skip
         assert (outs[1] - want)[rows].abs().max() <= 1e-5, q_len
         grads = [torch.autograd.grad(out[rows].sum(), inputs) for out in outs]
-        assert all((a - b).abs().max() <= 1e-5 for a, b in zip(*grads))
+        assert all((a - b).abs().max() <= 1e-5 for a, b in zip(*grads, strict=True))
 
 
 STRING_CASES = [(n, S, W) for n, S, W in [(7, 9, 2), (10, 9, 2), (33, 9, 2), (40, 16, 1), (64, 17, 16), (57, 20, 5)]]

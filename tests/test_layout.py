@@ -49,7 +49,7 @@ def _parents(name: str) -> list[str]:
     return [".".join(parts[:depth]) for depth in range(1, len(parts))]
 
 
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:  # noqa: C901 (Tarjan's algorithm, as published)
     """The strongly connected components with more than one member (Tarjan's algorithm)."""
     index, low, stack, on_stack, found = {}, {}, [], set(), []
 

@@ -86,7 +86,8 @@ def test_string_equals_longreachs_own_api_and_changes_the_answers(setup, evaluat
     direct = samples(HFLM(pretrained=longreach.apply(model, **STRING), **COMMON), tasks)
     assert_same(ours, direct, 1e-5)
     changes = [
-        abs(a - b) for a, b in zip(loglikelihoods(ours["lr_tiny_choice"]), loglikelihoods(rope["lr_tiny_choice"]))
+        abs(a - b)
+        for a, b in zip(loglikelihoods(ours["lr_tiny_choice"]), loglikelihoods(rope["lr_tiny_choice"]), strict=True)
     ]
     assert changes[:3] == pytest.approx(
         [0.0] * 3, abs=1e-5

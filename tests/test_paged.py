@@ -121,7 +121,7 @@ def test_a_sliding_window_cuts_every_part():
     )  # fmt: skip
     windowed = create("rope", training_window=600)
     want = []
-    for (q, k, v), (n, q_len) in zip(raw, REQUESTS):
+    for (q, k, v), (n, q_len) in zip(raw, REQUESTS, strict=True):
         positions = torch.arange(n)
         distance = positions[-q_len:, None] - positions[None, :]
         P = windowed.layer_positions(positions[-q_len:, None], positions[None, :], 0)

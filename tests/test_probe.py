@@ -1,6 +1,7 @@
 """The probing experiment's parts: the corpus's retrieval distances, resumable training, measuring by distance."""
 
 import dataclasses
+import itertools
 import json
 import shutil
 
@@ -31,9 +32,9 @@ def test_every_answer_is_the_value_of_its_keys_record_earlier_in_the_same_docume
     data = Corpus(256, distribution).batch(16, np.random.default_rng(1))
     ids, labels, positions = data["input_ids"].numpy(), data["labels"].numpy(), data["position_ids"].numpy()
     lengths, documents, distances, never_asked, asked_again = data["lengths"].tolist(), [], [], 0, 0
-    for row_ids, row_labels in zip(ids, labels):
+    for row_ids, row_labels in zip(ids, labels, strict=True):
         starts = list(np.flatnonzero(row_ids == BOS)) + [int((row_ids != corpus.PAD).sum())]
-        for begin, end in zip(starts, starts[1:]):
+        for begin, end in itertools.pairwise(starts):
             documents.append(end - begin)
             records, queries = records_and_queries(row_ids[begin:end])
             assert queries and all(
@@ -52,7 +53,7 @@ def test_every_answer_is_the_value_of_its_keys_record_earlier_in_the_same_docume
         assert ids.shape[0] == 16 and (positions == np.arange(256)).all()
     else:  # documents packed, each at positions from 0, so each is a sequence of its own
         assert sum(lengths) >= 16 * 256 and ids.shape[0] < 16 * 1.3
-        starts = [(row, i) for row, i in zip(*np.nonzero(ids == BOS))]
+        starts = [(row, i) for row, i in zip(*np.nonzero(ids == BOS), strict=True)]
         assert all(positions[row, i] == 0 for row, i in starts)
 
 

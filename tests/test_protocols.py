@@ -237,7 +237,7 @@ def test_string_four_needles_as_the_string_repository(tokenizer):
     )
     positions = [case.prompt.index(f"is: {v}.") / len(case.prompt) for v in case.references]
     assert [int(d / (0.99 / 4)) for d in case.needle_depths] == [0, 1, 2, 3] and positions == sorted(positions)
-    assert all(abs(p - d) < 0.03 for p, d in zip(positions, case.needle_depths))
+    assert all(abs(p - d) < 0.03 for p, d in zip(positions, case.needle_depths, strict=True))
     assert case.n_tokens <= 8192 - 128
     two = task.score(f"{case.references[3]}, {case.references[0]}</s>", case)
     assert two["score"] == 100.0 and two["fraction"] == 0.5 and task.score(case.references[1], case)["score"] == 0.0

@@ -38,8 +38,11 @@ def qwen_dual_chunk(query, key, value, inv_freq, scale):
         logits = [torch.einsum("hd,hkd->hk", q, keys[:, span]) * scale * factor for q, span in pieces]
         lse = torch.stack([torch.logsumexp(x, -1) for x in logits])  # merged as vLLM's _merge_attn_outputs
         weights = torch.softmax(lse, 0)
-        outputs = [torch.einsum("hk,hkd->hd", x.softmax(-1), value[:, span]) for x, (_, span) in zip(logits, pieces)]
-        out[:, i] = sum(w[:, None] * o for w, o in zip(weights, outputs))
+        outputs = [
+            torch.einsum("hk,hkd->hd", x.softmax(-1), value[:, span])
+            for x, (_, span) in zip(logits, pieces, strict=True)
+        ]
+        out[:, i] = sum(w[:, None] * o for w, o in zip(weights, outputs, strict=True))
     return out
 
 

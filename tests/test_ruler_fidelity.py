@@ -2,6 +2,7 @@
 ``sent_tokenize`` (``niah.py``), and the fresh draws of QA and cwe at every probe of the size search and
 every back-off (``qa.py``, ``common_words_extraction.py``)."""
 
+import itertools
 import random
 import re
 from types import SimpleNamespace
@@ -137,7 +138,9 @@ def test_qa_draws_fresh_documents_at_every_probe_and_back_off(tokenizer, prompts
         return [(article <= s, s - article if article <= s else s) for s in shown]
 
     searched, backed = sorted(draws(0), key=lambda d: len(d[1])), draws(5)
-    pairs = [(a, b) for draws in (searched, backed) for (whole, a), (also, b) in zip(draws, draws[1:]) if whole == also]
+    pairs = [
+        (a, b) for draws in (searched, backed) for (whole, a), (also, b) in itertools.pairwise(draws) if whole == also
+    ]
     assert (
         len(searched) >= 6
         and len(backed) >= 4
@@ -177,4 +180,4 @@ def test_cwe_draws_a_fresh_example_and_words_at_every_probe_and_back_off(tokeniz
     assert len(drawn) >= 10 and cwe_lists(case.prompt) == drawn[-1] and set(case.references) <= drawn[-1][1]
     assert len({example for example, _ in drawn}) == len(drawn)  # one example per prompt, none shared
     backed = [words for _, words in drawn[-4:]]
-    assert not any(later <= earlier for earlier, later in zip(backed, backed[1:]))
+    assert not any(later <= earlier for earlier, later in itertools.pairwise(backed))

@@ -156,9 +156,8 @@ def test_a_server_folder_resumed_on_transformers_is_refused_as_another_engines(m
 
 
 def test_a_server_that_stops_mid_run_keeps_what_finished(model_dir, tmp_path):
-    with StandIn(answer_at_most=1) as stand_in:
-        with pytest.raises(SystemExit) as stopped:
-            evaluate(model_dir, tmp_path, stand_in.url, "--concurrency", "1", "--batch-size", "1")
+    with StandIn(answer_at_most=1) as stand_in, pytest.raises(SystemExit) as stopped:
+        evaluate(model_dir, tmp_path, stand_in.url, "--concurrency", "1", "--batch-size", "1")
     assert "stopped answering" in str(stopped.value) and "run the same command again" in str(stopped.value)
     records = runner.read_results(tmp_path / runner.RESULTS)
     assert [bool(r.get("error")) for r in records] == [False, True]  # the answered case, the one that failed

@@ -154,7 +154,7 @@ def vllm_runs(model_dir, prompts, dtype="float32", impls=None, engine_process=Fa
         rounds = []
         for batch in (prompts, prompts[::-1]):  # the second round hits the prefix cache
             outputs = llm.generate([{"prompt_token_ids": ids} for ids in batch], sampling)
-            rounds.append({tuple(ids): out for ids, out in zip(batch, outputs)})
+            rounds.append({tuple(ids): out for ids, out in zip(batch, outputs, strict=True)})
         llm.llm_engine.engine_core.shutdown()
         del llm
     return rounds
@@ -167,7 +167,7 @@ def attention_impls(model) -> list[str]:
 
 def assert_equal_runs(rounds, prompts, expected, prefix_cached=True):
     for outputs in rounds:
-        for ids, (tokens, logits) in zip(prompts, expected):
+        for ids, (tokens, logits) in zip(prompts, expected, strict=True):
             got = outputs[tuple(ids)].outputs[0]
             assert list(got.token_ids) == tokens
             difference = max(
@@ -279,7 +279,7 @@ def test_past_the_models_own_window_the_context_raises_its_rotary_table(model_di
         "max_position_embeddings": 2048,
     }
     with pytest.raises(ValueError, match=r"^context=2048 for vllm serve: give training_window= too"):
-        plugin.overrides("self_extend", context=2048).json
+        plugin.overrides("self_extend", context=2048).json  # noqa: B018 (reading the property is what raises)
 
 
 def test_a_bfloat16_engine_is_as_close_to_float32_as_stock_vllm_is(model_dir, prompts):
@@ -301,7 +301,7 @@ def bfloat16_error(rounds, prompts, expected):
     """The mean raw-logit difference of the first round's top 5, over each request's steps up to and including the
     first whose token differs from ``expected``'s (later steps continue other tokens)."""
     differences = []
-    for ids, (tokens, logits) in zip(prompts, expected):
+    for ids, (tokens, logits) in zip(prompts, expected, strict=True):
         got = rounds[0][tuple(ids)].outputs[0]
         for step, top in enumerate(got.logprobs):
             differences += [abs(value.logprob - logits[step, token].item()) for token, value in top.items()]

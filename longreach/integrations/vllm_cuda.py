@@ -2,9 +2,9 @@
 
 **Not run on a GPU yet** (no GPU machine here has vLLM): its algorithm, :func:`longreach.attention.paged_flash.
 flash_cells`, is checked on the CPU against the float64 reference through an emulation of the two vLLM functions it
-calls (``tests/helpers/flash_emulation.py``). Per layer and step: one ``flash_attn_varlen_func`` call per cell of the method on
-the paged cache (STRING: two), merged by ``merge_attn_states``, with no host sync, so that vLLM's CUDA graphs can
-capture it. Keys a part moves by a per-token shift (ReRoPE, Self-Extend, DCA, DPE) are written moved, once, into a
+calls (``tests/helpers/flash_emulation.py``). Per layer and step: one ``flash_attn_varlen_func`` call per cell of the
+method on the paged cache (STRING: two), merged by ``merge_attn_states``, with no host sync, so that vLLM's CUDA graphs
+can capture it. Keys a part moves by a per-token shift (ReRoPE, Self-Extend, DCA, DPE) are written moved, once, into a
 plane per shift that this backend keeps beside vLLM's cache: as large as the layer's key cache, memory vLLM's block
 manager does not count (one warning says how much). DCA, whose key spans are chunks, is three calls over each
 request's queries cut at chunk edges (:func:`longreach.attention.paged_flash.flash_dual_chunk`), where its chunk is

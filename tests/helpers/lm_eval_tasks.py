@@ -4,7 +4,23 @@ window and well past it (tests/test_lm_eval.py, tests/test_vllm_lm_eval.py). Nee
 import json
 
 STRING = dict(method="string", shift=16, local_window=4)
-WORDS = "river stone amber falcon quiet meadow copper lantern harbor violet thunder maple echo silver canyon".split()
+WORDS = [
+    "river",
+    "stone",
+    "amber",
+    "falcon",
+    "quiet",
+    "meadow",
+    "copper",
+    "lantern",
+    "harbor",
+    "violet",
+    "thunder",
+    "maple",
+    "echo",
+    "silver",
+    "canyon",
+]
 
 
 def passage(seed: int, words: int) -> str:

@@ -36,7 +36,7 @@ def paged_case(block_size, dtype, q_heads=4, kv_heads=2, dim=16, rotary_dims=16,
     order = torch.randperm(sum(blocks_needed) + 3, generator=g)  # 3 blocks no request owns
     cache = torch.randn(len(order), 2, kv_heads, block_size, dim, generator=g, dtype=torch.float64)
     used = 0
-    for (n, q_len), count in zip(REQUESTS, blocks_needed):
+    for (n, q_len), count in zip(REQUESTS, blocks_needed, strict=True):
         q, k, v = (torch.randn(h, n, dim, generator=g, dtype=torch.float64) for h in (q_heads, kv_heads, kv_heads))
         positions = torch.arange(n, dtype=torch.float64)
         k_rot = rotate(k[None], positions[None, None], inv_freq)[0]
@@ -63,7 +63,7 @@ def paged_case(block_size, dtype, q_heads=4, kv_heads=2, dim=16, rotary_dims=16,
 def expected(method, raw, inv_freq, scaling):
     """Each request's last queries by the dense reference, concatenated: ``[T, Hq, D]``."""
     outs = []
-    for (q, k, v), (n, q_len) in zip(raw, REQUESTS):
+    for (q, k, v), (n, q_len) in zip(raw, REQUESTS, strict=True):
         positions = torch.arange(n)
         P = method.layer_positions(positions[None, -q_len:, None], positions[None, None, :], 0)
         out = reference.dense_attention(q[None, :, -q_len:], k[None], v[None], P, inv_freq, scaling)

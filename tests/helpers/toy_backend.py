@@ -37,7 +37,7 @@ class Toy(Backend):
 
     def run(self, masks, cells, call):
         scores = torch.full((*call.query.shape[:3], call.kv_len), NEG_INF)  # [B, Hq, Lq, Lkv]
-        for cell, mask in zip(cells, masks):
+        for cell, mask in zip(cells, masks, strict=True):
             q = shifted(call.query, cell.query_shift, call.q_positions, call.inv_freq).float()
             k = shifted_keys(call.key, cell.key_shift, call.positions, call.inv_freq).float()
             scores = torch.where(mask, grouped_matmul(q, k.transpose(-1, -2)) * call.scaling, scores)
