@@ -5,7 +5,7 @@ batch in reverse order."""
 
 import pytest
 import transformers
-from conftest import TINY_VOCAB, byte_tokenizer, tiny_model
+from helpers.tiny_models import TINY_VOCAB, byte_tokenizer, tiny_model
 
 from longreach.eval import runner
 from longreach.eval.engines.base import Engine, EngineGone
