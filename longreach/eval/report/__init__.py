@@ -27,6 +27,7 @@ from .cells import (
     effective_text,
     group_cells,
     number,
+    paired_record,
 )
 from .infbench_section import infbench_section
 from .ruler_section import RULER_FAMILIES, ruler_section
@@ -221,19 +222,8 @@ def _paired_table(
             value, (low, high), pairs = stats.paired_difference(
                 *(cells[m, n].by_case if (m, n) in cells else {} for m in (method, baseline))
             )
-            summary["paired"].append(
-                {
-                    "model": rows[0]["model"],
-                    "task": rows[0]["task"],
-                    "method": method,
-                    "minus": baseline,
-                    "length": n,
-                    "difference": number(value),
-                    "low": number(low),
-                    "high": number(high),
-                    "n": pairs,
-                }
-            )
+            where = {"model": rows[0]["model"], "task": rows[0]["task"]}
+            summary["paired"].append(paired_record(where, method, baseline, n, value, (low, high), pairs))
             texts.append(difference(value, (low, high), pairs) if pairs else "—")
             if pairs:
                 paired[method][n] = (value, (low, high))

@@ -69,6 +69,24 @@ def number(value: float) -> float | None:
     return None if isinstance(value, float) and math.isnan(value) else value
 
 
+def paired_record(
+    where: dict, method: str, baseline: str, length: int, value: float, interval: tuple[float, float], pairs: int
+) -> dict:
+    """One record of the summary's paired differences: ``where`` (the model and the task, or the model and the RULER
+    family), then ``method`` minus ``baseline`` at ``length``, its interval (a missing bound null) and its pairs."""
+    low, high = interval
+    return {
+        **where,
+        "method": method,
+        "minus": baseline,
+        "length": length,
+        "difference": number(value),
+        "low": number(low),
+        "high": number(high),
+        "n": pairs,
+    }
+
+
 def group_cells(rows: list[dict]) -> dict[tuple[str, int], Cell]:
     cells = defaultdict(list)
     for r in rows:

@@ -19,6 +19,7 @@ from .cells import (
     effective_length,
     effective_text,
     number,
+    paired_record,
 )
 
 RULER_FAMILIES = {"ruler": "RULER", "ruler-tight": "RULER, packed tight"}  # ruler:* and ruler-tight:* get a table each
@@ -158,19 +159,8 @@ def _paired_table(
         texts = []
         for n in lengths:
             value, (low, high), pairs = stats.paired_average(by_case[method, n], by_case[baseline, n])
-            summary["ruler_paired"].append(
-                {
-                    "model": model,
-                    "family": family,
-                    "method": method,
-                    "minus": baseline,
-                    "length": n,
-                    "difference": number(value),
-                    "low": number(low),
-                    "high": number(high),
-                    "n": pairs,
-                }
-            )
+            where = {"model": model, "family": family}
+            summary["ruler_paired"].append(paired_record(where, method, baseline, n, value, (low, high), pairs))
             tasks = len(by_case[method, n])  # fewer than 13: a partial average, marked as in the scores' table
             texts.append(
                 (difference(value, (low, high), pairs) + ("" if tasks == len(ruler.TASKS) else f" ({tasks} tasks)"))
