@@ -11,7 +11,7 @@ import torch
 import transformers
 from helpers.model_cases import CACHE_FAMILIES, METHODS, ids, left_padded
 from helpers.native import native_builds
-from helpers.tiny_models import tiny_model
+from helpers.tiny_models import COMMON, tiny_model
 from transformers import AttentionInterface, StaticCache
 from transformers.masking_utils import AttentionMaskInterface
 
@@ -142,15 +142,7 @@ def test_meta_tensors_work_as_with_stock_attention():
 
 
 def test_gemma2_softcapping_is_refused_at_apply():
-    config = transformers.Gemma2Config(
-        vocab_size=97,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-    )
+    config = transformers.Gemma2Config(**COMMON, head_dim=16)
     model = transformers.AutoModelForCausalLM.from_config(config)
     with pytest.raises(ValueError, match="attn_logit_softcapping=50.0, Gemma 2"):
         longreach.apply(model, "string", shift=20, local_window=4)
