@@ -92,8 +92,9 @@ class Transformers(Engine):
         if task.kind == EVALUATE:
             yield from enumerate(task.evaluate(self.model, self.tokenizer, case) for case in cases)
             return
-        alone = one_case_per_forward(self.model) and len(cases) > 1
-        budget = 0 if one_case_per_forward(self.model) else generate.prefill_budget(len(cases), self.prefill_tokens)
+        per_case = one_case_per_forward(self.model)
+        alone = per_case and len(cases) > 1
+        budget = 0 if per_case else generate.prefill_budget(len(cases), self.prefill_tokens)
         groups = [[case] for case in cases] if alone else [cases]
         prompts = [[case.prompt for case in group] for group in groups]
         model, tokenizer = self.model, self.tokenizer
