@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from . import build_lock
-from .cells import Cell, key_views, query_views
+from .cells import Cell
 
 SOURCE = Path(__file__).parent / "csrc" / "parts.cpp"
 SOURCES = (SOURCE, SOURCE.with_name("tiles.h"), SOURCE.with_name("products.h"))  # the kernel and its headers
@@ -35,22 +35,23 @@ class BuildError(RuntimeError):
 
 def cell_table(
     cells: Sequence[Cell],
+    view_of: Sequence[int],
+    key_of: Sequence[int],
     q_positions: torch.Tensor,
     key_indices: Callable[[tuple[torch.Tensor, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]],
 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     """The cells as the kernel reads them: ``(table, span_first, span_stop)``. ``table [cells, 5]`` int64 holds per
-    cell its query view (:func:`.cells.query_views`), its key view (:func:`.cells.key_views`), ``lo``, ``hi`` (-1:
-    none) and its span (-1: none, else an index of ``span_first`` and ``span_stop``). A cell with a key span (DCA)
-    adds its span at the queries' positions ``q_positions``, as key indices: ``key_indices`` turns the span's key
-    positions ``(first, stop)`` into the key indices ``(first, stop)`` the caller hands the kernel."""
-    _, view_of = query_views(cells)
-    _, key_of = key_views(cells)
+    cell its query view ``view_of[c]`` (:func:`.cells.query_views`' index), its key view ``key_of[c]``
+    (:func:`.cells.key_views`' index), ``lo``, ``hi`` (-1: none) and its span (-1: none, else an index of
+    ``span_first`` and ``span_stop``). A cell with a key span (DCA) adds its span at the queries' positions
+    ``q_positions``, as key indices: ``key_indices`` turns the span's key positions ``(first, stop)`` into the key
+    indices ``(first, stop)`` the caller hands the kernel."""
     rows, span_first, span_stop = [], [], []
     for cell, query_view, key_view in zip(cells, view_of, key_of, strict=True):
         span = -1
-        key_span = cell.part.key_span
+        key_span = cell.span(q_positions)
         if key_span is not None:
-            first, stop = key_indices(key_span(q_positions))
+            first, stop = key_indices(key_span)
             span_first.append(first)
             span_stop.append(stop)
             span = len(span_first) - 1

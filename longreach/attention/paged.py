@@ -57,7 +57,7 @@ def token_positions(query_start: torch.Tensor, seq_lens: torch.Tensor, tokens: i
     """Each query token's position ``[tokens]`` on the tensors' device, without a host sync: request ``b``'s ``t``-th
     query is at ``seq_lens[b] - q_len + t``."""
     q_lens = query_start[1:] - query_start[:-1]
-    request = per_token(torch.arange(len(q_lens), device=q_lens.device), query_start, tokens)
+    request = torch.repeat_interleave(torch.arange(len(q_lens), device=q_lens.device), q_lens, output_size=tokens)
     index = torch.arange(tokens, device=q_lens.device)
     return index - query_start[:-1][request] + (seq_lens - q_lens)[request]
 
@@ -109,8 +109,8 @@ def step_layout(
     part moves are turned by :class:`KeyAngles` tables as read; ``keys_transposed``: the key cache the layers hand
     :func:`attend` is transposed."""
     positions = token_positions(query_start, seq_lens, tokens)[None]  # [1, T]
-    views, _ = query_views(cells)
-    shifts, _ = key_views(cells)
+    views, view_of = query_views(cells)
+    shifts, key_of = key_views(cells)
     view_cos = view_sin = None
     if views:
         cos, sin = view_angles(views, positions, inv_freq, torch.float32)  # [V, 1, 1, T, P]
@@ -124,7 +124,7 @@ def step_layout(
         first, stop = [bound.clamp(0, longest).to(torch.int64)[0].contiguous() for bound in span]
         return first, stop
 
-    table, span_first, span_stop = native.cell_table(cells, positions, key_indices)
+    table, span_first, span_stop = native.cell_table(cells, view_of, key_of, positions, key_indices)
     q_lens = query_start[1:] - query_start[:-1]
     sequences = torch.stack([query_start[:-1], q_lens, seq_lens - q_lens, seq_lens, torch.zeros_like(seq_lens)], dim=1)
     return Step(

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 from torch import nn
 
+from ..attention.rotary import inverse_frequencies
 from ..methods.scaling import STATIC_TYPES, Scaling, describe_own
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ def rescaled(model: PreTrainedModel, frequency: Scaling, state) -> tuple[nn.Modu
             f"change during the forward pass: longreach composes no frequency method over it; "
             f"apply a position method alone"
         )
-    own_freq = _inv_freq(own_rotary)
+    own_freq = inverse_frequencies(own_rotary)
     if own_type == "default":
         config.rope_parameters = frequency.rope_parameters(own, 2 * own_freq.shape[-1])
         rotary = type(own_rotary)(config).to(own_freq.device)
@@ -65,7 +66,7 @@ def rescaled(model: PreTrainedModel, frequency: Scaling, state) -> tuple[nn.Modu
         for name in ("inv_freq", "original_inv_freq"):
             if hasattr(rotary, name):
                 getattr(rotary, name).copy_(inv_freq)
-    new_freq = _inv_freq(rotary)
+    new_freq = inverse_frequencies(rotary)
     if new_freq.device.type == "meta":  # an empty model (lm-eval checks the method before loading): no values
         pass
     elif not (torch.isfinite(new_freq).all() and (new_freq > 0).all() and math.isfinite(_attention_scaling(rotary))):
@@ -100,11 +101,7 @@ def _own_rotary(model: PreTrainedModel, state) -> tuple[nn.Module, dict]:
     return rotary, model.config.get_text_config().rope_parameters
 
 
-# A rotary module's buffer and number, which nn.Module's __getattr__ types as Tensor | Module.
-def _inv_freq(rotary: nn.Module) -> torch.Tensor:
-    return cast(torch.Tensor, rotary.inv_freq)
-
-
+# A rotary module's number, which nn.Module's __getattr__ types as Tensor | Module.
 def _attention_scaling(rotary: nn.Module) -> float:
     return cast(float, rotary.attention_scaling)
 

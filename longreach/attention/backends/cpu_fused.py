@@ -157,10 +157,10 @@ class Layout:
         offsets = key_position_offsets(positions, first_key) if spanned else None
         if spanned and offsets is None:
             return None
-        views, _ = query_views(cells)
-        key_shifts, _ = key_views(cells)
+        views, view_of = query_views(cells)
+        key_shifts, key_of = key_views(cells)
         table, span_first, span_stop = native.cell_table(
-            cells, call.q_positions, lambda span: _key_indices(span, offsets, kv_len, batch, q_len)
+            cells, view_of, key_of, call.q_positions, lambda span: _key_indices(span, offsets, kv_len, batch, q_len)
         )
         compute = compute_dtype(call.query.dtype)
         angles = view_angles(views, call.q_positions, call.inv_freq, compute) if views else None

@@ -231,9 +231,9 @@ def _spanned(cell: Cell, call: Call) -> list[Block] | None:
     if not torch.equal(call.positions, indices.expand_as(call.positions)):
         _declined("key spans at positions other than the keys' indices")
         return None
-    key_span = cell.part.key_span
-    assert key_span is not None  # a cell limited by key spans
-    first, stop = (bound.expand(call.batch, call.q_len)[0].cpu() for bound in key_span(call.q_positions))
+    span = cell.span(call.q_positions)
+    assert span is not None  # a cell limited by key spans
+    first, stop = (bound.expand(call.batch, call.q_len)[0].cpu() for bound in span)
     found = span_blocks(first, stop, cell.lo, cell.hi, call.offset, call.kv_len)
     if found is None:
         _declined("key spans that are not whole blocks")
