@@ -243,9 +243,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _refuse_combinations(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Stop with argparse's usage error on an unknown method or an option that does not apply to the measure."""
-    methods = args.methods.split(",")
+def _refuse_combinations(parser: argparse.ArgumentParser, args: argparse.Namespace, methods: list[str]) -> None:
+    """Stop with argparse's usage error on an unknown method of ``methods`` (``--methods``) or an option that does not
+    apply to the measure."""
     unknown = sorted(set(methods) - set(METHODS) - set(DPES) - set(DROPS))
     if unknown:
         parser.error(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join([*METHODS, *DPES, *DROPS])}")
@@ -290,7 +290,7 @@ def main() -> None:
         return
     lengths = [int(x) for x in args.lengths.split(",")]
     methods = args.methods.split(",")
-    _refuse_combinations(parser, args)
+    _refuse_combinations(parser, args, methods)
     what = "decoding step (1 query against n cached keys)" if args.decode else "causal prefill"
     heads = f"{args.heads} heads" + (f" ({args.kv_heads} KV)" if args.kv_heads and args.kv_heads != args.heads else "")
     batch = f"batch {args.batch}" + (
