@@ -8,6 +8,7 @@ import pytest
 import torch
 import transformers
 from helpers.tiny_models import tiny_model
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import longreach
 from longreach.integrations.transformers import key_positions_mask
@@ -153,7 +154,7 @@ def test_bad_parameters_and_methods_are_clear_errors():
 
 def test_a_model_without_rope_is_refused():
     config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50)
-    with pytest.raises(ValueError, match="GPT2LMHeadModel has no rotary position embedding.*Llama"):
+    with pytest.raises(ValueError, match="GPT2LMHeadModel has no rotary position embedding.*families"):
         longreach.apply(transformers.GPT2LMHeadModel(config), "string")
 
 
@@ -388,3 +389,24 @@ def test_a_refused_apply_leaves_the_method_already_applied():
         with pytest.raises(ValueError, match=re.escape("factor=1e+308 is out of range")):
             longreach.apply(llama, name, factor=1e308)
     assert longreach.describe(llama) == described and torch.equal(llama(x).logits, want)
+
+
+@pytest.mark.parametrize("name", ["yarn", "llama3"])
+@torch.no_grad()
+def test_the_original_window_given_is_the_one_computed_also_on_phi3(name):
+    """Phi-3 keeps original_max_position_embeddings outside rope_parameters, where transformers lets it win: the
+    value a user gives must be the one the frequencies are computed with, as describe() and the record say."""
+    model = tiny_model("phi3")
+    longreach.apply(model, name, factor=4.0, original_max_position_embeddings=24)
+    assert "original_max_position_embeddings=24" in longreach.describe(model)
+    assert model.config.longreach["scaling"]["original_max_position_embeddings"] == 24
+    parameters = {"factor": 4.0, "original_max_position_embeddings": 24, "rope_theta": 10000.0, "rope_type": name}
+    if name == "llama3":
+        parameters |= {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    config = transformers.LlamaConfig(  # Phi-3's head: 16 dims, half of them rotary
+        hidden_size=64, num_attention_heads=4, rope_parameters={**parameters, "partial_rotary_factor": 0.5}
+    )
+    inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[name](config, None)
+    applied = model.model.rotary_emb
+    assert torch.allclose(applied.inv_freq, inv_freq) and applied.attention_scaling == pytest.approx(attention_scaling)
+    assert not torch.allclose(applied.inv_freq, tiny_model("phi3").model.rotary_emb.inv_freq)

@@ -47,6 +47,10 @@ def rescaled(model: PreTrainedModel, frequency: Scaling, state) -> tuple[nn.Modu
             f"({', '.join(own)}): apply a position method without scaling"
         )
     config = copy.deepcopy(model.config.get_text_config())
+    original = frequency.params.get("original_max_position_embeddings")
+    if original is not None and getattr(config, "original_max_position_embeddings", None) is not None:
+        # Phi-3 keeps the window outside rope_parameters, and transformers lets that one win over rope_parameters'
+        config.original_max_position_embeddings = original
     own_type = own.get("rope_type", "default")
     if own_type != "default" and own_type not in STATIC_TYPES:
         raise ValueError(
@@ -69,9 +73,24 @@ def rescaled(model: PreTrainedModel, frequency: Scaling, state) -> tuple[nn.Modu
     new_freq = inverse_frequencies(rotary)
     if new_freq.device.type == "meta":  # an empty model (lm-eval checks the method before loading): no values
         pass
+    elif problem := _fails_to_run(rotary, new_freq.device):
+        raise ValueError(
+            f"{model.__class__.__name__}'s own rotary module cannot compute {frequency.name}'s frequencies "
+            f"({problem}); apply a position method alone"
+        )
     elif not (torch.isfinite(new_freq).all() and (new_freq > 0).all() and math.isfinite(_attention_scaling(rotary))):
         raise ValueError(f"factor={frequency.factor!r} is out of range: the scaled RoPE frequencies over- or underflow")
     return rotary, copy.deepcopy(config.rope_parameters)
+
+
+def _fails_to_run(rotary: nn.Module, device) -> str | None:
+    """Why ``rotary`` fails to compute cos and sin for one position, or None: a family's rotary class may read keys of
+    its own scaling from ``rope_parameters`` (PhiMoE's ``short_mscale``) that another scaling's parameters lack."""
+    try:
+        rotary(torch.zeros(1, 1, 2, device=device), torch.zeros(1, 1, dtype=torch.long, device=device))
+    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as error:
+        return f"{type(error).__name__}: {error}"
+    return None
 
 
 def install(model: PreTrainedModel, state, rotary: nn.Module, rope_parameters: dict) -> None:
