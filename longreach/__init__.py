@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING
 from .provenance import VERSION
 
 if TYPE_CHECKING:  # what the names are, for readers and tools (the API reference); imported on first use below
+    from .inspection import inspect
     from .integrations.transformers import applied, apply, describe, remove, training_window
     from .methods import available
     from .models import load
 
 __version__ = VERSION
-__all__ = ["applied", "apply", "available", "describe", "load", "remove", "training_window"]
+__all__ = ["applied", "apply", "available", "describe", "inspect", "load", "remove", "training_window"]
 
 _HOMES = {
     "applied": ".integrations.transformers",
@@ -31,6 +32,7 @@ _HOMES = {
     "remove": ".integrations.transformers",
     "training_window": ".integrations.transformers",
     "available": ".methods",
+    "inspect": ".inspection",
     "load": ".models",
 }
 

@@ -4,7 +4,9 @@ For each (query i, key j) the score is RoPE's ``<R(P[i, j]) q_i, k_j>`` with ``P
 relative-position matrix (its paper's rule, :meth:`~longreach.methods.base.PositionMethod.relative_positions`;
 every rule side by side in docs/methods.md), computed from *unrotated* q and k. It builds
 O(n^2 * D) tensors on purpose -- it is the slow, obvious definition the kernel is checked against
--- and shares no code with :mod:`longreach.attention.rotary` or the kernel.
+-- and shares no code with :mod:`longreach.attention.rotary` or the kernel. It turns each layer's pairs where its
+:class:`~longreach.attention.layout.Layout` says they are (``half`` or ``interleaved``, the first or the last
+dimensions), in place, where the kernels permute a head's dimensions into one layout first.
 """
 
 from __future__ import annotations
@@ -14,27 +16,40 @@ from typing import Literal, overload
 
 import torch
 
-
-def _half_turn(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+from .layout import Layout
 
 
-def _cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    angle = positions.to(torch.float64)[..., None] * inv_freq.to(torch.float64)
-    angle = torch.cat((angle, angle), dim=-1)
-    return angle.cos(), angle.sin()
+def _pairs(layout: Layout | None, inv_freq: torch.Tensor, head_dim: int) -> tuple[list[int], list[int], list[int]]:
+    """The dimensions ``a`` and ``b`` of each rotary pair, and the dimensions that do not rotate (default: ``half``
+    pairs over the first ``2 * len(inv_freq)``)."""
+    if layout is None:
+        layout = Layout(True, head_dim, "half", 0, 2 * inv_freq.shape[-1])
+    a, b = layout.pair_indices()
+    if len(a) != inv_freq.shape[-1]:
+        raise ValueError(f"the layout has {len(a)} rotary pairs, inv_freq {inv_freq.shape[-1]} frequencies")
+    rotated = set(a) | set(b)
+    return a, b, [i for i in range(head_dim) if i not in rotated]
 
 
 def unrotate(
-    x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float = 1.0
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    attention_scaling: float = 1.0,
+    layout: Layout | None = None,
 ) -> torch.Tensor:
-    """Undo RoPE: ``x [B, H, L, D]`` was rotated at ``positions [B, L]`` with cos/sin times ``attention_scaling``."""
-    rot = 2 * inv_freq.shape[-1]
-    cos, sin = _cos_sin(-positions[:, None, :], inv_freq)
-    head = x[..., :rot].to(torch.float64)
-    head = (head * cos + _half_turn(head) * sin) / attention_scaling
-    return torch.cat((head, x[..., rot:].to(torch.float64)), dim=-1)
+    """Undo RoPE: ``x [B, H, L, D]`` was rotated at ``positions [B, L]`` with cos/sin times ``attention_scaling``,
+    its pairs laid out as ``layout`` says (a layer without RoPE is returned as it is, in float64)."""
+    x = x.to(torch.float64)
+    if layout is not None and not layout.rotated:
+        return x.clone()
+    a, b, _ = _pairs(layout, inv_freq, x.shape[-1])
+    angle = -positions.to(torch.float64)[:, None, :, None] * inv_freq.to(torch.float64)
+    cos, sin = angle.cos(), angle.sin()
+    out = x.clone()
+    out[..., a] = (x[..., a] * cos - x[..., b] * sin) / attention_scaling
+    out[..., b] = (x[..., b] * cos + x[..., a] * sin) / attention_scaling
+    return out
 
 
 @overload
@@ -50,6 +65,7 @@ def dense_attention(
     logit_scale: float | torch.Tensor = 1.0,
     drop_rates: torch.Tensor | None = None,
     return_weights: Literal[False] = False,
+    layout: Layout | None = None,
 ) -> torch.Tensor: ...
 
 
@@ -67,6 +83,7 @@ def dense_attention(
     drop_rates: torch.Tensor | None = None,
     *,
     return_weights: Literal[True],
+    layout: Layout | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
@@ -82,6 +99,7 @@ def dense_attention(
     logit_scale: float | torch.Tensor = 1.0,
     drop_rates: torch.Tensor | None = None,
     return_weights: bool = False,
+    layout: Layout | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of unrotated ``query [B, Hq, Lq, D]`` over ``key``/``value [B, Hkv, Lkv, D]`` in float64.
 
@@ -93,13 +111,19 @@ def dense_attention(
     multiplies the rotary part of the logits.
     ``drop_rates [B, Lq]``: Drop Attention -- per row, the attended scores strictly below the
     ``k``-th smallest one, ``k = ceil(rate * (m - 1))`` of ``m``, are dropped (what ``torch.quantile``
-    puts below the quantile). Returns ``[B, Lq, Hq, D]`` in float64 (and
-    the ``[B, Hq, Lq, Lkv]`` weights with ``return_weights``); rows with no attended key are 0.
+    puts below the quantile). ``layout``: where each rotary pair sits in a head (default: ``half`` pairs over the first
+    ``2 * len(inv_freq)`` dimensions); a layer without RoPE has no rotary logits at all. Returns ``[B, Lq, Hq, Dv]``
+    in float64 (and the ``[B, Hq, Lq, Lkv]`` weights with ``return_weights``); rows with no attended key are 0.
     """
     q, k, v = (t.to(torch.float64) for t in (query, key, value))
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    rot = 2 * inv_freq.shape[-1]
+    if layout is not None and not layout.rotated:
+        a: list[int] = []
+        b: list[int] = []
+        plain = list(range(q.shape[-1]))
+    else:
+        a, b, plain = _pairs(layout, inv_freq, q.shape[-1])
     P = relative_positions.to(torch.float64)
     if P.dim() == 3:
         P = P[:, None, :, :, None]  # one position for every head and pair
@@ -107,12 +131,13 @@ def dense_attention(
     attended = ~torch.isnan(P[..., 0])  # [B, H, Lq, Lkv]
     if key_padding is not None:
         attended = attended & key_padding[:, None, None, :]
-    angle = torch.nan_to_num(P) * inv_freq.to(torch.float64)
-    cos, sin = torch.cat((angle, angle), dim=-1).cos(), torch.cat((angle, angle), dim=-1).sin()  # [B, H, Lq, Lkv, rot]
-    q_head = q[..., :rot][:, :, :, None, :]  # [B, H, Lq, 1, rot]
-    q_pair = (q_head * cos + _half_turn(q_head) * sin) * attention_scaling**2
-    rotary_logits = (q_pair * k[..., :rot][:, :, None, :, :]).sum(-1)
-    plain_logits = q[..., rot:] @ k[..., rot:].transpose(-1, -2)
+    angle = torch.nan_to_num(P[..., : len(a)]) * inv_freq.to(torch.float64)[: len(a)]
+    cos, sin = angle.cos(), angle.sin()  # [B, H, Lq, Lkv, pairs]
+    q_a, q_b = q[..., a][:, :, :, None, :], q[..., b][:, :, :, None, :]  # [B, H, Lq, 1, pairs]
+    k_a, k_b = k[..., a][:, :, None, :, :], k[..., b][:, :, None, :, :]  # [B, H, 1, Lkv, pairs]
+    turned_a, turned_b = q_a * cos - q_b * sin, q_b * cos + q_a * sin
+    rotary_logits = (turned_a * k_a + turned_b * k_b).sum(-1) * attention_scaling**2
+    plain_logits = q[..., plain] @ k[..., plain].transpose(-1, -2)
     factor = torch.as_tensor(logit_scale, dtype=torch.float64, device=rotary_logits.device)
     factor = factor.view(-1, 1, 1, 1) if factor.dim() else factor  # one per sequence, or one number
     scores = (rotary_logits * factor + plain_logits) * scaling

@@ -84,6 +84,20 @@ def add_listing(subcommands) -> None:
         "methods", help="every method: paper, what it changes, parameters with defaults and ranges"
     )
     listing.set_defaults(run=methods)
+    layers = subcommands.add_parser(
+        "inspect", help="a model's attention layers and RoPE layout, and what each method would do on it (config only)"
+    )
+    layers.add_argument(
+        "model", help="a saved model's folder, a config.json, a Hugging Face id, 'default', or a family ('glm4')"
+    )
+    flags.training_window(layers)
+    layers.set_defaults(run=inspect)
+
+
+def inspect(args: argparse.Namespace) -> None:
+    from ..inspection import inspect as inspect_model
+
+    print(inspect_model(args.model, args.training_window))
 
 
 def dispersion(args: argparse.Namespace) -> None:

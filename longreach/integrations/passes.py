@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -24,7 +25,8 @@ class Passes:
     KEPT = 4
 
     def __init__(self) -> None:
-        self.parts: dict[int | None, tuple] = {}
+        self.parts: dict[int | str | None, tuple] = {}  # a layer's parts (None: every layer's; "no rope": plain)
+        self.layers: dict[int | None, Any] = {}  # each attention layer's share of what is applied (AppliedLayer)
         self.recent: list[tuple] = []  # (mask ref, position_ids ref, shapes, memo, keys), the newest last
 
     def __deepcopy__(self, memo_of_copy) -> Passes:

@@ -31,13 +31,15 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from .. import methods
 from ..attention import backends
-from ..attention.rotary import rotary_pairs
+from ..attention.layout import Layout
+from ..attention.rotary import inverse_frequencies
 from ..attention.shifts import MovedKeys
 from ..methods import drop as drops
 from ..methods.base import PositionMethod, require_bool, require_int
 from ..methods.dca import qwen_dual_chunk
+from ..methods.rope import Rope
 from ..methods.scaling import Scaling
-from . import kept_keys, recording, rotary_embedding
+from . import families, kept_keys, recording, rotary_embedding, self_check
 from .attention import attention_forward
 from .passes import Passes
 from .positions import key_positions_mask
@@ -45,7 +47,7 @@ from .rotary_embedding import find_rotary
 
 NAME = "longreach"
 CONFIG_KEY = "longreach"  # the applied method, recorded in the model's config (saved by save_pretrained)
-SUPPORTED_FAMILIES = "Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 3, Phi-3, SmolLM and other decoder-only RoPE models"
+SUPPORTED_FAMILIES = "docs/methods.md#families lists the families verified exact"
 
 
 @dataclass
@@ -56,6 +58,7 @@ class Applied:
     previous: str
     window: int
     rotary: nn.Module
+    layouts: dict[int, Layout]
     backend: str = "auto"
     scaling: Scaling | None = None
     drop: drops.Drop | drops.DynamicDrop | None = None
@@ -70,6 +73,17 @@ class Applied:
         if not self.keep_moved_keys:
             return None
         return self.kept_keys.setdefault(layer, MovedKeys())
+
+    def layer(self, index: int | None) -> AppliedLayer:
+        """Attention layer ``index``'s share of what is applied: its layout, and what it runs."""
+        layer = self.passes.layers.get(index)
+        if layer is None:
+            if index not in self.layouts:
+                raise ValueError(
+                    f"attention layer {index} had no rotary layout when the method was applied; apply it again"
+                )
+            layer = self.passes.layers.setdefault(index, AppliedLayer(self, index, self.layouts[index]))
+        return layer
 
     def layer_parts(self, layer: int | None) -> tuple:
         """The method's parts of attention layer ``layer``, made once per ``apply`` and shared by every layer unless
@@ -98,6 +112,36 @@ class Applied:
             "drop": drop,
             "replaced_rope_parameters": self.replaced_rope_parameters,
         }
+
+
+@dataclass
+class AppliedLayer:
+    """One attention layer of an applied model: its :class:`~longreach.attention.layout.Layout`, and what it runs.
+    A layer without RoPE runs causal attention as the model's own does, under every method: nothing positional to
+    change, no logit factor, no drop."""
+
+    applied: Applied
+    index: int | None
+    layout: Layout
+
+    @property
+    def method(self) -> PositionMethod:
+        return self.applied.method if self.layout.rotated else Rope(self.applied.window)
+
+    def parts(self) -> tuple:
+        if self.layout.rotated:
+            return self.applied.layer_parts(self.index)
+        return self.applied.passes.parts.setdefault("no rope", Rope(self.applied.window).parts())
+
+    def frequencies(self):
+        """The layer's ``inv_freq``, read at call time (dynamic NTK changes it during a forward pass)."""
+        return inverse_frequencies(self.applied.rotary, self.layout.layer_type)
+
+    def attention_scaling(self) -> float:
+        """The factor on cos and sin of the layer's frequencies (YaRN's, LongRoPE's; 1.0 without one)."""
+        rotary, layer_type = self.applied.rotary, self.layout.layer_type
+        per_type = getattr(rotary, f"{layer_type}_attention_scaling", None) if layer_type else None
+        return per_type if per_type else getattr(rotary, "attention_scaling", 1.0)
 
 
 def _jsonable(values: dict) -> dict:
@@ -182,12 +226,7 @@ def apply(
         longreach.apply(model, "dca", scaling={"rope_type": "yarn", "factor": 2.0})
         ```
     """
-    rotary = find_rotary(model)
-    if rotary is None:
-        raise ValueError(
-            f"{model.__class__.__name__} has no rotary position embedding (no module with an inv_freq buffer); "
-            f"longreach's methods work on RoPE models: {SUPPORTED_FAMILIES}"
-        )
+    layouts = read_layouts(model)
     _check_model(model, backend)
     require_bool("keep_moved_keys", keep_moved_keys)
     if training_window is None:
@@ -200,7 +239,8 @@ def apply(
         params = {**qwen_dual_chunk(own_dual_chunk)[0], **params}
     position_method, frequency, dropping = _resolve(model, window, method, scaling, drop, params)
     text = model.config.get_text_config()
-    position_method.check_model(text.num_hidden_layers, text.num_attention_heads, rotary_pairs(rotary))
+    pairs = {layout.dims // 2 for layout in layouts.values() if layout.rotated}
+    position_method.check_model(text.num_hidden_layers, text.num_attention_heads, max(pairs, default=0))
     # a frequency method may still refuse here, before any change
     rescaled = rotary_embedding.rescaled(model, frequency, _state(model)) if frequency else None
     remove(model)
@@ -211,6 +251,7 @@ def apply(
         model.config._attn_implementation,
         window,
         own_rotary,
+        layouts,
         backend,
         frequency,
         dropping,
@@ -226,6 +267,39 @@ def apply(
     model.set_attn_implementation(NAME)
     setattr(model.config, CONFIG_KEY, applied.record())
     return model
+
+
+def read_layouts(model: PreTrainedModel) -> dict[int, Layout]:
+    """Each attention layer's rotary layout (:mod:`.families`), held to the model's own code by the self-check
+    (:mod:`.self_check`; not on an empty model, which has no values to run): ``ValueError`` in one line for a model
+    without RoPE, a family not verified, or a model whose rotation departs from its layout."""
+    rotary = find_rotary(model)
+    if rotary is None:
+        raise ValueError(
+            f"{model.__class__.__name__} has no rotary position embedding (no module with an inv_freq buffer); "
+            f"longreach's methods work on RoPE models: {SUPPORTED_FAMILIES}"
+        )
+    layouts = families.read(model, rotary)
+    if next(model.parameters()).device.type != "meta":  # the rotary module the forward runs, a frequency method's too
+        self_check.check(
+            model,
+            layouts,
+            lambda layout: inverse_frequencies(rotary, layout.layer_type),
+            families.model_type(model),
+            _unchanging_window(model.config.get_text_config()),
+        )
+    return layouts
+
+
+def _unchanging_window(config) -> int:
+    """The positions at which no dynamic RoPE changes its frequencies: below ``original_max_position_embeddings``
+    where a scaling has one (LongRoPE switches factors above it), else the model's window."""
+    window = int(getattr(config, "max_position_embeddings", None) or 4096)
+    rope = getattr(config, "rope_parameters", None) or {}
+    originals = [p.get("original_max_position_embeddings") for p in [rope, *rope.values()] if isinstance(p, dict)] + [
+        getattr(config, "original_max_position_embeddings", None)
+    ]
+    return min([window, *(int(o) for o in originals if o)])
 
 
 def _plain_number(value):

@@ -196,6 +196,25 @@ def _record(method: str, params: dict, training_window: int | None, scaling, dro
     return {"method": method, "params": params, "training_window": training_window, **composed}
 
 
+def _layout_problem(model_type: str) -> str | None:
+    """Why the family's RoPE layout does not run in vLLM yet (one line), or None: the backends over vLLM's paged
+    cache turn ``half`` pairs over the first dimensions, in every layer (:mod:`.families` says what each family does).
+    A family transformers runs only after a permutation, or with layers without RoPE, is refused here."""
+    from . import families
+
+    try:
+        family = families.classify(model_type)
+    except ValueError as refused:
+        return str(refused)
+    if family.rotates is not families.every_layer:
+        layout = "layers without RoPE"
+    elif family != families.HALF:
+        layout = family.describe()
+    else:
+        return None
+    return f"{model_type}: {layout} do not run longreach's methods in vLLM yet (in transformers, they do)"
+
+
 def runs_attention(record: dict) -> bool:
     """Whether a record changes attention (longreach's backends run it), not only vLLM's rotary embedding: a position
     method other than RoPE, or a drop method."""
@@ -217,7 +236,8 @@ def resolve(record: dict, window: int) -> tuple[PositionMethod, Scaling | None, 
 def model_problem(text_config) -> str | None:
     """Why a model cannot run a longreach method in vLLM (one line), or ``None``: every RoPE layout the backends do not
     read correctly is refused here (:func:`inverse_frequencies` reads the rotary embedding of a layer, plain or with
-    a scaling of :data:`OWN_SCALING`, one for the model or one per layer type of :data:`LAYER_TYPES`)."""
+    a scaling of :data:`OWN_SCALING`, one for the model or one per layer type of :data:`LAYER_TYPES`), and every
+    family but those with Llama's layout in every layer (:func:`_layout_problem`)."""
     if getattr(text_config, "kv_lora_rank", None):
         return "kv_lora_rank: models with multi-head latent attention (MLA) do not run longreach methods in vLLM yet"
     ropes = layer_ropes(text_config)
@@ -245,7 +265,7 @@ def model_problem(text_config) -> str | None:
             return f"{where}.factor={rope['factor']}: linear scaling with several factors does not run in vLLM"
         if "rope_theta" not in rope and getattr(text_config, "rope_theta", None) is None:
             return f"{where} has no rope_theta: longreach's methods in vLLM read the RoPE base from it"
-    return None
+    return _layout_problem(str(getattr(text_config, "model_type", "")))
 
 
 def layer_ropes(text_config) -> dict[str | None, dict]:

@@ -1,0 +1,175 @@
+"""Rotary layouts read from the model: the permutation into the kernels' layout, layers without RoPE, the self-check
+that holds a model to its layout with its own code, and ``longreach inspect``."""
+
+import pytest
+import torch
+import transformers
+from helpers.registry_models import tiny_registry_model
+from helpers.tiny_models import COMMON, tiny_model
+from transformers.models.llama import modeling_llama
+
+import longreach
+from longreach.attention import reference
+from longreach.attention.layout import Layout, to_kernel
+from longreach.integrations import self_check, vllm
+from longreach.integrations.transformers import read_layouts
+
+STRING = dict(shift=20, local_window=4)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        Layout(True, 16, "half", 0, 16),
+        Layout(True, 16, "interleaved", 0, 8),
+        Layout(True, 24, "half", 16, 8),
+        Layout(True, 24, "interleaved", 8, 16),
+    ],
+)
+def test_a_permuted_layout_attends_exactly_as_its_own(layout):
+    """The kernels' layout after the permutation gives the same dot products, and the reference turns the pairs
+    where the layout says: both agree on one method, and the permutation is a permutation."""
+    generator = torch.Generator().manual_seed(0)
+    query, key = (torch.randn(1, 2, 12, layout.head_dim, generator=generator, dtype=torch.float64) for _ in range(2))
+    value = torch.randn(1, 2, 12, 8, generator=generator, dtype=torch.float64)
+    inv_freq = 1.0 / 100 ** (torch.arange(layout.dims // 2, dtype=torch.float64) / (layout.dims // 2))
+    assert sorted(layout.order() or range(layout.head_dim)) == list(range(layout.head_dim))
+    positions = torch.arange(12)[None]
+    P = longreach.methods.create("string", 24, shift=6, local_window=2).relative_positions(
+        positions[:, :, None], positions[:, None, :]
+    )
+    own = reference.dense_attention(
+        reference.unrotate(query, positions, inv_freq, layout=layout),
+        reference.unrotate(key, positions, inv_freq, layout=layout),
+        value,
+        P,
+        inv_freq,
+        0.25,
+        layout=layout,
+    )
+    kernel_layout = Layout(True, layout.head_dim, "half", 0, layout.dims)
+    permuted_query, permuted_key = to_kernel(layout, query, key)
+    permuted = reference.dense_attention(
+        reference.unrotate(permuted_query, positions, inv_freq, layout=kernel_layout),
+        reference.unrotate(permuted_key, positions, inv_freq, layout=kernel_layout),
+        value,
+        P,
+        inv_freq,
+        0.25,
+        layout=kernel_layout,
+    )
+    assert torch.allclose(own, permuted, atol=1e-12)
+
+
+@torch.no_grad()
+def test_a_model_without_rope_in_any_layer_stays_stock_under_every_method():
+    """SmolLM3 with every layer NoPE: no method changes its logits (the review found STRING did)."""
+    model = tiny_model_of(transformers.SmolLM3Config, no_rope_layers=[0, 0], head_dim=16)
+    ids = torch.randint(3, 97, (1, 60), generator=torch.Generator().manual_seed(0))
+    stock = model(ids).logits
+    assert all(not layout.rotated for layout in read_layouts(model).values())
+    for method, params in [("string", STRING), ("rerope", {"window": 30}), ("dca", {"chunk_size": 30})]:
+        longreach.apply(model, method, **params)
+        assert torch.allclose(model(ids).logits, stock, atol=1e-5), method
+    longreach.apply(model, "dynamic_drop", chunk=8, initial_rate=0.3, layers=(0, 1))
+    assert torch.allclose(model(ids).logits, stock, atol=1e-5)
+
+
+def tiny_model_of(config_class, **settings):
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(
+        config_class(**{**COMMON, **settings}), attn_implementation="sdpa"
+    ).eval()
+
+
+def _interleaved(q, k, cos, sin, unsqueeze_dim=1):
+    """RoFormer's pairs ``(x_2k, x_2k+1)`` turned by transformers' cos and sin (each frequency twice, in halves)."""
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    half = cos.shape[-1] // 2
+    cos, sin = cos[..., :half], sin[..., :half]
+
+    def turn(x):
+        even, odd = x[..., 0::2], x[..., 1::2]
+        return torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1).flatten(-2)
+
+    return turn(q), turn(k)
+
+
+@torch.no_grad()
+def test_the_self_check_refuses_a_model_whose_rotation_departs_from_its_family(monkeypatch):
+    """A Llama config (verified: half pairs) whose attention turns interleaved pairs is refused in one line, with
+    what it does, before anything changes; the same model with its family's own code is applied."""
+    model = tiny_model("llama")
+    longreach.apply(model, "string", **STRING)
+    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", _interleaved)
+    with pytest.raises(ValueError) as refused:
+        longreach.apply(model, "rerope", window=30)
+    message = str(refused.value)
+    assert message.startswith("llama: the self-check refuses layer 0: its own rotary code departs from the layout")
+    assert "it behaves as RoPE, interleaved pairs, dims 0-15 of 16" in message and "\n" not in message
+    assert longreach.describe(model).startswith("string(")  # the method applied before stays
+
+
+@torch.no_grad()
+def test_the_self_check_refuses_what_attention_is_handed_beyond_queries_and_keys():
+    model = tiny_model("llama")
+    recorded = {}
+    with self_check._recording(recorded):
+        self_check._record(model.model.layers[0].self_attn, *(torch.zeros(1, 2, 1, 4),) * 3, None, s_aux=torch.ones(2))
+    assert recorded[0][2] == ["s_aux"]
+
+
+def test_the_self_check_spares_rounding_and_catches_a_wrong_frequency():
+    layout = Layout(True, 16, "half", 0, 16)
+    inv_freq = 1.0 / 10000 ** (torch.arange(8, dtype=torch.float64) / 8)
+    positions = torch.tensor(self_check.probe_positions(4096), dtype=torch.float64)
+    rows = torch.randn(1, 2, 16, dtype=torch.float64).expand(len(positions), -1, -1)
+    turned = self_check.moved(rows, positions, layout, inv_freq)
+    for dtype, tolerance in self_check.TOLERANCE.items():
+        assert self_check._departure(turned.to(dtype), turned.to(dtype), positions, layout, inv_freq) <= tolerance
+    other = self_check.moved(rows, positions, layout, inv_freq * 1.01)
+    assert self_check._departure(other.float(), other.float(), positions, layout, inv_freq) > 0.05
+
+
+def test_the_vllm_plugin_refuses_the_layouts_its_backends_do_not_turn_yet():
+    glm = transformers.Glm4Config()
+    assert vllm.model_problem(glm) == (
+        "glm4: interleaved pairs, first dims do not run longreach's methods in vLLM yet (in transformers, they do)"
+    )
+    assert vllm.model_problem(transformers.SmolLM3Config()).startswith("smollm3: layers without RoPE do not run")
+    assert vllm.model_problem(transformers.Gemma2Config()).startswith("gemma2: its attention caps its logits")
+    assert vllm.model_problem(transformers.Qwen3Config()) is None
+
+
+def test_inspect_reads_a_config_and_says_what_each_method_would_do():
+    text = longreach.inspect(transformers.Cohere2Config(num_hidden_layers=4))
+    lines = text.splitlines()
+    assert lines[0] == "cohere2: 4 layers, L = 8192; verified (interleaved pairs, first dims)"
+    assert "  layers 3 (1): full attention; no RoPE: stock under every method" in lines
+    assert any(
+        line.startswith("  layers 0-2 (3): sliding attention (window 4096); RoPE, interleaved") for line in lines
+    )
+    assert "  string        exact: string(shift=2731, local_window=128, mscale=False) [L=8192]" in lines
+    refused = longreach.inspect(transformers.Gemma2Config(num_hidden_layers=2))
+    assert refused.splitlines()[0].startswith("gemma2: 2 layers, L = 8192; refused: gemma2: its attention caps")
+    assert "methods:" not in refused
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["glm4", "smollm3", "deepseek_v3"])
+@torch.no_grad()
+def test_every_layout_compiles_its_decoding_steps_whole(family):
+    """Interleaved pairs over the first half of each head, layers without RoPE, the last dimensions rotated: each
+    decoding step compiled with ``fullgraph=True`` through ``generate`` (the recipe CUDA graphs need) gives the
+    tokens of eager generation."""
+    torch._dynamo.reset()
+    model = tiny_registry_model(family)
+    longreach.apply(model, "string", **STRING)
+    ids = torch.randint(3, 97, (2, 40), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0
+    settings = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, cache_implementation="static")
+    eager = model.generate(ids, **settings)
+    config = transformers.CompileConfig(fullgraph=True, backend="eager")
+    config._compile_all_devices = True  # transformers compiles on accelerators only, unless told
+    assert torch.equal(model.generate(ids, compile_config=config, **settings), eager)
