@@ -123,12 +123,12 @@ def test_the_self_check_spares_rounding_and_catches_a_wrong_frequency():
     layout = Layout(True, 16, "half", 0, 16)
     inv_freq = 1.0 / 10000 ** (torch.arange(8, dtype=torch.float64) / 8)
     positions = torch.tensor(self_check.probe_positions(4096), dtype=torch.float64)
-    rows = torch.randn(1, 2, 16, dtype=torch.float64).expand(len(positions), -1, -1)
+    rows = torch.randn(1, 1, 2, 16, dtype=torch.float64).expand(-1, len(positions), -1, -1)
     turned = self_check.moved(rows, positions, layout, inv_freq)
     for dtype, tolerance in self_check.TOLERANCE.items():
-        assert self_check._departure(turned.to(dtype), turned.to(dtype), positions, layout, inv_freq) <= tolerance
+        assert self_check._departures(turned.to(dtype), turned.to(dtype), positions, layout, inv_freq) <= tolerance
     other = self_check.moved(rows, positions, layout, inv_freq * 1.01)
-    assert self_check._departure(other.float(), other.float(), positions, layout, inv_freq) > 0.05
+    assert self_check._departures(other.float(), other.float(), positions, layout, inv_freq) > 0.05
 
 
 def test_the_vllm_plugin_refuses_the_layouts_its_backends_do_not_turn_yet():

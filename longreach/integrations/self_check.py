@@ -98,7 +98,6 @@ def check(model: nn.Module, layouts: dict[int, Layout], frequencies, family: str
             f"{family}: layer {extra[0]} calls the attention interface but its config does not say it is an "
             "attention layer; longreach refuses a model whose layers it cannot state"
         )
-    delta = torch.tensor(positions, dtype=torch.float64)
     for layer, layout in sorted(layouts.items()):
         query, key, extras = recorded[layer]
         if extras:
@@ -110,13 +109,21 @@ def check(model: nn.Module, layouts: dict[int, Layout], frequencies, family: str
             raise ValueError(
                 f"{family}: layer {layer}'s queries have {query.shape[-1]} dimensions, its layout {layout.head_dim}"
             )
+    delta = torch.tensor(positions, dtype=torch.float64)
+    alike: dict[Layout, list[int]] = {}  # the layers of one layout turn by the same frequencies: checked at once
+    for layer, layout in sorted(layouts.items()):
+        alike.setdefault(layout, []).append(layer)
+    for layout, layers in alike.items():
+        queries, keys = (torch.stack([recorded[layer][part] for layer in layers]) for part in (0, 1))
         inv_freq = frequencies(layout) if layout.rotated else None
-        error = _departure(query, key, delta, layout, inv_freq)
-        if error > TOLERANCE.get(query.dtype, 0.05):
-            found = _what_it_does(query, key, delta, layout, inv_freq)
+        errors = _departures(queries, keys, delta, layout, inv_freq)
+        tolerance = TOLERANCE.get(queries.dtype, 0.05)
+        if bool((errors > tolerance).any()):
+            worst = int((errors > tolerance).nonzero()[0])
+            found = _what_it_does(queries[worst : worst + 1], keys[worst : worst + 1], delta, layout, inv_freq)
             raise ValueError(
-                f"{family}: the self-check refuses layer {layer}: its own rotary code departs from the layout read "
-                f"from its config ({layout.describe()}) by {error:.2g} of the vectors' norm"
+                f"{family}: the self-check refuses layer {layers[worst]}: its own rotary code departs from the layout "
+                f"read from its config ({layout.describe()}) by {float(errors[worst]):.2g} of the vectors' norm"
                 f"{f'; it behaves as {found}' if found else ''}; longreach refuses a model whose rotation it cannot "
                 "state"
             )
@@ -128,8 +135,9 @@ def _run(model: nn.Module, positions: list[int]) -> dict:
     token = int(weight[:512].float().norm(dim=-1).argmax())  # not a padding token, whose embedding may be zeros
     device = weight.device
     recorded: dict = {}
+    base = getattr(model, "base_model", model)  # the decoder alone: the language model head reads nothing here
     with _recording(recorded), _evaluating(model), _implementation(model, NAME), torch.no_grad():
-        model(
+        base(
             input_ids=torch.full((len(positions), 1), token, device=device),
             position_ids=torch.tensor(positions, device=device)[:, None],
             attention_mask=torch.ones(len(positions), 1, dtype=torch.long, device=device),
@@ -139,7 +147,7 @@ def _run(model: nn.Module, positions: list[int]) -> dict:
 
 
 def moved(x: torch.Tensor, delta: torch.Tensor, layout: Layout, inv_freq: torch.Tensor) -> torch.Tensor:
-    """``x [P, H, D]`` (float64) turned by ``delta [P]`` positions as ``layout`` pairs its dimensions."""
+    """``x [..., P, H, D]`` (float64) turned by ``delta [P]`` positions as ``layout`` pairs its dimensions."""
     a, b = layout.pair_indices()
     angle = delta[:, None, None] * inv_freq.to(torch.float64)
     cos, sin = angle.cos(), angle.sin()
@@ -149,21 +157,23 @@ def moved(x: torch.Tensor, delta: torch.Tensor, layout: Layout, inv_freq: torch.
     return out
 
 
-def _departure(query, key, delta, layout: Layout, inv_freq) -> float:
-    """How far the rows at each position are from row 0 (at position 0) moved there, relative to their norm."""
-    worst = 0.0
-    for rows in (query, key):
+def _departures(queries, keys, delta, layout: Layout, inv_freq) -> torch.Tensor:
+    """For each layer of ``queries`` and ``keys [layers, P, H, D]``, how far its rows at each position are from its
+    row at the first (position 0) moved there, relative to their norm: the largest, ``[layers]``."""
+    worst = torch.zeros(queries.shape[0], dtype=torch.float64)
+    for rows in (queries, keys):
         rows = rows.to(torch.float64).cpu()
-        expected = rows[:1].expand_as(rows)
+        expected = rows[:, :1].expand_as(rows)
         if layout.rotated:
             expected = moved(expected, delta - delta[0], layout, inv_freq.cpu())
         error = (expected - rows).norm(dim=-1) / rows.norm(dim=-1).clamp(min=1e-30)
-        worst = max(worst, float(error.max()))
+        worst = torch.maximum(worst, error.flatten(1).amax(1))
     return worst
 
 
 def _what_it_does(query, key, delta, layout: Layout, inv_freq) -> str | None:
-    """The layout the layer's rows do follow, among the other pairings, places and no RoPE, for the error."""
+    """The layout one layer's rows (``[1, P, H, D]``) do follow, among the other pairings, places and no RoPE, for
+    the error."""
     tolerance = TOLERANCE.get(query.dtype, 0.05)
     candidates = [Layout(False, layout.head_dim)]
     if inv_freq is not None:
@@ -172,7 +182,7 @@ def _what_it_does(query, key, delta, layout: Layout, inv_freq) -> str | None:
             for start in sorted({0, layout.head_dim - dims}):
                 candidates.append(Layout(True, layout.head_dim, pairs, start, dims, layout.layer_type))
     for candidate in candidates:
-        if candidate != layout and _departure(query, key, delta, candidate, inv_freq) <= tolerance:
+        if candidate != layout and float(_departures(query, key, delta, candidate, inv_freq)[0]) <= tolerance:
             return candidate.describe()
     return None
 
