@@ -34,6 +34,7 @@ def test_a_permuted_layout_attends_exactly_as_its_own(layout):
     value = torch.randn(1, 2, 12, 8, generator=generator, dtype=torch.float64)
     inv_freq = 1.0 / 100 ** (torch.arange(layout.dims // 2, dtype=torch.float64) / (layout.dims // 2))
     assert sorted(layout.order() or range(layout.head_dim)) == list(range(layout.head_dim))
+    assert torch.equal(to_kernel(layout, query)[0], query[..., layout.order() or list(range(layout.head_dim))])
     positions = torch.arange(12)[None]
     P = longreach.methods.create("string", 24, shift=6, local_window=2).relative_positions(
         positions[:, :, None], positions[:, None, :]
