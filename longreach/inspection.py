@@ -103,7 +103,7 @@ def _empty_model(config):
 
 
 def _layouts(empty) -> dict:
-    from .integrations.transformers import read_layouts
+    from .integrations.families import read_layouts
 
     return read_layouts(empty)
 

@@ -9,10 +9,10 @@ from helpers.tiny_models import COMMON, tiny_model
 from transformers.models.llama import modeling_llama
 
 import longreach
-from longreach.attention import reference
+from longreach.attention import kernel, reference
 from longreach.attention.layout import Layout, to_kernel
 from longreach.integrations import self_check, vllm
-from longreach.integrations.transformers import read_layouts
+from longreach.integrations.families import read_layouts
 
 STRING = dict(shift=20, local_window=4)
 
@@ -27,39 +27,28 @@ STRING = dict(shift=20, local_window=4)
     ],
 )
 def test_a_permuted_layout_attends_exactly_as_its_own(layout):
-    """The kernels' layout after the permutation gives the same dot products, and the reference turns the pairs
-    where the layout says: both agree on one method, and the permutation is a permutation."""
+    """The reference turns each pair where the layout puts it; the kernels, given the queries and keys permuted into
+    their layout, attend exactly as it does (one permutation of both leaves every dot product as it was)."""
     generator = torch.Generator().manual_seed(0)
-    query, key = (torch.randn(1, 2, 12, layout.head_dim, generator=generator, dtype=torch.float64) for _ in range(2))
-    value = torch.randn(1, 2, 12, 8, generator=generator, dtype=torch.float64)
+    query, key = (torch.randn(1, 4, 12, layout.head_dim, generator=generator, dtype=torch.float64) for _ in range(2))
+    value = torch.randn(1, 4, 12, 8, generator=generator, dtype=torch.float64)
     inv_freq = 1.0 / 100 ** (torch.arange(layout.dims // 2, dtype=torch.float64) / (layout.dims // 2))
     assert sorted(layout.order() or range(layout.head_dim)) == list(range(layout.head_dim))
     assert torch.equal(to_kernel(layout, query)[0], query[..., layout.order() or list(range(layout.head_dim))])
+    string = longreach.methods.create("string", 24, shift=6, local_window=2)
     positions = torch.arange(12)[None]
-    P = longreach.methods.create("string", 24, shift=6, local_window=2).relative_positions(
-        positions[:, :, None], positions[:, None, :]
-    )
-    own = reference.dense_attention(
+    expected = reference.dense_attention(
         reference.unrotate(query, positions, inv_freq, layout=layout),
         reference.unrotate(key, positions, inv_freq, layout=layout),
         value,
-        P,
+        string.relative_positions(positions[:, :, None], positions[:, None, :]),
         inv_freq,
         0.25,
         layout=layout,
     )
-    kernel_layout = Layout(True, layout.head_dim, "half", 0, layout.dims)
-    permuted_query, permuted_key = to_kernel(layout, query, key)
-    permuted = reference.dense_attention(
-        reference.unrotate(permuted_query, positions, inv_freq, layout=kernel_layout),
-        reference.unrotate(permuted_key, positions, inv_freq, layout=kernel_layout),
-        value,
-        P,
-        inv_freq,
-        0.25,
-        layout=kernel_layout,
-    )
-    assert torch.allclose(own, permuted, atol=1e-12)
+    permuted_query, permuted_key = to_kernel(layout, query.float(), key.float())
+    out = kernel.attention(permuted_query, permuted_key, value.float(), string.parts(), inv_freq.float(), scaling=0.25)
+    assert (out.double() - expected).abs().max() <= 1e-5
 
 
 @torch.no_grad()

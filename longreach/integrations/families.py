@@ -19,6 +19,8 @@ from torch import nn
 
 from ..attention.layout import Layout
 from ..attention.rotary import inverse_frequencies
+from . import self_check
+from .rotary_embedding import find_rotary
 
 
 def every_layer(module: nn.Module, layer_type: str | None) -> bool:
@@ -275,6 +277,38 @@ def attention_modules(model: nn.Module) -> dict[int, nn.Module]:
             continue
         found[index] = module
     return found
+
+
+def read_layouts(model: nn.Module) -> dict[int, Layout]:
+    """Each attention layer's rotary layout (:func:`read`), held to the model's own code by the self-check
+    (:mod:`.self_check`; not on an empty model, which has no values to run): ``ValueError`` in one line for a model
+    without RoPE, a family not verified, or a model whose rotation departs from its layout."""
+    rotary = find_rotary(model)
+    if rotary is None:
+        raise ValueError(
+            f"{model.__class__.__name__} has no rotary position embedding (no module with an inv_freq buffer); "
+            "longreach's methods work on RoPE models: docs/methods.md#families lists the families verified exact"
+        )
+    layouts = read(model, rotary)
+    if next(model.parameters()).device.type != "meta":  # the rotary module the forward runs, a frequency method's too
+        self_check.check(
+            model,
+            layouts,
+            lambda layout: inverse_frequencies(rotary, layout.layer_type),
+            model_type(model),
+            _unchanging_window(_text_config(model)),
+        )
+    return layouts
+
+
+def _unchanging_window(config) -> int:
+    """The positions at which no dynamic RoPE changes its frequencies: below ``original_max_position_embeddings``
+    where a scaling has one (LongRoPE switches factors above it), else the model's window."""
+    window = int(getattr(config, "max_position_embeddings", None) or 4096)
+    rope = getattr(config, "rope_parameters", None) or {}
+    originals = [p.get("original_max_position_embeddings") for p in [rope, *rope.values()] if isinstance(p, dict)]
+    originals.append(getattr(config, "original_max_position_embeddings", None))
+    return min([window, *(int(o) for o in originals if o)])
 
 
 def read(model: nn.Module, rotary: nn.Module) -> dict[int, Layout]:

@@ -1,4 +1,5 @@
-"""The ``longreach`` record a saved model's ``config.json`` holds (``Applied.record``), checked before it is used.
+"""The ``longreach`` record a saved model's ``config.json`` holds (:meth:`.applied.Applied.record`), checked before
+it is used.
 
 :func:`longreach.load` re-applies what the record says. A record edited by hand, damaged, or written by something
 else is refused in one line that names the file, the field and what is allowed -- before any weights load.

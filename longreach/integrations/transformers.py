@@ -12,18 +12,17 @@ empty slots of a static cache, which are not keys at all), or ``None`` when ever
 causality and the method's regions come from the kernel. Without the mask registration
 transformers would pass ``None`` and padded batches would silently go wrong.
 
-This module applies and removes a method; the attention function is :mod:`.attention`, what a pass
-records or is told (dispersion, pair importance, prompt lengths) :mod:`.recording`, the per-pass memo
-:mod:`.passes`, the key positions :mod:`.positions` and the rotary module a frequency method swaps in
-:mod:`.rotary_embedding`.
+This module applies and removes a method; what it keeps on the model is :mod:`.applied`, each layer's rotary
+layout :mod:`.families` (held to the model's own code by :mod:`.self_check`), the attention function
+:mod:`.attention`, what a pass records or is told (dispersion, pair importance, prompt lengths) :mod:`.recording`,
+the per-pass memo :mod:`.passes`, the key positions :mod:`.positions` and the rotary module a frequency method
+swaps in :mod:`.rotary_embedding`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import numbers
-from dataclasses import dataclass
 
 from torch import nn
 from transformers import AttentionInterface, PreTrainedModel
@@ -31,122 +30,16 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from .. import methods
 from ..attention import backends
-from ..attention.layout import Layout
-from ..attention.rotary import inverse_frequencies
-from ..attention.shifts import MovedKeys
-from ..methods import drop as drops
 from ..methods.base import PositionMethod, require_bool, require_int
 from ..methods.dca import qwen_dual_chunk
-from ..methods.rope import Rope
-from ..methods.scaling import Scaling
-from . import families, kept_keys, recording, rotary_embedding, self_check
+from . import families, kept_keys, recording, rotary_embedding
+from .applied import Applied
 from .attention import attention_forward
-from .passes import Passes
 from .positions import key_positions_mask
 from .rotary_embedding import find_rotary
 
 NAME = "longreach"
 CONFIG_KEY = "longreach"  # the applied method, recorded in the model's config (saved by save_pretrained)
-SUPPORTED_FAMILIES = "docs/methods.md#families lists the families verified exact"
-
-
-@dataclass
-class Applied:
-    """What ``apply`` did to one model; everything ``remove`` needs to undo it (no closures: deep-copyable)."""
-
-    method: PositionMethod
-    previous: str
-    window: int
-    rotary: nn.Module
-    layouts: dict[int, Layout]
-    backend: str = "auto"
-    scaling: Scaling | None = None
-    drop: drops.Drop | drops.DynamicDrop | None = None
-    replaced_rotary: nn.Module | None = None  # the model's own rotary module, when a frequency method replaced it
-    replaced_rope_parameters: dict | None = None
-    keep_moved_keys: bool = False
-    passes: Passes = dataclasses.field(default_factory=lambda: Passes(), repr=False, compare=False)
-    kept_keys: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)  # layer -> MovedKeys
-
-    def kept_keys_of(self, layer: int | None) -> MovedKeys | None:
-        """Layer ``layer``'s moved keys kept across decoding steps, with ``keep_moved_keys`` (else None)."""
-        if not self.keep_moved_keys:
-            return None
-        return self.kept_keys.setdefault(layer, MovedKeys())
-
-    def layer(self, index: int | None) -> AppliedLayer:
-        """Attention layer ``index``'s share of what is applied: its layout, and what it runs."""
-        layer = self.passes.layers.get(index)
-        if layer is None:
-            if index not in self.layouts:
-                raise ValueError(
-                    f"attention layer {index} had no rotary layout when the method was applied; apply it again"
-                )
-            layer = self.passes.layers.setdefault(index, AppliedLayer(self, index, self.layouts[index]))
-        return layer
-
-    def layer_parts(self, layer: int | None) -> tuple:
-        """The method's parts of attention layer ``layer``, made once per ``apply`` and shared by every layer unless
-        they differ by layer (their identity keys each pass's memo)."""
-        held = layer if self.method.parts_differ_by_layer else None
-        if held not in self.passes.parts:
-            self.passes.parts[held] = self.method.layer_parts(layer)
-        return self.passes.parts[held]
-
-    def describe(self) -> str:
-        extras = [x.describe() for x in (self.scaling, self.drop) if x is not None]
-        return " + ".join([self.method.describe(), *extras]) + f" [L={self.window}]"
-
-    def record(self) -> dict:
-        """The JSON-able description saved in the model's config: enough for :func:`longreach.load` to re-apply.
-
-        The method, not the device choice: the backend is chosen again where the model is loaded. Whatever
-        the method reads from a file (DPE's selected pairs) is stored in the record itself."""
-        scaling = None if self.scaling is None else {"rope_type": self.scaling.name, **self.scaling.params}
-        drop = None if self.drop is None else {"method": self.drop.name, **_jsonable(dataclasses.asdict(self.drop))}
-        return {
-            "method": self.method.name,
-            "params": _jsonable(self.method.saved_params()),
-            "training_window": self.window,
-            "scaling": scaling,
-            "drop": drop,
-            "replaced_rope_parameters": self.replaced_rope_parameters,
-        }
-
-
-@dataclass
-class AppliedLayer:
-    """One attention layer of an applied model: its :class:`~longreach.attention.layout.Layout`, and what it runs.
-    A layer without RoPE runs causal attention as the model's own does, under every method: nothing positional to
-    change, no logit factor, no drop."""
-
-    applied: Applied
-    index: int | None
-    layout: Layout
-
-    @property
-    def method(self) -> PositionMethod:
-        return self.applied.method if self.layout.rotated else Rope(self.applied.window)
-
-    def parts(self) -> tuple:
-        if self.layout.rotated:
-            return self.applied.layer_parts(self.index)
-        return self.applied.passes.parts.setdefault("no rope", Rope(self.applied.window).parts())
-
-    def frequencies(self):
-        """The layer's ``inv_freq``, read at call time (dynamic NTK changes it during a forward pass)."""
-        return inverse_frequencies(self.applied.rotary, self.layout.layer_type)
-
-    def attention_scaling(self) -> float:
-        """The factor on cos and sin of the layer's frequencies (YaRN's, LongRoPE's; 1.0 without one)."""
-        rotary, layer_type = self.applied.rotary, self.layout.layer_type
-        per_type = getattr(rotary, f"{layer_type}_attention_scaling", None) if layer_type else None
-        return per_type if per_type else getattr(rotary, "attention_scaling", 1.0)
-
-
-def _jsonable(values: dict) -> dict:
-    """Tuples as lists, for the config's JSON."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
 
 
 def training_window(config) -> int:
@@ -226,7 +119,7 @@ def apply(
         longreach.apply(model, "dca", scaling={"rope_type": "yarn", "factor": 2.0})
         ```
     """
-    layouts = read_layouts(model)
+    layouts = families.read_layouts(model)
     _check_model(model, backend)
     require_bool("keep_moved_keys", keep_moved_keys)
     if training_window is None:
@@ -267,39 +160,6 @@ def apply(
     model.set_attn_implementation(NAME)
     setattr(model.config, CONFIG_KEY, applied.record())
     return model
-
-
-def read_layouts(model: PreTrainedModel) -> dict[int, Layout]:
-    """Each attention layer's rotary layout (:mod:`.families`), held to the model's own code by the self-check
-    (:mod:`.self_check`; not on an empty model, which has no values to run): ``ValueError`` in one line for a model
-    without RoPE, a family not verified, or a model whose rotation departs from its layout."""
-    rotary = find_rotary(model)
-    if rotary is None:
-        raise ValueError(
-            f"{model.__class__.__name__} has no rotary position embedding (no module with an inv_freq buffer); "
-            f"longreach's methods work on RoPE models: {SUPPORTED_FAMILIES}"
-        )
-    layouts = families.read(model, rotary)
-    if next(model.parameters()).device.type != "meta":  # the rotary module the forward runs, a frequency method's too
-        self_check.check(
-            model,
-            layouts,
-            lambda layout: inverse_frequencies(rotary, layout.layer_type),
-            families.model_type(model),
-            _unchanging_window(model.config.get_text_config()),
-        )
-    return layouts
-
-
-def _unchanging_window(config) -> int:
-    """The positions at which no dynamic RoPE changes its frequencies: below ``original_max_position_embeddings``
-    where a scaling has one (LongRoPE switches factors above it), else the model's window."""
-    window = int(getattr(config, "max_position_embeddings", None) or 4096)
-    rope = getattr(config, "rope_parameters", None) or {}
-    originals = [p.get("original_max_position_embeddings") for p in [rope, *rope.values()] if isinstance(p, dict)] + [
-        getattr(config, "original_max_position_embeddings", None)
-    ]
-    return min([window, *(int(o) for o in originals if o)])
 
 
 def _plain_number(value):

@@ -8,7 +8,7 @@ on any other it warns once and leaves vLLM as it is. A model without a record ge
 A record comes from :func:`overrides` (``LLM(model, hf_overrides=longreach.integrations.vllm.overrides("string"))``,
 or the same JSON for ``vllm serve --hf-overrides``)
 or from a model folder saved after ``longreach.apply``, whose config holds it already
-(:meth:`.transformers.Applied.record`). A record given as JSON (``vllm serve``) is checked where the
+(:meth:`.applied.Applied.record`). A record given as JSON (``vllm serve``) is checked where the
 engine starts; one from :func:`overrides` in the main process, against the model's config, before any engine.
 
 A position method runs over the model's own RoPE, plain or scaled by Llama 3's, linear, YaRN or LongRoPE scaling
@@ -182,7 +182,7 @@ def overrides(
 
 
 def _record(method: str, params: dict, training_window: int | None, scaling, drop) -> dict:
-    """The record of ``longreach.apply``'s arguments, in :meth:`.transformers.Applied.record`'s form: a frequency
+    """The record of ``longreach.apply``'s arguments, in :meth:`.applied.Applied.record`'s form: a frequency
     method alone is RoPE with it as ``scaling``, a drop method alone RoPE with it as ``drop``."""
     kind = methods.kind_of(method)
     for other, value in (("frequency", scaling), ("drop", drop)):
