@@ -143,7 +143,8 @@ def _rope(text, layer_type: str | None) -> str:
         if key not in ("rope_theta", "rope_type", "partial_rotary_factor", "type")
         and not isinstance(value, (list, dict))
     )
-    return f"base {theta:g}" if kind == "default" else f"base {theta:g}, {kind} scaling ({extra})"
+    base = f"base {theta:g}" if isinstance(theta, (int, float)) else f"base {theta}"
+    return base if kind == "default" else f"{base}, {kind} scaling ({extra})"
 
 
 def _verdict(empty, method: str, training_window: int | None) -> str:

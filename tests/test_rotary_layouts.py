@@ -4,7 +4,7 @@ that holds a model to its layout with its own code, and ``longreach inspect``.""
 import pytest
 import torch
 import transformers
-from helpers.registry_models import tiny_registry_model
+from helpers.registry_models import tiny_config, tiny_registry_model
 from helpers.tiny_models import COMMON, tiny_model
 from transformers.models.llama import modeling_llama
 
@@ -13,6 +13,7 @@ from longreach.attention import kernel, reference
 from longreach.attention.layout import Layout, to_kernel
 from longreach.integrations import self_check, vllm
 from longreach.integrations.families import read_layouts
+from longreach.integrations.rotary_embedding import find_rotary
 
 STRING = dict(shift=20, local_window=4)
 
@@ -109,16 +110,22 @@ def test_the_self_check_refuses_what_attention_is_handed_beyond_queries_and_keys
     assert recorded[0][2] == ["s_aux"]
 
 
-def test_the_self_check_spares_rounding_and_catches_a_wrong_frequency():
-    layout = Layout(True, 16, "half", 0, 16)
-    inv_freq = 1.0 / 10000 ** (torch.arange(8, dtype=torch.float64) / 8)
-    positions = torch.tensor(self_check.probe_positions(4096), dtype=torch.float64)
-    rows = torch.randn(1, 1, 2, 16, dtype=torch.float64).expand(-1, len(positions), -1, -1)
-    turned = self_check.moved(rows, positions, layout, inv_freq)
-    for dtype, tolerance in self_check.TOLERANCE.items():
-        assert self_check._departures(turned.to(dtype), turned.to(dtype), positions, layout, inv_freq) <= tolerance
-    other = self_check.moved(rows, positions, layout, inv_freq * 1.01)
-    assert self_check._departures(other.float(), other.float(), positions, layout, inv_freq) > 0.05
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@torch.no_grad()
+def test_the_self_check_spares_a_long_windows_rounding_and_catches_a_frequency_one_percent_off(dtype):
+    """A 32K-window model with base 1e6 (Qwen2.5's) in each dtype passes: transformers' float32 angles are off by
+    up to a few units in their last place at each position. The same model whose rotary module reports frequencies 1%
+    off its own fails."""
+    model = tiny_model_of(
+        transformers.Qwen2Config,
+        hidden_size=256,
+        max_position_embeddings=32768,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+    ).to(dtype)
+    layouts = read_layouts(model)
+    rotary = model.model.rotary_emb
+    with pytest.raises(ValueError, match="the self-check refuses layer 0"):
+        self_check.check(model, layouts, lambda layout: rotary.inv_freq * 1.01, "qwen2", 32768)
 
 
 def test_the_vllm_plugin_refuses_the_layouts_its_backends_do_not_turn_yet():
@@ -163,3 +170,19 @@ def test_every_layout_compiles_its_decoding_steps_whole(family):
     config = transformers.CompileConfig(fullgraph=True, backend="eager")
     config._compile_all_devices = True  # transformers compiles on accelerators only, unless told
     assert torch.equal(model.generate(ids, compile_config=config, **settings), eager)
+
+
+@torch.no_grad()
+def test_a_multimodal_model_is_read_from_its_language_model_not_its_vision_tower():
+    """Gemma 4 with its vision tower, whose attention layers carry layer indices and whose rotary module comes first:
+    the layouts, the frequencies and the self-check are the language model's."""
+    config = tiny_config("gemma4")
+    config.vision_config = transformers.models.gemma4.configuration_gemma4.Gemma4VisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2
+    )
+    torch.manual_seed(0)
+    model = transformers.Gemma4ForConditionalGeneration(config).eval()
+    assert type(find_rotary(model)).__name__ == "Gemma4TextRotaryEmbedding"
+    assert sorted(read_layouts(model)) == list(range(config.text_config.num_hidden_layers))
+    longreach.apply(model, "string", **STRING)
+    assert model(torch.randint(3, 90, (1, 40))).logits.isfinite().all()

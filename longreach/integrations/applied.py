@@ -100,7 +100,10 @@ class AppliedLayer:
     def parts(self) -> tuple:
         if self.layout.rotated:
             return self.applied.layer_parts(self.index)
-        return self.applied.passes.parts.setdefault("no rope", Rope(self.applied.window).parts())
+        parts = self.applied.passes.parts
+        if "no rope" not in parts:
+            parts["no rope"] = Rope(self.applied.window).parts()
+        return parts["no rope"]
 
     def frequencies(self):
         """The layer's ``inv_freq``, read at call time (dynamic NTK changes it during a forward pass)."""

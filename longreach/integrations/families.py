@@ -20,7 +20,7 @@ from torch import nn
 from ..attention.layout import Layout
 from ..attention.rotary import inverse_frequencies
 from . import self_check
-from .rotary_embedding import find_rotary
+from .rotary_embedding import find_rotary, language_model
 
 
 def every_layer(module: nn.Module, layer_type: str | None) -> bool:
@@ -269,7 +269,7 @@ def attention_modules(model: nn.Module) -> dict[int, nn.Module]:
     the layer types that are not attention (linear attention, Mamba, convolutions)."""
     layer_types = getattr(_text_config(model), "layer_types", None)
     found: dict[int, nn.Module] = {}
-    for module in model.modules():
+    for module in language_model(model).modules():  # not a vision tower's attention, which has layer indices too
         index = getattr(module, "layer_idx", None)
         if not isinstance(index, int) or not type(module).__name__.endswith("Attention") or index in found:
             continue
@@ -290,7 +290,7 @@ def read_layouts(model: nn.Module) -> dict[int, Layout]:
             "longreach's methods work on RoPE models: docs/methods.md#families lists the families verified exact"
         )
     layouts = read(model, rotary)
-    if next(model.parameters()).device.type != "meta":  # the rotary module the forward runs, a frequency method's too
+    if _has_values(model):  # the rotary module the forward runs, a frequency method's too
         self_check.check(
             model,
             layouts,
@@ -299,6 +299,14 @@ def read_layouts(model: nn.Module) -> dict[int, Layout]:
             _unchanging_window(_text_config(model)),
         )
     return layouts
+
+
+def _has_values(model: nn.Module) -> bool:
+    """Whether ``model`` can run a forward: not an empty (meta) model, as lm-eval's check and ``inspect`` build, but
+    one whose weights are somewhere, on a device or offloaded by accelerate (``hf_device_map``)."""
+    return getattr(model, "hf_device_map", None) is not None or any(
+        parameter.device.type != "meta" for parameter in model.parameters()
+    )
 
 
 def _unchanging_window(config) -> int:

@@ -22,13 +22,24 @@ if TYPE_CHECKING:
 
 
 def find_rotary(model: nn.Module) -> nn.Module | None:
-    """The model's rotary embedding module (``model.model.rotary_emb`` on decoder-only models)."""
-    for _, module in model.named_modules():
+    """The model's rotary embedding module (``model.model.rotary_emb`` on decoder-only models): its language model's,
+    where a multimodal model's vision tower has one of its own."""
+    for _, module in language_model(model).named_modules():
         if module.__class__.__name__.endswith("RotaryEmbedding") and any(
             name == "inv_freq" or name.endswith("_inv_freq") for name, _ in module.named_buffers()
         ):
             return module
     return None
+
+
+def language_model(model: nn.Module) -> nn.Module:
+    """The part of ``model`` that reads text (transformers' ``get_decoder()``: the text model of a multimodal one), or
+    ``model`` itself where it has none to name."""
+    get_decoder = getattr(model, "get_decoder", None)
+    try:
+        return get_decoder() if callable(get_decoder) else model
+    except (AttributeError, NotImplementedError, ValueError):
+        return model
 
 
 def rescaled(model: PreTrainedModel, frequency: Scaling, state) -> tuple[nn.Module, dict]:

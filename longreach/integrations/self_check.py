@@ -45,9 +45,12 @@ UNDERSTOOD = {
     "return_dict",
     "is_causal",
 }
-# How far a layer's own rotation may be from the layout's, relative to the vector's norm: its dtype's rounding
-# (transformers computes cos and sin in float32 whatever the dtype; a wrong layout is off by about 1).
+# How far a layer's own rotation may be from the layout's, relative to the vector's norm: its dtype's rounding, and
+# the angles' (transformers computes ``position * inv_freq`` in float32, whatever the dtype, so an angle is off by up
+# to a few units of float32's last place at its size: ANGLE_ROUNDING per position). A wrong layout is off by about 1.
 TOLERANCE = {torch.float64: 1e-5, torch.float32: 1e-4, torch.bfloat16: 0.05, torch.float16: 0.01}
+ANGLE_ROUNDING = 2.0**-22
+LAST_POSITION = 4095  # far enough for every frequency to have turned, near enough for float32 angles to hold
 
 _recorded: contextvars.ContextVar[dict | None] = contextvars.ContextVar("longreach_self_check", default=None)
 
@@ -64,7 +67,8 @@ def _record(module, query, key, value, attention_mask, scaling=None, dropout=0.0
         )
         if kwargs.get("is_causal") is False:
             extras.append("is_causal=False")
-        recorded[getattr(module, "layer_idx", None)] = (query[:, :, -1].detach(), key[:, :, -1].detach(), extras)
+        rows = (query[:, :, -1].detach().cpu(), key[:, :, -1].detach().cpu())  # layers may sit on several devices
+        recorded[getattr(module, "layer_idx", None)] = (*rows, extras)
     groups = query.shape[1] // value.shape[1]
     return value[:, :, -1:].repeat_interleave(groups, dim=1).transpose(1, 2), None
 
@@ -74,10 +78,15 @@ AttentionMaskInterface.register(NAME, sdpa_mask)
 
 
 def probe_positions(window: int) -> list[int]:
-    """Positions spread over the model's window (below its ``original_max_position_embeddings`` too, so that no
-    dynamic RoPE changes its frequencies while the self-check runs)."""
-    picks = [0, 1, 2, 3, 7, 19, 61, 197, 613, 1999, 6007]
-    return sorted({p for p in picks if p < window} | {window - 1})
+    """Positions spread up to :data:`LAST_POSITION`, below ``window`` (the model's, and its
+    ``original_max_position_embeddings``: no dynamic RoPE changes its frequencies while the self-check runs)."""
+    last = min(window - 1, LAST_POSITION)
+    return sorted({p for p in (0, 1, 2, 3, 7, 19, 61, 197, 613, 1999) if p < last} | {last})
+
+
+def tolerance(dtype: torch.dtype, positions: list[int]) -> float:
+    """How far a correct layer's rows may depart from the layout's turn at ``positions``, relative to their norm."""
+    return TOLERANCE.get(dtype, 0.05) + max(positions) * ANGLE_ROUNDING
 
 
 def check(model: nn.Module, layouts: dict[int, Layout], frequencies, family: str, window: int) -> None:
@@ -117,10 +126,10 @@ def check(model: nn.Module, layouts: dict[int, Layout], frequencies, family: str
         queries, keys = (torch.stack([recorded[layer][part] for layer in layers]) for part in (0, 1))
         inv_freq = frequencies(layout) if layout.rotated else None
         errors = _departures(queries, keys, delta, layout, inv_freq)
-        tolerance = TOLERANCE.get(queries.dtype, 0.05)
-        if bool((errors > tolerance).any()):
-            worst = int((errors > tolerance).nonzero()[0])
-            found = _what_it_does(queries[worst : worst + 1], keys[worst : worst + 1], delta, layout, inv_freq)
+        allowed = tolerance(queries.dtype, positions)
+        if bool((errors > allowed).any()):
+            worst = int((errors > allowed).nonzero()[0])
+            found = _what_it_does(queries[worst : worst + 1], keys[worst : worst + 1], delta, layout, inv_freq, allowed)
             raise ValueError(
                 f"{family}: the self-check refuses layer {layers[worst]}: its own rotary code departs from the layout "
                 f"read from its config ({layout.describe()}) by {float(errors[worst]):.2g} of the vectors' norm"
@@ -171,10 +180,9 @@ def _departures(queries, keys, delta, layout: Layout, inv_freq) -> torch.Tensor:
     return worst
 
 
-def _what_it_does(query, key, delta, layout: Layout, inv_freq) -> str | None:
+def _what_it_does(query, key, delta, layout: Layout, inv_freq, allowed: float) -> str | None:
     """The layout one layer's rows (``[1, P, H, D]``) do follow, among the other pairings, places and no RoPE, for
     the error."""
-    tolerance = TOLERANCE.get(query.dtype, 0.05)
     candidates = [Layout(False, layout.head_dim)]
     if inv_freq is not None:
         dims = layout.dims
@@ -182,7 +190,7 @@ def _what_it_does(query, key, delta, layout: Layout, inv_freq) -> str | None:
             for start in sorted({0, layout.head_dim - dims}):
                 candidates.append(Layout(True, layout.head_dim, pairs, start, dims, layout.layer_type))
     for candidate in candidates:
-        if candidate != layout and float(_departures(query, key, delta, candidate, inv_freq)[0]) <= tolerance:
+        if candidate != layout and float(_departures(query, key, delta, candidate, inv_freq)[0]) <= allowed:
             return candidate.describe()
     return None
 
