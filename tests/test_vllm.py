@@ -451,7 +451,9 @@ def test_a_model_vllm_cannot_run_a_method_on_is_refused_in_one_line(config, mess
 def test_a_frequency_method_over_the_models_own_scaling_is_refused_in_one_line():
     from types import SimpleNamespace
 
-    llama31 = SimpleNamespace(max_position_embeddings=4096, rope_parameters={"rope_type": "llama3", "rope_theta": 1e4})
+    llama31 = SimpleNamespace(
+        model_type="llama", max_position_embeddings=4096, rope_parameters={"rope_type": "llama3", "rope_theta": 1e4}
+    )
     with pytest.raises(ValueError, match=r"^yarn over the model's own llama3 scaling: a frequency method"):
         plugin.overrides("yarn", factor=2.0)(llama31)
 

@@ -265,7 +265,7 @@ def model_problem(text_config) -> str | None:
             return f"{where}.factor={rope['factor']}: linear scaling with several factors does not run in vLLM"
         if "rope_theta" not in rope and getattr(text_config, "rope_theta", None) is None:
             return f"{where} has no rope_theta: longreach's methods in vLLM read the RoPE base from it"
-    return _layout_problem(str(getattr(text_config, "model_type", "")))
+    return _layout_problem(str(getattr(text_config, "model_type", None) or "a config without a model_type"))
 
 
 def layer_ropes(text_config) -> dict[str | None, dict]:
