@@ -34,12 +34,14 @@ def find_rotary(model: nn.Module) -> nn.Module | None:
 
 def language_model(model: nn.Module) -> nn.Module:
     """The part of ``model`` that reads text (transformers' ``get_decoder()``: the text model of a multimodal one), or
-    ``model`` itself where it has none to name."""
+    ``model`` itself where it has none to name. Only a model counts: ModernBERT-decoder's ``get_decoder()`` answers
+    its ``decoder`` head, a linear layer."""
     get_decoder = getattr(model, "get_decoder", None)
     try:
-        return get_decoder() if callable(get_decoder) else model
+        decoder = get_decoder() if callable(get_decoder) else model
     except (AttributeError, NotImplementedError, ValueError):
         return model
+    return decoder if hasattr(decoder, "config") else model
 
 
 def rescaled(model: PreTrainedModel, frequency: Scaling, state) -> tuple[nn.Module, dict]:
