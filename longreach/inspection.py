@@ -46,11 +46,11 @@ def inspect(model, training_window: int | None = None) -> str:
     from .integrations import families
 
     config = _config_of(model)
-    empty = _empty_model(config)
+    empty = families.empty_model(config)
     text = config.get_text_config(decoder=True)
     name = families.model_type(empty)
     try:
-        layouts = _layouts(empty)
+        layouts = families.read_layouts(empty)
         verdict = f"verified ({families.VERIFIED[name].describe()})" if name in families.VERIFIED else ""
     except ValueError as refused:
         layouts, verdict = {}, f"refused: {refused}"
@@ -86,26 +86,6 @@ def _config_of(model):
 
 def _not_a_config(path: str):
     raise ValueError(f"model={path} is a file but not a config.json; give the folder that holds its config.json")
-
-
-def _empty_model(config):
-    """The model ``config`` describes, on the meta device: its modules and buffers' shapes, no values."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        try:
-            return AutoModelForCausalLM.from_config(copy.deepcopy(config))
-        except ValueError as error:
-            raise ValueError(
-                f"{config.model_type}: transformers builds no causal language model from it ({error})"
-            ) from None
-
-
-def _layouts(empty) -> dict:
-    from .integrations.families import read_layouts
-
-    return read_layouts(empty)
 
 
 def _window(config, training_window: int | None) -> int:

@@ -128,14 +128,16 @@ def test_the_self_check_spares_a_long_windows_rounding_and_catches_a_frequency_o
         self_check.check(model, layouts, lambda layout: rotary.inv_freq * 1.01, "qwen2", 32768)
 
 
-def test_the_vllm_plugin_refuses_the_layouts_its_backends_do_not_turn_yet():
-    glm = transformers.Glm4Config()
-    assert vllm.model_problem(glm) == (
-        "glm4: interleaved pairs, first dims do not run longreach's methods in vLLM yet (in transformers, they do)"
-    )
-    assert vllm.model_problem(transformers.SmolLM3Config()).startswith("smollm3: layers without RoPE do not run")
-    assert vllm.model_problem(transformers.Gemma2Config()).startswith("gemma2: its attention caps its logits")
+def test_the_vllm_plugin_takes_every_verified_layout_and_refuses_the_rest_in_one_line():
+    """Interleaved pairs (GLM-4) and layers without RoPE (SmolLM3) run in vLLM (tests/test_vllm.py runs them); a
+    refused or unclassified family is refused there as in transformers."""
+    assert vllm.model_problem(transformers.Glm4Config()) is None
+    assert vllm.model_problem(transformers.SmolLM3Config()) is None
     assert vllm.model_problem(transformers.Qwen3Config()) is None
+    assert vllm.model_problem(transformers.Gemma2Config()).startswith("gemma2: its attention caps its logits")
+    unknown = transformers.Qwen3Config()
+    unknown.model_type = "qwen9"
+    assert vllm.model_problem(unknown).startswith("qwen9 is not a family longreach has verified")
 
 
 def test_inspect_reads_a_config_and_says_what_each_method_would_do():

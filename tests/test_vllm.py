@@ -99,12 +99,12 @@ def prompts():
     return base + [base[0][:640] + [rng.randrange(3, 4096) for _ in range(100)]]
 
 
-def transformers_runs(model_dir, prompts, method=None, params=None, window=WINDOW):
+def transformers_runs(model_dir, prompts, method=None, params=None, window=WINDOW, **config):
     """Greedy tokens and every step's logits of transformers, with ``longreach.apply(method)`` at L = ``window`` where
-    given."""
+    given, and ``config``'s settings over the saved model's."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **config).eval()
     if method is not None:
         longreach.apply(model, method, training_window=window, **params)
     runs = []
@@ -200,6 +200,29 @@ def test_more_families_equal_transformers(prompts, tmp_path, family, method):
     expected = transformers_runs(folder, prompts, method, METHODS[method])
     overrides = plugin.overrides(method, training_window=WINDOW, **METHODS[method])
     assert_equal_runs(vllm_runs(folder, prompts, hf_overrides=overrides), prompts, expected)
+
+
+# One family per RoPE layout the backends read (tests/helpers/tiny_models.py's VLLM_FAMILIES), with a method that moves
+# pairs in its rotated layers, and what transformers needs to attend as stock vLLM does: vLLM's Cohere2 lets a
+# sliding-window layer see one key more than transformers' does ("[pos - sliding_window, pos]", its commandr.py)
+LAYOUTS = {
+    "glm4": ("dca", {}),  # interleaved pairs over half of each head's dimensions
+    "ernie4_5": ("rerope", {}),  # interleaved pairs over all of them
+    "cohere2": ("string", {"sliding_window": 513}),  # interleaved; its global layer has no RoPE
+    "exaone4": ("self_extend", {}),  # half pairs; its global layer has no RoPE
+    "smollm3": ("string", {}),  # layer 1 has no RoPE; vLLM serves it by its transformers backend
+}
+
+
+@pytest.mark.parametrize("family", sorted(LAYOUTS))
+def test_every_rotary_layout_equals_transformers(prompts, tmp_path, family):
+    """Interleaved pairs, partial rotary and layers without RoPE, read per layer as transformers' path reads them: the
+    queries and keys of a rotated layer permuted into the kernels' order, a layer without RoPE vLLM's own."""
+    method, config = LAYOUTS[family]
+    folder = save_vllm_model(tmp_path, family)
+    expected = transformers_runs(folder, prompts, method, METHODS[method], **config)
+    record = plugin.overrides(method, training_window=WINDOW, **METHODS[method])
+    assert_equal_runs(vllm_runs(folder, prompts, hf_overrides=record), prompts, expected)
 
 
 @pytest.mark.parametrize("scaling", ["yarn", "linear", "longrope"])
@@ -545,27 +568,3 @@ def test_vllm_serve_with_the_record_answers_an_openai_client_as_the_offline_api(
         server.wait(timeout=60)
     offline = vllm_runs(model_dir, prompts[:2], hf_overrides=overrides)[0]
     assert served == [list(offline[tuple(ids)].outputs[0].token_ids) for ids in prompts[:2]]
-
-
-def test_the_cuda_backends_calls_merged_by_vllms_own_merge_match_the_reference():
-    """The CUDA backend imports against vLLM's FlashAttention classes; its algorithm with vLLM's real
-    ``merge_attn_states`` (its CPU path) and the emulated FlashAttention call equals the float64 reference (STRING:
-    two calls, one merge; Self-Extend: moved keys and queries, three cells; DCA: three calls over pieces cut at chunk
-    edges, two merges, with rows that reach no key)."""
-    from helpers import flash_emulation
-    from helpers.paged import run
-    from vllm.v1.attention.ops.merge_attn_states import merge_attn_states
-
-    from longreach.integrations import vllm_cuda
-
-    assert vllm_cuda.LongreachFlashAttentionBackend.get_impl_cls() is vllm_cuda.FlashAttentionImpl  # no record
-    cases = [
-        ("string", {"shift": 300, "local_window": 30}),
-        ("self_extend", {"group_size": 3}),
-        ("dca", {"chunk_size": 180, "local_window": 20}),
-    ]
-    for name, params in cases:
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(flash_emulation, "merge_attn_states", merge_attn_states)
-            got, want, _ = run(longreach.methods.create(name, training_window=600, **params), block_size=16)
-        assert (got - want).abs().max() <= 2e-5, name

@@ -11,6 +11,7 @@ such as one added to transformers after this release, is refused until it is cla
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -299,6 +300,22 @@ def read_layouts(model: nn.Module) -> dict[int, Layout]:
             _unchanging_window(_text_config(model)),
         )
     return layouts
+
+
+def empty_model(config) -> nn.Module:
+    """The causal language model ``config`` describes, on the meta device: its modules carry what the config sets per
+    layer (sliding windows, which layers rotate), and no values. ``ValueError`` (one line) where transformers builds
+    none from it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        try:
+            return AutoModelForCausalLM.from_config(copy.deepcopy(config))
+        except ValueError as error:
+            raise ValueError(
+                f"{config.model_type}: transformers builds no causal language model from it ({error})"
+            ) from None
 
 
 def _has_values(model: nn.Module) -> bool:

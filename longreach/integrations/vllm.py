@@ -20,9 +20,10 @@ model's ``rope_parameters``, written as in the transformers path (:meth:`.method
 vLLM's own rotary embedding computes it. A drop method, alone or as ``drop=``, runs in the layers it names. Qwen2.5-1M's
 ``dual_chunk_attention_config`` becomes longreach's DCA (:func:`_over_own_dual_chunk`). Refused in one line: Dynamic
 NTK (vLLM fixes its factor at the window; longreach grows it per forward), a frequency method over the model's own
-scaling, a model whose RoPE scaling is of another type or set for other layer types, capped logits, MLA, M-RoPE
-(:func:`model_problem`), an untested vLLM release, and in the engine an fp8 KV cache or context parallelism
-(:mod:`.vllm_layer`).
+scaling, a model whose RoPE scaling is of another type or set for other layer types, capped logits, MLA, M-RoPE, a
+family :mod:`.families` does not verify (:func:`model_problem`), an untested vLLM release, and in the engine an fp8 KV
+cache or context parallelism (:mod:`.vllm_layer`, which also reads each layer's rotary layout: layers without RoPE run
+vLLM's own attention, interleaved pairs are permuted into the kernels' order).
 """
 
 from __future__ import annotations
@@ -196,23 +197,23 @@ def _record(method: str, params: dict, training_window: int | None, scaling, dro
     return {"method": method, "params": params, "training_window": training_window, **composed}
 
 
-def _layout_problem(model_type: str) -> str | None:
-    """Why the family's RoPE layout does not run in vLLM yet (one line), or None: the backends over vLLM's paged
-    cache turn ``half`` pairs over the first dimensions, in every layer (:mod:`.families` says what each family does).
-    A family transformers runs only after a permutation, or with layers without RoPE, is refused here."""
+def _family_problem(model_type: str) -> str | None:
+    """Why the family does not run longreach's methods in vLLM (one line), or None: a family :mod:`.families` refuses
+    or has not classified, or one whose last dimensions rotate (multi-head latent attention, which vLLM attends by
+    backends of its own). Interleaved pairs, partial rotary and layers without RoPE run
+    (:meth:`.vllm_layer.LayerMethod.layout_in`)."""
     from . import families
 
     try:
         family = families.classify(model_type)
     except ValueError as refused:
         return str(refused)
-    if family.rotates is not families.every_layer:
-        layout = "layers without RoPE"
-    elif family != families.HALF:
-        layout = family.describe()
-    else:
-        return None
-    return f"{model_type}: {layout} do not run longreach's methods in vLLM yet (in transformers, they do)"
+    if family.last:
+        return (
+            f"{model_type}: its last dimensions rotate (multi-head latent attention), which vLLM attends by backends "
+            "longreach does not replace yet (in transformers, it runs)"
+        )
+    return None
 
 
 def runs_attention(record: dict) -> bool:
@@ -237,7 +238,7 @@ def model_problem(text_config) -> str | None:
     """Why a model cannot run a longreach method in vLLM (one line), or ``None``: every RoPE layout the backends do not
     read correctly is refused here (:func:`inverse_frequencies` reads the rotary embedding of a layer, plain or with
     a scaling of :data:`OWN_SCALING`, one for the model or one per layer type of :data:`LAYER_TYPES`), and every
-    family but those with Llama's layout in every layer (:func:`_layout_problem`)."""
+    family :func:`_family_problem` refuses."""
     if getattr(text_config, "kv_lora_rank", None):
         return "kv_lora_rank: models with multi-head latent attention (MLA) do not run longreach methods in vLLM yet"
     ropes = layer_ropes(text_config)
@@ -265,7 +266,7 @@ def model_problem(text_config) -> str | None:
             return f"{where}.factor={rope['factor']}: linear scaling with several factors does not run in vLLM"
         if "rope_theta" not in rope and getattr(text_config, "rope_theta", None) is None:
             return f"{where} has no rope_theta: longreach's methods in vLLM read the RoPE base from it"
-    return _layout_problem(str(getattr(text_config, "model_type", None) or "a config without a model_type"))
+    return _family_problem(str(getattr(text_config, "model_type", None) or "a config without a model_type"))
 
 
 def layer_ropes(text_config) -> dict[str | None, dict]:

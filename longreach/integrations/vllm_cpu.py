@@ -31,7 +31,7 @@ from vllm.v1.attention.backends.cpu_attn import (
 from ..attention.native import prebuilt
 from ..attention.paged import KeyAngles, Step, attend, attend_by_request, step_layout
 from .vllm import records_a_method
-from .vllm_layer import layer_method
+from .vllm_layer import ReadsLayout, layer_method
 
 # per layer signature (:class:`.vllm.LayerMethod`) and key layout, the step in progress: its metadata and layout
 STEPS: dict[tuple[str, bool], tuple[object, Step]] = {}
@@ -40,8 +40,8 @@ TRANSPOSED_KEYS = ("vec", "vec16")
 NO_KERNEL: list[bool] = []  # whether this process found no kernel (and said so): it runs the tiled path from then
 
 
-class LongreachCPUImpl(CPUAttentionBackendImpl):
-    """vLLM's CPU attention, or a longreach method's when the model's config records one."""
+class LongreachCPUImpl(ReadsLayout, CPUAttentionBackendImpl):
+    """vLLM's CPU attention, or a longreach method's when the model's config records one and the layer rotates."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -54,8 +54,11 @@ class LongreachCPUImpl(CPUAttentionBackendImpl):
 
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
         """Keys and values into their slots (``slot_mapping``; -1: a padding token): by vLLM where the kernel reads its
-        layout, else in the plain layout."""
-        if self.layer is None or layer.isa in TRANSPOSED_KEYS:
+        layout, else in the plain layout; the keys in the kernels' order (:class:`.vllm_layer.ReadsLayout`)."""
+        if self.method_in(layer) is None:
+            return super().do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)
+        key = self.in_kernel_order(key)
+        if layer.isa in TRANSPOSED_KEYS:
             return super().do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)
         key_cache, value_cache = _planes(kv_cache)
         block_size = key_cache.shape[2]
@@ -68,13 +71,14 @@ class LongreachCPUImpl(CPUAttentionBackendImpl):
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None, **kwargs):
         """Every request's attention by one call of longreach's kernel on the paged cache (vLLM's own without a
-        method, or in the profiling run, which has no metadata)."""
-        if self.layer is None or attn_metadata is None:
+        method or RoPE in the layer, or in the profiling run, which has no metadata)."""
+        if attn_metadata is None or self.method_in(layer) is None:
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale, **kwargs)
         transposed = layer.isa in TRANSPOSED_KEYS
         key_cache, value_cache = _planes(kv_cache, transposed)
         tokens = attn_metadata.num_actual_tokens
-        query = self.layer.scaled(query[:tokens], attn_metadata.query_start_loc, attn_metadata.seq_lens)
+        query = self.in_kernel_order(query[:tokens])
+        query = self.layer.scaled(query, attn_metadata.query_start_loc, attn_metadata.seq_lens)
         if not self.seen:
             self.tiled, self.seen = self._tiled(layer.layer_name), True
         kernel = None if self.tiled or NO_KERNEL else prebuilt()  # never built here: see .vllm.prepare

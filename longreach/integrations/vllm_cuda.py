@@ -25,11 +25,12 @@ from ..attention.paged import token_positions
 from ..attention.paged_flash import Requests, flash_cells, flash_dual_chunk, spans_problem, write_moved_keys
 from ..methods.dca import DualChunk
 from .vllm import records_a_method
-from .vllm_layer import layer_method
+from .vllm_layer import ReadsLayout, layer_method
 
 
-class LongreachFlashAttentionImpl(FlashAttentionImpl):
-    """vLLM's FlashAttention, or a longreach method's calls of it when the model's config records one."""
+class LongreachFlashAttentionImpl(ReadsLayout, FlashAttentionImpl):
+    """vLLM's FlashAttention, or a longreach method's calls of it when the model's config records one and the layer
+    rotates."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -37,9 +38,17 @@ class LongreachFlashAttentionImpl(FlashAttentionImpl):
         self.layer = layer_method(self, None if left < 0 else left + 1, _problem)
         self.planes: list[torch.Tensor] | None = None
 
+    def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
+        """vLLM's writer, with the keys in the kernels' order where the layer runs a method
+        (:class:`.vllm_layer.ReadsLayout`)."""
+        if self.method_in(layer) is not None:
+            key = self.in_kernel_order(key)
+        return super().do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)
+
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None, **kwargs):
-        """The method's calls (vLLM's own without a method, or in the profiling run, which has no metadata)."""
-        if self.layer is None or attn_metadata is None:
+        """The method's calls (vLLM's own without a method or RoPE in the layer, or in the profiling run, which has no
+        metadata)."""
+        if attn_metadata is None or self.method_in(layer) is None:
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale, **kwargs)
         if output_scale is not None or kwargs.get("output_block_scale") is not None:
             raise NotImplementedError("longreach's methods on vLLM's CUDA backend: no fused output quantization")
@@ -50,7 +59,7 @@ class LongreachFlashAttentionImpl(FlashAttentionImpl):
             positions = token_positions(attn_metadata.query_start_loc, attn_metadata.seq_lens, tokens)
             write_moved_keys(
                 planes,
-                key[:tokens],
+                self.in_kernel_order(key[:tokens]),
                 attn_metadata.slot_mapping[:tokens],
                 self.layer.cells,
                 positions,
@@ -64,7 +73,8 @@ class LongreachFlashAttentionImpl(FlashAttentionImpl):
             attn_metadata.max_query_len,
             attn_metadata.max_seq_len,
         )
-        query = self.layer.scaled(query[:tokens], attn_metadata.query_start_loc, attn_metadata.seq_lens)
+        query = self.in_kernel_order(query[:tokens])
+        query = self.layer.scaled(query, attn_metadata.query_start_loc, attn_metadata.seq_lens)
         query = query.to(output.dtype)
         varlen = functools.partial(_flash_attn_varlen_func(), fa_version=self.vllm_flash_attn_version)
         last = (self.layer.inv_freq, self.scale, varlen, merge_attn_states, output[:tokens])

@@ -1,6 +1,15 @@
 """What one of longreach's vLLM backends runs in an attention layer (:mod:`.vllm_cpu`, :mod:`.vllm_cuda`): the method
-the engine's model config records (:func:`.vllm.methods_of`), its cells for the layer's window, and the rotary
-frequencies vLLM's own rotary embedding turned the layer's queries and keys by; or why the engine cannot run it.
+the engine's model config records (:func:`.vllm.methods_of`), its cells for the layer's window, the rotary
+frequencies vLLM's own rotary embedding turned the layer's queries and keys by, and the layer's rotary layout; or why
+the engine cannot run it.
+
+The layouts are read as :func:`longreach.apply` reads them (:func:`.families.read_layouts`), from an empty model that
+transformers builds from the engine's config on the meta device: which layers rotate at all, their pairs (half or
+interleaved) and their rotated dimensions. A layer without RoPE runs vLLM's own attention under every method; the
+queries and keys of a layer whose pairs are not the kernels' are permuted into the kernels' order
+(:func:`.layout.to_kernel`) as they are written to the cache and attended: a permutation of a head's dimensions applied
+to both leaves every dot product, and so the attention, as it was. tests/test_vllm.py holds vLLM's implementation of
+each layout equal to transformers'.
 """
 
 from __future__ import annotations
@@ -8,10 +17,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
 from ..attention.cells import Cell, lower
+from ..attention.layout import Layout, to_kernel
 from ..attention.paged import per_token, scaled_queries, token_positions
 from ..methods.base import Part, PositionMethod
 from ..methods.drop import Drop, DynamicDrop
@@ -41,7 +52,25 @@ class LayerMethod:
     inv_freq: torch.Tensor
     signature: str  # equal for the layers whose record, window and head size are equal: they compute alike
     window: int | None
+    layouts: dict[int, Layout]  # the model's, by layer index
     drop: Drop | DynamicDrop | None = None  # a drop method composed with it, in the layers it names
+
+    def layout_in(self, layer_name: str) -> Layout:
+        """The rotary layout of the model's layer ``layer_name`` (vLLM's ``model.layers.<index>...``); a one-line
+        ``ValueError`` where the model has none for it, or its rotated dimensions are not those vLLM's rotary
+        embedding turns (:attr:`inv_freq`)."""
+        from vllm.model_executor.models.utils import extract_layer_index
+
+        index = extract_layer_index(layer_name)
+        layout = self.layouts.get(index)
+        if layout is None:
+            raise ValueError(f"{layer_name}: the model's config describes no attention layer {index} to read")
+        if layout.rotated and layout.dims != 2 * self.inv_freq.shape[-1]:
+            raise ValueError(
+                f"{layer_name}: transformers rotates {layout.dims} dimensions, vLLM's rotary embedding "
+                f"{2 * self.inv_freq.shape[-1]}; longreach cannot tell which to move"
+            )
+        return layout
 
     def drops_in(self, layer_name: str) -> bool:
         """Whether the drop method drops in the model's layer ``layer_name``."""
@@ -115,7 +144,44 @@ def layer_method(impl, window: int | None, problem_of: CellsProblem | None = Non
     record = json.dumps(getattr(hf_config, CONFIG_KEY), sort_keys=True, default=str)
     signature = f"{record} window={window} head_size={impl.head_size}"
     inv_freq = inverse_frequencies(hf_config, impl.head_size, window)
-    return LayerMethod(method, cells, inv_freq, signature, window, drop)
+    return LayerMethod(method, cells, inv_freq, signature, window, layouts_of(hf_config), drop)
+
+
+LAYOUTS: dict[int, tuple[object, dict[int, Layout]]] = {}  # per engine config (its id): the config and its layouts
+
+
+def layouts_of(hf_config) -> dict[int, Layout]:
+    """Each attention layer's rotary layout, by layer index, read once per process and config from the empty model
+    transformers builds from it (:func:`.families.empty_model`; about a second for an 8B model's config)."""
+    from .families import empty_model, read_layouts
+
+    held = LAYOUTS.get(id(hf_config))
+    if held is None or held[0] is not hf_config:
+        held = LAYOUTS[id(hf_config)] = (hf_config, read_layouts(empty_model(hf_config)))
+    return held[1]
+
+
+class ReadsLayout:
+    """What both backends' implementations do with a layer's layout: read it on the layer's first call (vLLM names
+    the layer only then), and from then on run a layer without RoPE as vLLM's own, and put the queries and keys of
+    the others in the kernels' order."""
+
+    layer: Any  # the LayerMethod, or None (typed loosely: the implementations narrow it once per call)
+    layout: Layout | None = None
+
+    def method_in(self, layer) -> LayerMethod | None:
+        """The method this layer runs (``layer``: vLLM's ``Attention`` module), or None where it runs as vLLM's own:
+        without a record, or a layer without RoPE."""
+        if self.layer is not None and self.layout is None:
+            self.layout = self.layer.layout_in(layer.layer_name)
+            if not self.layout.rotated:
+                self.layer = None
+        return self.layer
+
+    def in_kernel_order(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor [tokens, heads, D]`` (queries or keys) with its dimensions in the kernels' order."""
+        assert self.layout is not None  # read by method_in first
+        return to_kernel(self.layout, tensor)[0]
 
 
 def inverse_frequencies(hf_config, head_size: int, window: int | None = None) -> torch.Tensor:

@@ -99,19 +99,37 @@ def save_tiny_llama(folder, window: int = 64, **overrides) -> None:
     tokenizer.save_pretrained(folder)
 
 
+# The families of save_vllm_model, with what each sets over the defaults: a layout of RoPE each (docs/vllm.md)
+VLLM_FAMILIES = {
+    "llama": (transformers.LlamaConfig, {}),
+    "qwen2": (transformers.Qwen2Config, {}),
+    "qwen3": (transformers.Qwen3Config, {}),
+    "mistral": (transformers.MistralConfig, {"sliding_window": 128}),
+    "phi3": (transformers.Phi3Config, {"partial_rotary_factor": 0.5, "pad_token_id": 0}),
+    # interleaved pairs over half of each head's dimensions
+    "glm4": (transformers.Glm4Config, {"partial_rotary_factor": 0.5, "pad_token_id": 0}),
+    "ernie4_5": (transformers.Ernie4_5Config, {"pad_token_id": 0}),  # interleaved pairs
+    # interleaved pairs; its global layer has no RoPE
+    "cohere2": (transformers.Cohere2Config, {
+        "sliding_window": 512, "layer_types": ["sliding_attention", "full_attention"], "pad_token_id": 0,
+    }),
+    # half pairs; its global layer has no RoPE
+    "exaone4": (transformers.Exaone4Config, {
+        "sliding_window": 512, "layer_types": ["sliding_attention", "full_attention"], "pad_token_id": 0,
+    }),
+    "smollm3": (transformers.SmolLM3Config, {"no_rope_layers": [1, 0], "pad_token_id": 0}),  # layer 1 without RoPE
+}  # fmt: skip
+
+
 def save_vllm_model(path, family: str = "llama", rope: dict | None = None, **config) -> str:
-    """A random 2-layer model of ``family`` (Llama; Qwen2: biased q, k, v; Qwen3: q and k normed; Mistral: a sliding
-    window of 128 keys; Phi-3: fused q, k, v and half of each head rotary, as Phi-4-mini's three quarters) saved to
-    ``path``, its RoPE plain or with ``rope``'s scaling, with ``config``'s settings (over the defaults below): head dim
-    64, vLLM's CPU kernel's smallest (tests/test_vllm.py, tests/test_vllm_eval.py)."""
-    config_class, model_class = {
-        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
-        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
-        "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
-    }[family]
+    """A random 2-layer model of ``family`` (:data:`VLLM_FAMILIES`: Llama; Qwen2: biased q, k, v; Qwen3: q and k normed;
+    Mistral: a sliding window of 128 keys; Phi-3: fused q, k, v and half of each head rotary, as Phi-4-mini's three
+    quarters; and the other layouts of RoPE) saved to ``path``, its RoPE plain or with ``rope``'s scaling, with
+    ``config``'s settings (over the defaults below): head dim 64, vLLM's CPU kernel's smallest (tests/test_vllm.py,
+    tests/test_vllm_eval.py)."""
+    config_class, own = VLLM_FAMILIES[family]
     torch.manual_seed(0)
+    partial = {"partial_rotary_factor": own["partial_rotary_factor"]} if "partial_rotary_factor" in own else {}
     defaults = dict(
         vocab_size=4096,
         hidden_size=256,
@@ -123,10 +141,8 @@ def save_vllm_model(path, family: str = "llama", rope: dict | None = None, **con
         max_position_embeddings=4096,
         bos_token_id=1,
         eos_token_id=2,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, **(rope or {})},
-        **({"sliding_window": 128} if family == "mistral" else {}),
-        **({"partial_rotary_factor": 0.5, "pad_token_id": 0} if family == "phi3" else {}),
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, **partial, **(rope or {})},
+        **own,
     )
-    config = config_class(**{**defaults, **config})
-    model_class(config).save_pretrained(path)
+    transformers.AutoModelForCausalLM.from_config(config_class(**{**defaults, **config})).save_pretrained(path)
     return str(path)

@@ -1,0 +1,132 @@
+"""vLLM's CUDA backend (``longreach.integrations.vllm_cuda``) on the CPU, where no GPU runs vLLM: its calls and its own
+``do_kv_cache_update`` and ``forward`` through an emulation of FlashAttention's paged call (tests/helpers/
+flash_emulation.py) and vLLM's own merge, against the float64 reference (``make test-vllm``; skipped where vLLM is not
+installed)."""
+
+import pytest
+import torch
+
+vllm = pytest.importorskip("vllm")
+
+import longreach  # noqa: E402
+from longreach.integrations import vllm as plugin  # noqa: E402
+
+WINDOW = 512  # the methods' training window L
+
+
+def test_the_cuda_backends_calls_merged_by_vllms_own_merge_match_the_reference():
+    """The CUDA backend imports against vLLM's FlashAttention classes; its algorithm with vLLM's real
+    ``merge_attn_states`` (its CPU path) and the emulated FlashAttention call equals the float64 reference (STRING:
+    two calls, one merge; Self-Extend: moved keys and queries, three cells; DCA: three calls over pieces cut at chunk
+    edges, two merges, with rows that reach no key)."""
+    from helpers import flash_emulation
+    from helpers.paged import run
+    from vllm.v1.attention.ops.merge_attn_states import merge_attn_states
+
+    from longreach.integrations import vllm_cuda
+
+    assert vllm_cuda.LongreachFlashAttentionBackend.get_impl_cls() is vllm_cuda.FlashAttentionImpl  # no record
+    cases = [
+        ("string", {"shift": 300, "local_window": 30}),
+        ("self_extend", {"group_size": 3}),
+        ("dca", {"chunk_size": 180, "local_window": 20}),
+    ]
+    for name, params in cases:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(flash_emulation, "merge_attn_states", merge_attn_states)
+            got, want, _ = run(longreach.methods.create(name, training_window=600, **params), block_size=16)
+        assert (got - want).abs().max() <= 2e-5, name
+
+
+@pytest.mark.parametrize("method", ["string", "rerope"])
+def test_the_cuda_backends_own_forward_reads_the_layers_layout(monkeypatch, method):
+    """``LongreachFlashAttentionImpl``'s ``do_kv_cache_update`` and ``forward`` themselves, on the CPU through the
+    emulated FlashAttention and vLLM's own merge, for a GLM-4 layer (interleaved pairs over half of each head): three
+    requests prefilled in one step, their keys permuted as they are written to the cache and to ReRoPE's plane of
+    moved keys, equal to the float64 reference that turns the pairs where the model does. A layer without RoPE
+    (Cohere2's global one) is vLLM's own."""
+    from types import SimpleNamespace
+
+    import transformers
+    from helpers import flash_emulation
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.v1.attention.backends import flash_attn
+
+    from longreach.attention import reference
+    from longreach.attention.layout import to_kernel
+    from longreach.attention.rotary import rotate
+    from longreach.integrations import vllm_cuda
+
+    def write(key, value, key_cache, value_cache, slots, *args):  # vLLM's reshape_and_cache_flash, for the CPU
+        blocks, offsets = slots.long() // key_cache.shape[1], slots.long() % key_cache.shape[1]
+        key_cache[blocks, offsets], value_cache[blocks, offsets] = key, value
+
+    def varlen(*args, fa_version, **kwargs):  # the emulation takes no FlashAttention version
+        return flash_emulation.flash_attn_varlen_func(*args, **kwargs)
+
+    def impl_of(config):
+        engine = SimpleNamespace(
+            model_config=SimpleNamespace(hf_config=config),
+            parallel_config=None,
+            cache_config=SimpleNamespace(block_size=16),
+        )
+        monkeypatch.setattr("vllm.config.get_current_vllm_config", lambda: engine)  # what longreach reads
+        with set_current_vllm_config(VllmConfig()):  # what vLLM's rotary embedding reads
+            return vllm_cuda.LongreachFlashAttentionImpl(4, 16, 0.3, 2, None, None, "auto")
+
+    small = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=2)
+    params = {"string": {"shift": 100, "local_window": 16}, "rerope": {"window": 50}}[method]  # both act by 300
+    record = plugin.overrides(method, training_window=WINDOW, **params)
+    impl = impl_of(record(transformers.Glm4Config(partial_rotary_factor=0.5, **small)))
+    layer = SimpleNamespace(layer_name="model.layers.0.self_attn.attn", _k_scale=None, _v_scale=None)
+    layout = impl.layer.layout_in(layer.layer_name)
+    assert (layout.pairs, layout.dims) == ("interleaved", 8)
+    monkeypatch.setattr(flash_attn, "reshape_and_cache_flash", write, raising=False)  # imported on CUDA builds
+    monkeypatch.setattr(vllm_cuda, "_flash_attn_varlen_func", lambda: varlen)
+
+    g = torch.Generator().manual_seed(0)
+    lengths, block_size, inv_freq = [300, 170, 40], 16, impl.layer.inv_freq.double()
+    back = torch.tensor(layout.order()).argsort()  # the kernels' order back to the model's
+    raw, queries, keys, values = [], [], [], []
+    for n in lengths:
+        q, k, v = (torch.randn(n, heads, 16, generator=g, dtype=torch.float64) for heads in (4, 2, 2))
+        positions = torch.arange(n, dtype=torch.float64)[:, None]
+        turned = [rotate(x.transpose(0, 1), positions.T, inv_freq).transpose(0, 1) for x in to_kernel(layout, q, k)]
+        raw.append((q, k, v))
+        queries.append(turned[0][..., back])
+        keys.append(turned[1][..., back])
+        values.append(v)
+    blocks = [-(-n // block_size) for n in lengths]
+    block_table = torch.zeros(len(lengths), max(blocks), dtype=torch.int32)
+    order = torch.randperm(sum(blocks), generator=g)
+    starts = torch.tensor([0, *blocks]).cumsum(0)
+    for row, count in enumerate(blocks):
+        block_table[row, :count] = order[starts[row] : starts[row] + count]
+    slots = torch.cat([
+        block_table[row].long()[torch.arange(n) // block_size] * block_size + torch.arange(n) % block_size
+        for row, n in enumerate(lengths)
+    ])  # fmt: skip
+    kv_cache = torch.zeros(sum(blocks), 2, block_size, 32)  # [blocks, Hkv, slot, 2D]: vLLM's FlashAttention cache
+    query, key, value = (torch.cat(x).float() for x in (queries, keys, values))
+    impl.do_kv_cache_update(layer, key, value, kv_cache, slots)
+    query_start = torch.tensor([0, *lengths]).cumsum(0).int()
+    metadata = SimpleNamespace(
+        num_actual_tokens=len(query), query_start_loc=query_start, seq_lens=torch.tensor(lengths).int(),
+        block_table=block_table, slot_mapping=slots, max_query_len=max(lengths), max_seq_len=max(lengths),
+    )  # fmt: skip
+    output = torch.full_like(query, float("nan"))
+    impl.forward(layer, query, key, value, kv_cache, metadata, output)
+
+    method_object = impl.layer.method
+    for row, (q, k, v) in enumerate(raw):
+        n = lengths[row]
+        positions = torch.arange(n)
+        P = method_object.layer_positions(positions[None, :, None], positions[None, None, :], 0)
+        q, k, v = (x.transpose(0, 1)[None] for x in (q, k, v))
+        want = reference.dense_attention(q, k, v, P, inv_freq, 0.3, layout=layout)
+        got = output[query_start[row] : query_start[row + 1]]
+        assert (got.double() - want[0]).abs().max() <= 2e-5, (method, row)
+
+    global_layer = SimpleNamespace(layer_name="model.layers.1.self_attn.attn")
+    cohere = impl_of(record(transformers.Cohere2Config(layer_types=["sliding_attention", "full_attention"], **small)))
+    assert cohere.method_in(global_layer) is None
