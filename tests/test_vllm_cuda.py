@@ -3,15 +3,36 @@
 flash_emulation.py) and vLLM's own merge, against the float64 reference (``make test-vllm``; skipped where vLLM is not
 installed)."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
+import transformers
 
 vllm = pytest.importorskip("vllm")
 
+from helpers import flash_emulation  # noqa: E402
+from vllm.config import VllmConfig, set_current_vllm_config  # noqa: E402
+
 import longreach  # noqa: E402
 from longreach.integrations import vllm as plugin  # noqa: E402
+from longreach.integrations import vllm_cuda  # noqa: E402
 
 WINDOW = 512  # the methods' training window L
+SMALL = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=2)
+
+
+def flash_impl(monkeypatch, config, **settings):
+    """The CUDA backend's implementation of an attention layer of ``config`` (4 query heads of 16, 2 key/value heads),
+    built as vLLM builds it (``settings``: its other arguments), in an engine of blocks of 16 slots."""
+    engine = SimpleNamespace(
+        model_config=SimpleNamespace(hf_config=config),
+        parallel_config=None,
+        cache_config=SimpleNamespace(block_size=16),
+    )
+    monkeypatch.setattr("vllm.config.get_current_vllm_config", lambda: engine)  # what longreach reads
+    with set_current_vllm_config(VllmConfig()):  # what vLLM's rotary embedding reads
+        return vllm_cuda.LongreachFlashAttentionImpl(4, 16, 0.3, 2, None, None, "auto", **settings)
 
 
 def test_the_cuda_backends_calls_merged_by_vllms_own_merge_match_the_reference():
@@ -19,11 +40,8 @@ def test_the_cuda_backends_calls_merged_by_vllms_own_merge_match_the_reference()
     ``merge_attn_states`` (its CPU path) and the emulated FlashAttention call equals the float64 reference (STRING:
     two calls, one merge; Self-Extend: moved keys and queries, three cells; DCA: three calls over pieces cut at chunk
     edges, two merges, with rows that reach no key)."""
-    from helpers import flash_emulation
     from helpers.paged import run
     from vllm.v1.attention.ops.merge_attn_states import merge_attn_states
-
-    from longreach.integrations import vllm_cuda
 
     assert vllm_cuda.LongreachFlashAttentionBackend.get_impl_cls() is vllm_cuda.FlashAttentionImpl  # no record
     cases = [
@@ -45,17 +63,11 @@ def test_the_cuda_backends_own_forward_reads_the_layers_layout(monkeypatch, meth
     requests prefilled in one step, their keys permuted as they are written to the cache and to ReRoPE's plane of
     moved keys, equal to the float64 reference that turns the pairs where the model does. A layer without RoPE
     (Cohere2's global one) is vLLM's own."""
-    from types import SimpleNamespace
-
-    import transformers
-    from helpers import flash_emulation
-    from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.v1.attention.backends import flash_attn
 
     from longreach.attention import reference
     from longreach.attention.layout import to_kernel
     from longreach.attention.rotary import rotate
-    from longreach.integrations import vllm_cuda
 
     def write(key, value, key_cache, value_cache, slots, *args):  # vLLM's reshape_and_cache_flash, for the CPU
         blocks, offsets = slots.long() // key_cache.shape[1], slots.long() % key_cache.shape[1]
@@ -64,20 +76,9 @@ def test_the_cuda_backends_own_forward_reads_the_layers_layout(monkeypatch, meth
     def varlen(*args, fa_version, **kwargs):  # the emulation takes no FlashAttention version
         return flash_emulation.flash_attn_varlen_func(*args, **kwargs)
 
-    def impl_of(config):
-        engine = SimpleNamespace(
-            model_config=SimpleNamespace(hf_config=config),
-            parallel_config=None,
-            cache_config=SimpleNamespace(block_size=16),
-        )
-        monkeypatch.setattr("vllm.config.get_current_vllm_config", lambda: engine)  # what longreach reads
-        with set_current_vllm_config(VllmConfig()):  # what vLLM's rotary embedding reads
-            return vllm_cuda.LongreachFlashAttentionImpl(4, 16, 0.3, 2, None, None, "auto")
-
-    small = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=2)
     params = {"string": {"shift": 100, "local_window": 16}, "rerope": {"window": 50}}[method]  # both act by 300
     record = plugin.overrides(method, training_window=WINDOW, **params)
-    impl = impl_of(record(transformers.Glm4Config(partial_rotary_factor=0.5, **small)))
+    impl = flash_impl(monkeypatch, record(transformers.Glm4Config(partial_rotary_factor=0.5, **SMALL)))
     layer = SimpleNamespace(layer_name="model.layers.0.self_attn.attn", _k_scale=None, _v_scale=None)
     layout = impl.layer.layout_in(layer.layer_name)
     assert (layout.pairs, layout.dims) == ("interleaved", 8)
@@ -128,5 +129,21 @@ def test_the_cuda_backends_own_forward_reads_the_layers_layout(monkeypatch, meth
         assert (got.double() - want[0]).abs().max() <= 2e-5, (method, row)
 
     global_layer = SimpleNamespace(layer_name="model.layers.1.self_attn.attn")
-    cohere = impl_of(record(transformers.Cohere2Config(layer_types=["sliding_attention", "full_attention"], **small)))
+    cohere2 = transformers.Cohere2Config(layer_types=["sliding_attention", "full_attention"], **SMALL)
+    cohere = flash_impl(monkeypatch, record(cohere2))
     assert cohere.method_in(global_layer) is None
+
+
+def test_a_layer_reading_another_layers_kv_cache_refuses_the_methods_that_keep_moved_keys(monkeypatch):
+    """Gemma 4's shared-KV layers get no keys of their own, so the CUDA backend has none to move for ReRoPE,
+    Self-Extend, DCA or DPE there: refused in one line; STRING, which moves queries only, runs."""
+    config = transformers.LlamaConfig(**SMALL)
+    with pytest.raises(ValueError, match=r"^rerope on LongreachFlashAttentionImpl: a layer that reads another") as no:
+        flash_impl(
+            monkeypatch,
+            plugin.overrides("rerope", training_window=WINDOW)(config),
+            kv_sharing_target_layer_name="model.layers.0.self_attn.attn",
+        )
+    assert "\n" not in str(no.value)
+    string = plugin.overrides("string", training_window=WINDOW)(transformers.LlamaConfig(**SMALL))
+    assert flash_impl(monkeypatch, string, kv_sharing_target_layer_name="model.layers.0.self_attn.attn").layer

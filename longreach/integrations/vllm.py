@@ -41,7 +41,9 @@ from ..methods.scaling import Scaling
 from .transformers import CONFIG_KEY
 
 TESTED = ("0.32",)  # the vLLM releases (major.minor) the plugin is tested with: make test-vllm
-OWN_SCALING = ("llama3", "linear", "yarn", "longrope")  # a model's own RoPE scaling the position methods run over
+# a model's own RoPE scaling the position methods run over (Gemma 4's proportional: frequencies over the whole head,
+# zero past its rotary fraction)
+OWN_SCALING = ("llama3", "linear", "yarn", "longrope", "proportional")
 LAYER_TYPES = ("full_attention", "sliding_attention")  # layer types a RoPE may be given for: a sliding window or not
 DUAL_CHUNK = "dual_chunk_attention_config"  # Qwen2.5-1M's DCA in its config, which vLLM no longer runs
 LOADED = "LONGREACH_VLLM_PLUGIN"  # the process id of the first process of a tree that loaded the plugin
@@ -100,7 +102,7 @@ class Overrides:
         if frequency is not None:
             text.rope_parameters = frequency.rope_parameters(dict(text.rope_parameters), _rotary_dims(text))
         if runs_attention(record):  # L is the record's, or the model's window as it was
-            method.check_model(text.num_hidden_layers, text.num_attention_heads, _rotary_dims(text) // 2)
+            method.check_model(text.num_hidden_layers, text.num_attention_heads, _rotary_pairs(hf_config))
             if drop is not None and max(drop.layers) >= text.num_hidden_layers:
                 raise ValueError(
                     f"layers={list(drop.layers)} is out of range: layer indices 0 .. {text.num_hidden_layers - 1}"
@@ -281,6 +283,15 @@ def _rotary_dims(text_config) -> int:
     rope = dict(getattr(text_config, "rope_parameters", None) or {})
     head = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
     return int(head * rope.get("partial_rotary_factor", getattr(text_config, "partial_rotary_factor", 1.0)))
+
+
+def _rotary_pairs(hf_config) -> int:
+    """The most rotary pairs a layer of the model has, read from its layouts as ``longreach.apply`` reads them (Gemma
+    4's heads differ in size by layer type)."""
+    from . import families
+
+    layouts = families.read_layouts(families.empty_model(hf_config)).values()
+    return max((layout.dims // 2 for layout in layouts if layout.rotated), default=0)
 
 
 def _runs_in_vllm(record: dict) -> None:

@@ -37,6 +37,12 @@ class LongreachFlashAttentionImpl(ReadsLayout, FlashAttentionImpl):
         left = self.sliding_window[0]  # FlashAttention's (window - 1, 0), or (-1, -1)
         self.layer = layer_method(self, None if left < 0 else left + 1, _problem)
         self.planes: list[torch.Tensor] | None = None
+        if self.layer is not None and self.kv_sharing_target_layer_name and key_views(self.layer.cells)[0]:
+            raise ValueError(
+                f"{self.layer.method.name} on {type(self).__name__}: a layer that reads another layer's KV cache "
+                f"({self.kv_sharing_target_layer_name}; Gemma 4's num_kv_shared_layers) has no moved keys of its own "
+                "here yet; STRING runs, and the CPU backend runs every method"
+            )
 
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
         """vLLM's writer, with the keys in the kernels' order where the layer runs a method

@@ -118,6 +118,35 @@ VLLM_FAMILIES = {
         "sliding_window": 512, "layer_types": ["sliding_attention", "full_attention"], "pad_token_id": 0,
     }),
     "smollm3": (transformers.SmolLM3Config, {"no_rope_layers": [1, 0], "pad_token_id": 0}),  # layer 1 without RoPE
+    # a linear-attention (Gated DeltaNet) layer, then an attention layer rotating a quarter of each head
+    "qwen3_next": (transformers.Qwen3NextConfig, {
+        "layer_types": ["linear_attention", "full_attention"], "pad_token_id": 0, "partial_rotary_factor": 0.25,
+        "linear_key_head_dim": 64, "linear_value_head_dim": 64, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+        "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "shared_expert_intermediate_size": 64,
+    }),
+    "qwen3_5": (transformers.Qwen3_5TextConfig, {
+        "layer_types": ["linear_attention", "full_attention"], "pad_token_id": 0, "partial_rotary_factor": 0.25,
+        "linear_key_head_dim": 64, "linear_value_head_dim": 64, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+    }),
+    # a RoPE per layer type, a sliding layer then a full one; vLLM serves it by its transformers backend
+    "olmo3": (transformers.Olmo3Config, {
+        "sliding_window": 512, "layer_types": ["sliding_attention", "full_attention"], "pad_token_id": 0,
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+        },
+    }),
+    # sliding layers, and full ones with heads of 128 and proportional RoPE over a quarter of them; the last two
+    # layers read the first two's KV cache (E2B's and E4B's num_kv_shared_layers)
+    "gemma4": (transformers.Gemma4TextConfig, {
+        "num_hidden_layers": 4, "sliding_window": 512, "num_kv_shared_layers": 2, "pad_token_id": 0,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        "per_layer_config": {"01": {"head_dim": 128}, "03": {"head_dim": 128}}, "hidden_size_per_layer_input": 16,
+        "vocab_size_per_layer_input": 4096, "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0},
+        },
+    }),
 }  # fmt: skip
 
 
@@ -142,7 +171,7 @@ def save_vllm_model(path, family: str = "llama", rope: dict | None = None, **con
         bos_token_id=1,
         eos_token_id=2,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, **partial, **(rope or {})},
-        **own,
     )
-    transformers.AutoModelForCausalLM.from_config(config_class(**{**defaults, **config})).save_pretrained(path)
+    settings = {**defaults, **own, **config}
+    transformers.AutoModelForCausalLM.from_config(config_class(**settings)).save_pretrained(path)
     return str(path)
