@@ -63,18 +63,9 @@ def test_the_cuda_backends_own_forward_reads_the_layers_layout(monkeypatch, meth
     requests prefilled in one step, their keys permuted as they are written to the cache and to ReRoPE's plane of
     moved keys, equal to the float64 reference that turns the pairs where the model does. A layer without RoPE
     (Cohere2's global one) is vLLM's own."""
-    from vllm.v1.attention.backends import flash_attn
-
     from longreach.attention import reference
     from longreach.attention.layout import to_kernel
     from longreach.attention.rotary import rotate
-
-    def write(key, value, key_cache, value_cache, slots, *args):  # vLLM's reshape_and_cache_flash, for the CPU
-        blocks, offsets = slots.long() // key_cache.shape[1], slots.long() % key_cache.shape[1]
-        key_cache[blocks, offsets], value_cache[blocks, offsets] = key, value
-
-    def varlen(*args, fa_version, **kwargs):  # the emulation takes no FlashAttention version
-        return flash_emulation.flash_attn_varlen_func(*args, **kwargs)
 
     params = {"string": {"shift": 100, "local_window": 16}, "rerope": {"window": 50}}[method]  # both act by 300
     record = plugin.overrides(method, training_window=WINDOW, **params)
@@ -82,8 +73,7 @@ def test_the_cuda_backends_own_forward_reads_the_layers_layout(monkeypatch, meth
     layer = SimpleNamespace(layer_name="model.layers.0.self_attn.attn", _k_scale=None, _v_scale=None)
     layout = impl.layer.layout_in(layer.layer_name)
     assert (layout.pairs, layout.dims) == ("interleaved", 8)
-    monkeypatch.setattr(flash_attn, "reshape_and_cache_flash", write, raising=False)  # imported on CUDA builds
-    monkeypatch.setattr(vllm_cuda, "_flash_attn_varlen_func", lambda: varlen)
+    _emulate_flash_attention(monkeypatch)
 
     g = torch.Generator().manual_seed(0)
     lengths, block_size, inv_freq = [300, 170, 40], 16, impl.layer.inv_freq.double()
@@ -147,3 +137,108 @@ def test_a_layer_reading_another_layers_kv_cache_refuses_the_methods_that_keep_m
     assert "\n" not in str(no.value)
     string = plugin.overrides("string", training_window=WINDOW)(transformers.LlamaConfig(**SMALL))
     assert flash_impl(monkeypatch, string, kv_sharing_target_layer_name="model.layers.0.self_attn.attn").layer
+
+
+# Each method on the CUDA backend, with parts that act at these lengths; DCA's chunk (s - l = 32) is whole blocks.
+FLASH_METHODS = {
+    "string": {"shift": 100, "local_window": 16},
+    "rerope": {"window": 50},
+    "self_extend": {"group_size": 3, "neighbor_window": 40},
+    "dca": {"chunk_size": 40, "local_window": 8, "mscale": "qwen"},  # a logit factor per request
+    "dpe": {"group_scales": (2, 3, 1, 4), "local_window": 40, "top_k": None},  # every head's pairs alike
+}
+# (keys, queries) per request of a step, the tokens of the CUDA graph it replays and the longest query captured: a
+# decoding batch (a graph of uniform decoding steps), and a mixed one (a chunk of a prompt, a decoding step, a prompt)
+STEPS = {"decode": ([(300, 1), (170, 1), (41, 1)], 8, 1), "mixed": ([(300, 37), (170, 1), (64, 64)], 128, 128)}
+
+
+@pytest.mark.parametrize("method", sorted(FLASH_METHODS))
+@pytest.mark.parametrize("batch", sorted(STEPS))
+def test_a_step_replayed_from_a_cuda_graph_gives_its_exact_numbers(monkeypatch, method, batch):
+    """vLLM captures the CUDA backend's ``forward`` in full CUDA graphs (FlashAttention's builder declares it), so a
+    replay runs with the host numbers of the capture: the padded batch's token and request counts, the capture's
+    longest query, and ``max_model_len`` as the longest sequence, with padded requests of no query and no key and
+    padded tokens in slot -1 (vLLM's ``_build_attention_metadata``). The step run so gives the real tokens' outputs
+    of the step run with its exact metadata."""
+    _emulate_flash_attention(monkeypatch)
+    record = plugin.overrides(method, training_window=WINDOW, **FLASH_METHODS[method])
+    impl = flash_impl(monkeypatch, record(transformers.LlamaConfig(**SMALL)))
+    layer = SimpleNamespace(layer_name="model.layers.0.self_attn.attn", _k_scale=None, _v_scale=None)
+    requests, padded, longest = STEPS[batch]
+    g = torch.Generator().manual_seed(0)
+    cache = Paged([n for n, _ in requests], g)
+    history = [(n - q, n - q) for n, q in requests]
+    cache.step(impl, layer, history, g)  # the keys before the step, prefilled
+    exact = cache.step(impl, layer, requests, g, seed=1)
+    replayed = cache.step(impl, layer, requests, g, seed=1, padded=padded, max_query_len=longest)
+    tokens = sum(q for _, q in requests)
+    assert torch.allclose(replayed[:tokens], exact, rtol=0, atol=1e-6), (replayed[:tokens] - exact).abs().max()
+
+
+def _emulate_flash_attention(monkeypatch) -> None:
+    """vLLM's CUDA-only FlashAttention call and cache writer, emulated on the CPU (``flash_emulation``)."""
+    from vllm.v1.attention.backends import flash_attn
+
+    def write(key, value, key_cache, value_cache, slots, *args):  # reshape_and_cache_flash: slot -1 is padding
+        kept = slots >= 0
+        slots = slots[kept].long()
+        blocks, offsets = slots // key_cache.shape[1], slots % key_cache.shape[1]
+        key_cache[blocks, offsets], value_cache[blocks, offsets] = key[kept], value[kept]
+
+    def varlen(*args, fa_version, **kwargs):  # the emulation takes no FlashAttention version
+        return flash_emulation.flash_attn_varlen_func(*args, **kwargs)
+
+    monkeypatch.setattr(flash_attn, "reshape_and_cache_flash", write, raising=False)  # imported on CUDA builds
+    monkeypatch.setattr(vllm_cuda, "_flash_attn_varlen_func", lambda: varlen)
+
+
+class Paged:
+    """A FlashAttention KV cache of blocks of 16 slots (shuffled) for requests of ``lengths`` keys; steps over it."""
+
+    def __init__(self, lengths: list[int], g: torch.Generator, block_size: int = 16):
+        self.block_size, self.max_model_len = block_size, 2048
+        blocks = [-(-n // block_size) for n in lengths]
+        order = torch.randperm(sum(blocks), generator=g).int()
+        self.block_table = torch.zeros(len(lengths), max(blocks), dtype=torch.int32)
+        for row, start in enumerate(torch.tensor([0, *blocks]).cumsum(0)[:-1].tolist()):
+            self.block_table[row, : blocks[row]] = order[start : start + blocks[row]]
+        self.kv_cache = torch.zeros(sum(blocks), 2, block_size, 32)  # [blocks, Hkv, slot, 2D]
+
+    def step(self, impl, layer, requests, g, seed=None, padded=None, max_query_len=None):
+        """One step of ``requests`` ((keys, queries) each; a request with none is left out): its keys written and its
+        queries attended, with its exact metadata, or with a capture's for ``padded`` tokens. Its output ``[T, 4,
+        16]``."""
+        rows = [row for row, (_, q) in enumerate(requests) if q]
+        lengths, q_lens = [requests[row][0] for row in rows], [requests[row][1] for row in rows]
+        g = torch.Generator().manual_seed(seed) if seed is not None else g
+        tokens = sum(q_lens)
+        query, key, value = (torch.randn(tokens, heads, 16, generator=g) for heads in (4, 2, 2))
+        slots = torch.cat([self.slots(row, n - q, n) for row, n, q in zip(rows, lengths, q_lens, strict=True)])
+        query_start = torch.tensor([0, *q_lens]).cumsum(0).int()
+        seq_lens, table = torch.tensor(lengths).int(), self.block_table[rows]
+        if padded is not None:  # vLLM's padded batch: requests of no query and no key, tokens in slot -1
+            extra = padded - tokens
+            query, key, value = (torch.cat([x, x.new_zeros(extra, *x.shape[1:])]) for x in (query, key, value))
+            slots = torch.cat([slots, slots.new_full((extra,), -1)])
+            query_start = torch.cat([query_start, query_start[-1:].repeat(padded - len(rows))])
+            seq_lens = torch.cat([seq_lens, seq_lens.new_zeros(padded - len(rows))])
+            table = torch.cat([table, table.new_zeros(padded - len(rows), table.shape[1])])
+        impl.do_kv_cache_update(layer, key, value, self.kv_cache, slots)
+        metadata = SimpleNamespace(
+            num_actual_tokens=len(query),
+            query_start_loc=query_start,
+            seq_lens=seq_lens,
+            block_table=table,
+            slot_mapping=slots,
+            max_query_len=max_query_len or max(q_lens),
+            max_seq_len=self.max_model_len if padded is not None else max(lengths),
+        )
+        output = torch.full_like(query, float("nan"))
+        impl.forward(layer, query, key, value, self.kv_cache, metadata, output)
+        return output
+
+    def slots(self, row: int, first: int, stop: int) -> torch.Tensor:
+        positions = torch.arange(first, stop)
+        return (
+            self.block_table[row].long()[positions // self.block_size] * self.block_size + positions % self.block_size
+        )

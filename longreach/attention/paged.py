@@ -49,17 +49,29 @@ class KeyAngles:
 
 def per_token(values: torch.Tensor, query_start: torch.Tensor, tokens: int) -> torch.Tensor:
     """A value per request ``[B]`` repeated for each of the request's query tokens: ``[tokens]``, without a host
-    sync (requests delimited by ``query_start [B + 1]``)."""
-    return torch.repeat_interleave(values, query_start[1:] - query_start[:-1], output_size=tokens)
+    sync (requests delimited by ``query_start [B + 1]``). Tokens past the last request's (a CUDA graph's padding:
+    vLLM pads a replayed batch's tokens beyond its requests') get 0."""
+    padded = torch.cat([values, values.new_zeros(1)])
+    return torch.repeat_interleave(padded, _query_lengths(query_start, tokens), output_size=tokens)
 
 
 def token_positions(query_start: torch.Tensor, seq_lens: torch.Tensor, tokens: int) -> torch.Tensor:
     """Each query token's position ``[tokens]`` on the tensors' device, without a host sync: request ``b``'s ``t``-th
-    query is at ``seq_lens[b] - q_len + t``."""
-    q_lens = query_start[1:] - query_start[:-1]
+    query is at ``seq_lens[b] - q_len + t``; the tokens past the last request's (padding) at negative positions,
+    which nothing reads."""
+    q_lens = _query_lengths(query_start, tokens)
     request = torch.repeat_interleave(torch.arange(len(q_lens), device=q_lens.device), q_lens, output_size=tokens)
     index = torch.arange(tokens, device=q_lens.device)
-    return index - query_start[:-1][request] + (seq_lens - q_lens)[request]
+    starts = torch.cat([query_start[:-1], query_start[-1:]])
+    first = torch.cat([seq_lens[: len(q_lens) - 1], seq_lens.new_zeros(1)]) - q_lens
+    return index - starts[request] + first[request]
+
+
+def _query_lengths(query_start: torch.Tensor, tokens: int) -> torch.Tensor:
+    """Each request's query tokens ``[B + 1]``, and last, those of the ``tokens`` past the last request's: vLLM pads
+    a batch that replays a CUDA graph with tokens that belong to no request (its ``num_actual_tokens`` counts them)."""
+    rest = (tokens - query_start[-1:]).to(query_start.dtype)
+    return torch.cat([query_start[1:] - query_start[:-1], rest])
 
 
 def scaled_queries(

@@ -92,11 +92,14 @@ class LongreachFlashAttentionImpl(ReadsLayout, FlashAttentionImpl):
         return output
 
     def _planes(self, key_cache: torch.Tensor) -> list[torch.Tensor]:
-        """The planes of moved keys ``[slots + 1, Hkv, D]``, one per per-token key shift, made on first use."""
+        """The planes of moved keys ``[slots + 1, Hkv, D]``, one per per-token key shift, made on first use, which may
+        be inside a CUDA graph's capture (vLLM's warm-up runs before it are optional): made empty, so that nothing but
+        the allocation happens there and no replay clears them. No slot is read before the layer writes it, as no key
+        of vLLM's cache is."""
         if self.planes is None:
             blocks, block_size, kv_heads, dim = key_cache.shape
             shape = (blocks * block_size + 1, kv_heads, dim)
-            self.planes = [key_cache.new_zeros(shape) for _ in key_views(self.layer.cells)[0]]
+            self.planes = [key_cache.new_empty(shape) for _ in key_views(self.layer.cells)[0]]
             if self.planes:
                 size = sum(plane.numel() * plane.element_size() for plane in self.planes) / 2**20
                 warnings.warn(

@@ -99,37 +99,38 @@ def save_tiny_llama(folder, window: int = 64, **overrides) -> None:
     tokenizer.save_pretrained(folder)
 
 
-# The families of save_vllm_model, with what each sets over the defaults: a layout of RoPE each (docs/vllm.md)
+# The families of save_vllm_model (their config classes by name: the compat environments' older transformers lacks
+# the newest), with what each sets over the defaults: a layout of RoPE each (docs/vllm.md)
 VLLM_FAMILIES = {
-    "llama": (transformers.LlamaConfig, {}),
-    "qwen2": (transformers.Qwen2Config, {}),
-    "qwen3": (transformers.Qwen3Config, {}),
-    "mistral": (transformers.MistralConfig, {"sliding_window": 128}),
-    "phi3": (transformers.Phi3Config, {"partial_rotary_factor": 0.5, "pad_token_id": 0}),
+    "llama": ("LlamaConfig", {}),
+    "qwen2": ("Qwen2Config", {}),
+    "qwen3": ("Qwen3Config", {}),
+    "mistral": ("MistralConfig", {"sliding_window": 128}),
+    "phi3": ("Phi3Config", {"partial_rotary_factor": 0.5, "pad_token_id": 0}),
     # interleaved pairs over half of each head's dimensions
-    "glm4": (transformers.Glm4Config, {"partial_rotary_factor": 0.5, "pad_token_id": 0}),
-    "ernie4_5": (transformers.Ernie4_5Config, {"pad_token_id": 0}),  # interleaved pairs
+    "glm4": ("Glm4Config", {"partial_rotary_factor": 0.5, "pad_token_id": 0}),
+    "ernie4_5": ("Ernie4_5Config", {"pad_token_id": 0}),  # interleaved pairs
     # interleaved pairs; its global layer has no RoPE
-    "cohere2": (transformers.Cohere2Config, {
+    "cohere2": ("Cohere2Config", {
         "sliding_window": 512, "layer_types": ["sliding_attention", "full_attention"], "pad_token_id": 0,
     }),
     # half pairs; its global layer has no RoPE
-    "exaone4": (transformers.Exaone4Config, {
+    "exaone4": ("Exaone4Config", {
         "sliding_window": 512, "layer_types": ["sliding_attention", "full_attention"], "pad_token_id": 0,
     }),
-    "smollm3": (transformers.SmolLM3Config, {"no_rope_layers": [1, 0], "pad_token_id": 0}),  # layer 1 without RoPE
+    "smollm3": ("SmolLM3Config", {"no_rope_layers": [1, 0], "pad_token_id": 0}),  # layer 1 without RoPE
     # a linear-attention (Gated DeltaNet) layer, then an attention layer rotating a quarter of each head
-    "qwen3_next": (transformers.Qwen3NextConfig, {
+    "qwen3_next": ("Qwen3NextConfig", {
         "layer_types": ["linear_attention", "full_attention"], "pad_token_id": 0, "partial_rotary_factor": 0.25,
         "linear_key_head_dim": 64, "linear_value_head_dim": 64, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
         "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "shared_expert_intermediate_size": 64,
     }),
-    "qwen3_5": (transformers.Qwen3_5TextConfig, {
+    "qwen3_5": ("Qwen3_5TextConfig", {
         "layer_types": ["linear_attention", "full_attention"], "pad_token_id": 0, "partial_rotary_factor": 0.25,
         "linear_key_head_dim": 64, "linear_value_head_dim": 64, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
     }),
     # a RoPE per layer type, a sliding layer then a full one; vLLM serves it by its transformers backend
-    "olmo3": (transformers.Olmo3Config, {
+    "olmo3": ("Olmo3Config", {
         "sliding_window": 512, "layer_types": ["sliding_attention", "full_attention"], "pad_token_id": 0,
         "rope_parameters": {
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
@@ -138,7 +139,7 @@ VLLM_FAMILIES = {
     }),
     # sliding layers, and full ones with heads of 128 and proportional RoPE over a quarter of them; the last two
     # layers read the first two's KV cache (E2B's and E4B's num_kv_shared_layers)
-    "gemma4": (transformers.Gemma4TextConfig, {
+    "gemma4": ("Gemma4TextConfig", {
         "num_hidden_layers": 4, "sliding_window": 512, "num_kv_shared_layers": 2, "pad_token_id": 0,
         "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
         "per_layer_config": {"01": {"head_dim": 128}, "03": {"head_dim": 128}}, "hidden_size_per_layer_input": 16,
@@ -156,7 +157,8 @@ def save_vllm_model(path, family: str = "llama", rope: dict | None = None, **con
     quarters; and the other layouts of RoPE) saved to ``path``, its RoPE plain or with ``rope``'s scaling, with
     ``config``'s settings (over the defaults below): head dim 64, vLLM's CPU kernel's smallest (tests/test_vllm.py,
     tests/test_vllm_eval.py)."""
-    config_class, own = VLLM_FAMILIES[family]
+    class_name, own = VLLM_FAMILIES[family]
+    config_class = getattr(transformers, class_name)
     torch.manual_seed(0)
     partial = {"partial_rotary_factor": own["partial_rotary_factor"]} if "partial_rotary_factor" in own else {}
     defaults = dict(
