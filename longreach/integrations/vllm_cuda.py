@@ -126,7 +126,11 @@ def _flash_attn_varlen_func():
 
 class LongreachFlashAttentionBackend(FlashAttentionBackend):
     """vLLM's FlashAttention backend, whose implementation runs a longreach method where the model's config records
-    one: vLLM's own class for a model without a record."""
+    one: vLLM's own class for a model without a record. Never without the keys and values (vLLM 0.33's
+    ``supports_kv_cache_update_bypass``, by which a fused kernel writes the cache itself and ``forward`` is called
+    without them): the keys a method moves are written from ``forward``'s ``key``, in the layer's layout."""
+
+    supports_kv_cache_update_bypass = False
 
     @staticmethod
     def get_impl_cls():
