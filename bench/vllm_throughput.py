@@ -3,6 +3,8 @@
     .venv-vllm/bin/python bench/vllm_throughput.py [--length 8192] [--requests 4] [--new-tokens 32]
         [--methods string,dca,rerope,self_extend] [--dtype float32] [--rounds 2] [--write]
 
+    (the tiled path: --methods dpe,drop,dynamic_drop)
+
 The default model's shape (bench/smollm2-135m.json) with random weights, saved to a temporary folder; ``--requests``
 prompts of ``--length`` random token ids each, submitted together (vLLM batches them), greedy, ``--new-tokens`` each.
 Per method one engine (the record is read when it loads); stock vLLM before the methods and again after them. Prompt
@@ -10,7 +12,9 @@ throughput: fresh prompts' tokens over the time of a run that generates one toke
 of a run of ``--new-tokens`` over its time, on prompts the prefix cache holds already (only their last, partial
 block is computed again), so that the time is decoding's. The cache holds every set of prompts at once (its size is
 set, not a share of the memory), and each engine is shut down before the next starts. Ratios are against stock's
-median, measured in the same process; ``--write`` puts the table in bench/RESULTS.md.
+median, measured in the same process; ``--write`` puts the table in bench/RESULTS.md. Each method runs with its
+defaults, but DPE, which runs with pairs selected per layer and head (:func:`params_of`): that and the drop methods
+are what vLLM's CPU backend computes by the tiled path, request by request.
 """
 
 from __future__ import annotations
@@ -58,7 +62,8 @@ def main() -> None:
         engines = ["stock", *args.methods.split(","), "stock"]
         measured = {}
         for engine in engines:
-            record = {} if engine == "stock" else {"hf_overrides": overrides(engine, training_window=window)}
+            params = params_of(engine, config)
+            record = {} if engine == "stock" else {"hf_overrides": overrides(engine, training_window=window, **params)}
             measured.setdefault(engine, []).append(throughput(folder, prompts, args, record))
             print(engine, measured[engine][-1], flush=True)
     stock = [statistics.median(values) for values in zip(*measured["stock"], strict=True)]
@@ -86,6 +91,19 @@ def main() -> None:
             f"vLLM throughput, {args.requests} x {args.length} tokens, {args.methods}",
             f"{command}\n\n{header}\n\n{table}",
         )
+
+
+def params_of(method: str, config) -> dict:
+    """The parameters ``method`` runs with: DPE's as after ``longreach calibrate dpe`` (its paper's four groups, the
+    three quarters of each head's pairs most important to it changed; random importances here), the defaults else."""
+    if method != "dpe":
+        return {}
+    import torch
+
+    pairs = config.head_dim // 2
+    shape = (config.num_hidden_layers, config.num_attention_heads, pairs)
+    importance = torch.rand(shape, generator=torch.Generator().manual_seed(0))
+    return {"group_scales": (2, 3, 1, 4), "top_k": 3 * pairs // 4, "dimensions": importance}
 
 
 def throughput(folder: str, prompts: list, args, record: dict) -> tuple[float, float]:
