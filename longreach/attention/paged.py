@@ -62,9 +62,8 @@ def token_positions(query_start: torch.Tensor, seq_lens: torch.Tensor, tokens: i
     q_lens = _query_lengths(query_start, tokens)
     request = torch.repeat_interleave(torch.arange(len(q_lens), device=q_lens.device), q_lens, output_size=tokens)
     index = torch.arange(tokens, device=q_lens.device)
-    starts = torch.cat([query_start[:-1], query_start[-1:]])
-    first = torch.cat([seq_lens[: len(q_lens) - 1], seq_lens.new_zeros(1)]) - q_lens
-    return index - starts[request] + first[request]
+    first = torch.cat([seq_lens, seq_lens.new_zeros(1)]) - q_lens
+    return index - query_start[request] + first[request]
 
 
 def _query_lengths(query_start: torch.Tensor, tokens: int) -> torch.Tensor:

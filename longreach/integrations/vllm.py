@@ -292,9 +292,9 @@ def _rotary_dims(text_config) -> int:
 def _rotary_pairs(hf_config) -> int:
     """The most rotary pairs a layer of the model has, read from its layouts as ``longreach.apply`` reads them (Gemma
     4's heads differ in size by layer type)."""
-    from . import families
+    from .families import config_layouts
 
-    layouts = families.read_layouts(families.empty_model(hf_config)).values()
+    layouts = config_layouts(hf_config).values()
     return max((layout.dims // 2 for layout in layouts if layout.rotated), default=0)
 
 

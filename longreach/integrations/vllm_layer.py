@@ -26,6 +26,7 @@ from ..attention.layout import Layout, to_kernel
 from ..attention.paged import per_token, scaled_queries, token_positions
 from ..methods.base import Part, PositionMethod
 from ..methods.drop import Drop, DynamicDrop
+from .families import config_layouts
 from .transformers import CONFIG_KEY
 from .vllm import LAYER_TYPES, layer_ropes, methods_of, model_problem
 
@@ -144,21 +145,7 @@ def layer_method(impl, window: int | None, problem_of: CellsProblem | None = Non
     record = json.dumps(getattr(hf_config, CONFIG_KEY), sort_keys=True, default=str)
     signature = f"{record} window={window} head_size={impl.head_size}"
     inv_freq = inverse_frequencies(hf_config, impl.head_size, window)
-    return LayerMethod(method, cells, inv_freq, signature, window, layouts_of(hf_config), drop)
-
-
-LAYOUTS: dict[int, tuple[object, dict[int, Layout]]] = {}  # per engine config (its id): the config and its layouts
-
-
-def layouts_of(hf_config) -> dict[int, Layout]:
-    """Each attention layer's rotary layout, by layer index, read once per process and config from the empty model
-    transformers builds from it (:func:`.families.empty_model`; about a second for an 8B model's config)."""
-    from .families import empty_model, read_layouts
-
-    held = LAYOUTS.get(id(hf_config))
-    if held is None or held[0] is not hf_config:
-        held = LAYOUTS[id(hf_config)] = (hf_config, read_layouts(empty_model(hf_config)))
-    return held[1]
+    return LayerMethod(method, cells, inv_freq, signature, window, config_layouts(hf_config), drop)
 
 
 class ReadsLayout:
