@@ -3,6 +3,7 @@ STRING's 4-needle test (HKUNLP/STRING) and passkey (landmark attention); interva
 
 import json
 import math
+import random
 import re
 
 import pytest
@@ -84,6 +85,37 @@ def test_cwe_lists_all_ten_common_words(tokenizer, family, length):
         return
     listed = case.prompt.split("Memorize the ones that appear most often.\n")[2].split("\nQuestion:")[0]
     assert set(case.references) <= set(re.findall(r"\d+\. (.+?)(?= \d+\.|$)", listed)) and len(case.references) == 10
+
+
+def test_a_vt_chain_whose_names_repeat_is_drawn_again_one_step_smaller(tokenizer):
+    """RULER's generate_chains raises on a repeated name (its extra names make a short second chain), and its sample
+    loop draws again one step smaller, with fresh draws (here, the smaller size's own stream)."""
+    from longreach.eval import haystack
+    from longreach.eval.ruler import variables
+
+    class Repeating(random.Random):
+        def choices(self, population, weights=None, *, cum_weights=None, k=1):
+            return ["A"] * k
+
+    with pytest.raises(haystack.Redraw, match="repeat"):
+        variables._chain(Repeating(0), 4, icl=False)
+    built = []
+
+    def build(n: int) -> str:
+        built.append(n)
+        if len(built) == 1:
+            raise haystack.Redraw("the chain's names repeat")
+        return "word " * n
+
+    scan = haystack.RulerSearch(5, binary=False, start=10)
+    n, prompt, used, size = haystack.fit_as_ruler(tokenizer, 100, 100, build, lambda n: "word " * n, scan, ("redraw",))
+    assert built == [size, size - 5] and n == size - 5 and used <= 100
+
+    def rejected(n: int) -> str:
+        raise haystack.Redraw("the chain's names repeat")
+
+    with pytest.raises(ValueError, match=r"with \d+ units is a draw RULER's generator rejects, over the budget"):
+        haystack.fit_as_ruler(tokenizer, 100, 100, rejected, str, scan, ("redraw",))
 
 
 def test_the_vt_example_is_one_per_run_renamed_per_case(tokenizer):
@@ -245,6 +277,25 @@ def test_string_four_needles_as_the_string_repository(tokenizer):
     assert chat.prompt.startswith("<|im_start|>system") and chat.prompt.endswith(
         "<|im_start|>assistant\nThe numbers are"
     )
+
+
+def test_niah4_asks_llama_3_1_as_strings_script_does(tokenizer):
+    """STRING's get_needles: a model path holding llama3.1 gets the question ending "\\n " and no answer prefix."""
+    standard = tasks.get("niah4").build(tokenizer, 2048, None, seed=4)
+    llama = tasks.get("niah4:question=llama3.1").build(tokenizer, 2048, None, seed=4)
+    assert llama.task == "niah4:question=llama3.1" and llama.references == standard.references  # the same draws
+    assert llama.prompt.endswith(". \n\n\nWhat are the magic numbers mentioned in the provided text?\n ")
+    chat = tasks.get("niah4-chat:question=llama3.1").build(tokenizer, 2048, None, seed=4)
+    assert chat.prompt.endswith("<|im_start|>assistant\n")
+    assert tasks.for_model(["niah4", "niah4-chat", "passkey"], "meta-llama/Llama-3.1-8B-Instruct") == [
+        "niah4:question=llama3.1",
+        "niah4-chat:question=llama3.1",
+        "passkey",
+    ]
+    assert tasks.is_llama_3_1("/models/llama3.1-8b-instruct") and not tasks.is_llama_3_1("Llama-3.2-3B")
+    assert tasks.for_model(["niah4"], "default") == ["niah4"]
+    with pytest.raises(ValueError, match="niah4 takes question=standard or question=llama3.1"):
+        tasks.get("niah4:question=llama3")
 
 
 def test_passkey_as_landmark_attentions_script(tokenizer):

@@ -181,3 +181,17 @@ def test_cwe_draws_a_fresh_example_and_words_at_every_probe_and_back_off(tokeniz
     assert len({example for example, _ in drawn}) == len(drawn)  # one example per prompt, none shared
     backed = [words for _, words in drawn[-4:]]
     assert not any(later <= earlier for earlier, later in itertools.pairwise(backed))
+
+
+def test_needles_go_where_rulers_expression_puts_them_at_every_sentence_count_and_depth():
+    """niah.py:157 computes ``int(len(document_sents) * (depth / 100))`` with numpy's integer depths; the review found
+    ``int(n * d / 100)`` one sentence off at (150, 82), (300, 41), (300, 69), (300, 82), (700, 69)."""
+    import numpy as np
+
+    depths = list(np.round(np.linspace(0, 100, num=40, endpoint=True)).astype(int))  # niah.py's DEPTHS
+    assert [int(d) for d in depths] == ruler.DEPTHS
+    for n in range(2001):
+        for d in depths:
+            assert common.insertion_index(n, int(d)) == int(n * (d / 100)), (n, d)
+    sents = tuple(f"S{i}." for i in range(150))
+    assert common.insert_at_sentences(sents, ["N"], [82]).split().index("N") == 122

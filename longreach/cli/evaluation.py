@@ -23,8 +23,9 @@ def add(subcommands) -> None:
     evaluating.add_argument(
         "task",
         nargs="+",
-        help="niah4, niah4-chat, passkey, passkey-chat, niah, ppl, ruler (all 13), or ruler:<name>, e.g. ruler:vt; "
-        "infbench (the STRING paper's nine) or infbench:<name>, e.g. infbench:passkey",
+        help="niah4, niah4-chat (niah4:question=llama3.1 asks as STRING asks Llama 3.1, chosen for such a model), "
+        "passkey, passkey-chat, niah, ppl, ruler (all 13), or ruler:<name>, e.g. ruler:vt; infbench (the STRING "
+        "paper's nine) or infbench:<name>, e.g. infbench:passkey",
     )
     flags.methods(
         evaluating,
@@ -151,6 +152,9 @@ def _grid(args: argparse.Namespace):
 
     tasks = flags.task_registry()
     names = [name for task in args.task for name in tasks.expand(task)]
+    if (chosen := tasks.for_model(names, args.model)) != names:
+        print("niah4: STRING's question for Llama 3.1 (niah4:question=llama3.1; niah4:question=standard: the other)")
+        names = chosen
     if any(t == "ruler" for t in args.task) and (reason := tasks.qa_available()):
         print(reason)
     for name in dict.fromkeys(names):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -137,6 +138,24 @@ def count_tokens(tokenizer, text: str) -> int:
     return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+class Redraw(Exception):  # noqa: N818 (a signal, not an error: the caller backs off)
+    """A draw that upstream's generator rejects by raising, so that its caller draws again smaller (RULER's vt
+    chain with a repeated name). The fitting functions count it as a prompt over the budget."""
+
+
+def measure(tokenizer, build: Callable[[int], str], n: int) -> tuple[str, float]:
+    """``(build(n), its tokens)``; a :class:`Redraw` counts as infinitely many tokens."""
+    try:
+        prompt = build(n)
+    except Redraw:
+        return "", math.inf
+    return prompt, count_tokens(tokenizer, prompt)
+
+
+def _takes(used: float) -> str:
+    return "is a draw RULER's generator rejects" if used == math.inf else f"takes {used} tokens"
+
+
 def fit_largest(
     tokenizer,
     budget: int,
@@ -157,14 +176,13 @@ def fit_largest(
     exceeds, is a one-line error.
     """
 
-    def tokens(n: int) -> tuple[str, int]:
-        prompt = build(n)
-        return prompt, count_tokens(tokenizer, prompt)
+    def tokens(n: int) -> tuple[str, float]:
+        return measure(tokenizer, build, n)
 
     prompt, used = tokens(least)
     if used > budget:
         raise ValueError(
-            f"{what}: the prompt with {least} of its {unit} already takes {used} tokens, over the budget of {budget}"
+            f"{what}: the prompt with {least} of its {unit} already {_takes(used)}, over the budget of {budget}"
         )
     low, best = least, (prompt, used)
     high = max(least + 1, start)
@@ -190,7 +208,7 @@ def fit_largest(
             low, best = middle, (prompt, used)
         else:
             high = middle
-    return low, *best
+    return low, best[0], int(best[1])
 
 
 @dataclass(frozen=True)
@@ -233,25 +251,25 @@ def fit_as_ruler(
     """RULER's packing of one case: ``(n, prompt, tokens, size)``, ``size`` the size RULER's search finds for the
     task and length (:func:`ruler_size`, on ``search_build`` within ``search_budget``, default ``budget``;
     cached under ``key``), ``n`` that size backed off ``search.step`` units at a time until ``build(n)`` fits the
-    budget. Where RULER would loop for ever (a size of ``step`` units that still does not fit) or back off below the
-    ``least`` units the task is whole with (cwe's 10 common words), a one-line error; so is a length that
-    needs more than the ``most`` units a finite pool holds (RULER repeats its pool)."""
+    budget (a :class:`Redraw` backs off too, as RULER's ``except`` does). Where RULER, at ``step`` units, draws
+    again until a draw fits (a case's draws here are fixed by its stream), or backs off below the ``least`` units
+    the task is whole with (cwe's 10 common words), a one-line error; so is a length that needs more than the
+    ``most`` units a finite pool holds (RULER repeats its pool)."""
     size = ruler_size(tokenizer, length, budget if search_budget is None else search_budget, search_build, search, key)
     if most is not None and size >= most:
-        used = count_tokens(tokenizer, build(most))
+        used = measure(tokenizer, build, most)[1]
         raise ValueError(
             f"{what}: all {most} {unit} take only {used} of the {budget} tokens; this length needs more than the "
             "source holds"
         )
     n = size
     while True:
-        prompt = build(n)
-        used = count_tokens(tokenizer, prompt)
+        prompt, used = measure(tokenizer, build, n)
         if used <= budget:
-            return n, prompt, used, size
+            return n, prompt, int(used), size
         if n - search.step < max(least, 1):
             raise ValueError(
-                f"{what}: the prompt with {n} {unit} takes {used} tokens, over the budget of {budget} "
+                f"{what}: the prompt with {n} {unit} {_takes(used)}, over the budget of {budget} "
                 f"(RULER's search gave {size}, backing off {search.step} at a time)"
             )
         n -= search.step
@@ -273,12 +291,12 @@ def ruler_size(
     if cache in _SEARCHED:
         return _SEARCHED[cache]
 
-    def fits(n):
-        return count_tokens(tokenizer, search_build(n)) <= budget
+    def fits(n):  # a Redraw does not fit (RULER's search would stop on its exception)
+        return measure(tokenizer, search_build, n)[1] <= budget
 
     if search.binary:
         at = search.rate_at or search.step
-        rate = count_tokens(tokenizer, search_build(at)) / at
+        rate = measure(tokenizer, search_build, at)[1] / at
         estimate = int(length // rate) * 2 if search.floor_then else int(length / rate * search.slack)
         low, high, found = search.step, max(estimate, 2 * search.step), None
         while low <= high:
@@ -290,7 +308,7 @@ def ruler_size(
         size = search.step if found is None else found
     else:
         size = search.start
-        while count_tokens(tokenizer, search_build(size)) < budget:
+        while measure(tokenizer, search_build, size)[1] < budget:
             size += search.step
         size -= search.step
     _SEARCHED[cache] = size

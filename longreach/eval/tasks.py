@@ -19,6 +19,7 @@ the model's own tokenizer.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import re
@@ -33,6 +34,10 @@ STRING_REVISION = "HKUNLP/STRING@216cc2f niah/test_niah_llama.py"
 PASSKEY_REVISION = "epfml/landmark-attention@d963e50 llama/run_test.py"
 
 
+# niah4's question forms: what follows the question in the raw prompt, and the answer prefix (STRING's get_needles)
+NIAH4_QUESTIONS = {"standard": ("\n", "The numbers are"), "llama3.1": ("\n ", "")}
+
+
 @dataclass(frozen=True)
 class StringNeedles:
     """The STRING paper's 4-needle test (HKUNLP/STRING ``niah/test_niah_llama.py``).
@@ -42,6 +47,11 @@ class StringNeedles:
     essay sentences split at ``.`` from STRING's own ``PaulGrahamEssays.json`` (its order of the essays,
     :func:`.haystack.string_essays`); the task text first, the question last; 128 tokens to generate,
     held back from the length; a case passes when at least 2 of the 4 values come back.
+
+    The question ends ``\nThe numbers are``, or, for Llama 3.1, ``\n `` with no answer prefix: STRING's
+    ``get_needles`` asks so when the model's path holds ``llama3.1`` (lines 56-62), as its published Llama 3.1
+    runs are named. ``niah4:question=llama3.1`` and ``niah4:question=standard`` choose the form;
+    :func:`for_model` chooses it for a plain ``niah4`` from the model's name.
 
     Differences, on purpose: the values are drawn per case (upstream draws one set for all 500
     tests); the haystack stops at the last sentence that fits (upstream adds one more, so its
@@ -62,10 +72,10 @@ class StringNeedles:
         "I will quiz you about the important information there.\n"
     )
     question: str = "\n\nWhat are the magic numbers mentioned in the provided text?"
-    answer_prefix: str = "The numbers are"
+    question_form: str = "standard"  # a key of NIAH4_QUESTIONS
 
     def build(self, tokenizer, length: int, depth: float | None, seed: int) -> Case:
-        rng = random.Random(f"{self.name}/{length}/{seed}")
+        rng = random.Random(f"{self.name.split(':')[0]}/{length}/{seed}")  # both question forms: the same draws
         segment = 0.99 / self.needles
         depths = [j * segment + rng.uniform(0, segment) for j in range(self.needles)]
         values = [str(rng.randint(100000, 1000000)) for _ in range(self.needles)]
@@ -82,12 +92,13 @@ class StringNeedles:
             )
             context += ". ".join(chunks[places[-1] : n]) + ". \n"
             context = context[1:] if context.startswith(".") else context
+            line_end, answer_prefix = NIAH4_QUESTIONS[self.question_form]
             if self.chat:
                 return haystack.with_bos(
                     tokenizer,
-                    haystack.templated(tokenizer, self.description + context + self.question, self.answer_prefix),
+                    haystack.templated(tokenizer, self.description + context + self.question, answer_prefix),
                 )
-            return haystack.with_bos(tokenizer, self.description + context + self.question + "\n" + self.answer_prefix)
+            return haystack.with_bos(tokenizer, self.description + context + self.question + line_end + answer_prefix)
 
         built = haystack.fit_largest(
             tokenizer,
@@ -254,6 +265,12 @@ def get(name: str) -> AnyTask:
         return Perplexity()
     if name in REGISTERED:
         return REGISTERED[name]
+    base, option = name.split(":", 1) if ":" in name else (name, "")
+    if base in ("niah4", "niah4-chat") and option:
+        form = option.removeprefix("question=")
+        if not option.startswith("question=") or form not in NIAH4_QUESTIONS:
+            raise ValueError(f"task {name!r}: niah4 takes question=standard or question=llama3.1")
+        return dataclasses.replace(TASKS[base], name=name, question_form=form)
     if name not in TASKS:
         shown = [n for n in TASKS if not n.startswith(("ruler-tight:", "infbench-qwen2:"))]
         groups = "".join(f", {names} ({what})" for names, what in GROUPS.items())
@@ -263,6 +280,19 @@ def get(name: str) -> AnyTask:
             f"infbench-qwen2:<name> and infbench-qwen2 (Qwen2's prompts), ppl{groups}"
         )
     return TASKS[name]
+
+
+def is_llama_3_1(model: str) -> bool:
+    """Whether STRING's niah4 asks ``model`` its Llama 3.1 question: its path holds ``llama3.1`` (upstream's key),
+    read without case, hyphens or underscores, so that ``meta-llama/Llama-3.1-8B-Instruct`` counts."""
+    return "llama3.1" in re.sub(r"[-_ ]", "", model.lower())
+
+
+def for_model(names: list[str], model: str) -> list[str]:
+    """``names`` with a plain ``niah4`` (``niah4-chat``) given the question form STRING asks ``model``."""
+    if not is_llama_3_1(model):
+        return names
+    return [f"{n}:question=llama3.1" if n in ("niah4", "niah4-chat") else n for n in names]
 
 
 def expand(name: str) -> list[str]:

@@ -24,7 +24,7 @@ applied to the task text only, not to the whole template with its chat markup (w
 a system prompt's "You are" into "You is"); cwe cannot go past the 8,166 words of ``wonderwords``
 (about 100K tokens): RULER's newer word list is not distributed on PyPI, so longer cwe cases are a
 clear error; a QA case whose length needs more documents than the dataset has is an error (RULER
-repeats the documents); where RULER's back-off would loop for ever, an error.
+repeats the documents); where RULER would draw again at its smallest size until a draw fits, an error.
 
 The package: :mod:`.common` (what every task shares), :mod:`.niah`, :mod:`.variables`, :mod:`.words`
 (cwe, fwe), :mod:`.qa`; here, the 13 tasks by name.

@@ -33,13 +33,15 @@ def _noise_with_lines(rng: random.Random, n: int, chain: list[str]) -> str:
 
 
 def _chain(rng: random.Random, hops: int, icl: bool) -> tuple[list[str], list[str]]:
-    """RULER's ``generate_chains`` for one chain: names (5 letters; 3 in the example) and its lines."""
+    """RULER's ``generate_chains`` for one chain: names (5 letters; 3 in the example) and its lines.
+
+    Names that repeat are a :class:`.haystack.Redraw`: upstream then draws more names, which make a second, short
+    chain whose lines raise ``IndexError``, and its sample loop draws again ``incremental`` units smaller."""
     k = 3 if icl else 5
     hops = min(10, hops) if icl else hops
     names = ["".join(rng.choices(string.ascii_uppercase, k=k)) for _ in range(hops + 1)]
-    while len(set(names)) < hops + 1:  # as upstream: the chain keeps its first hops + 1 names
-        names.append("".join(rng.choices(string.ascii_uppercase, k=k)))
-    names = names[: hops + 1]
+    if len(set(names)) < hops + 1:
+        raise haystack.Redraw(f"the chain's names repeat: {names}")
     value = "12345" if icl else str(rng.randrange(10000, 99999))
     return names, [f"VAR {names[0]} = {value}"] + [f"VAR {names[j + 1]} = VAR {names[j]} " for j in range(hops)]
 
