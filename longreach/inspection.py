@@ -58,7 +58,7 @@ def inspect(model, training_window: int | None = None) -> str:
     described = [(index, _describe_layer(text, index, layouts.get(index))) for index in range(text.num_hidden_layers)]
     for line, group in itertools.groupby(sorted(described, key=lambda item: item[1]), key=lambda item: item[1]):
         indices = [index for index, _ in group]
-        lines.append(f"  layers {_ranges(indices)} ({len(indices)}): {line}")
+        lines.append(f"  layers {ranges(indices)} ({len(indices)}): {line}")
     if layouts:
         lines.append("methods:")
         lines += [f"  {method:<13} {_verdict(empty, method, training_window)}" for method in INSPECTED]
@@ -141,7 +141,7 @@ def _verdict(empty, method: str, training_window: int | None) -> str:
     return verdict
 
 
-def _ranges(indices: list[int]) -> str:
+def ranges(indices: list[int]) -> str:
     """``[0, 1, 2, 4]`` -> ``"0-2, 4"``."""
     runs = []
     for _, run in itertools.groupby(enumerate(indices), key=lambda pair: pair[1] - pair[0]):

@@ -182,6 +182,18 @@ def test_bad_drop_parameters_are_clear_errors(params, message):
         longreach.apply(tiny_model("llama"), "rope", drop=params)
 
 
+@pytest.mark.parametrize("method", ["drop", "dynamic_drop"])
+def test_the_default_layers_fit_a_model_of_fewer_than_three(method):
+    """The paper's first three layers: on a 2-layer model, its two (the review: ``layers=[0, 1, 2] is out of range``,
+    a parameter the user never gave)."""
+    model = tiny_model("llama")
+    longreach.apply(model, method)
+    assert model.config.num_hidden_layers == 2 and "layers=[0, 1])" in longreach.describe(model)
+    from longreach.methods.drop import in_model
+
+    assert in_model({"rate": 0.1}, 30) == {"rate": 0.1, "layers": (0, 1, 2)}
+
+
 MEMORY_PROBE = """
 import resource, torch
 from longreach.attention import kernel

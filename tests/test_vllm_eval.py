@@ -97,8 +97,8 @@ def test_a_vllm_server_with_the_record_gives_the_vllm_engines_records(model_dir,
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--port", str(port),
          "--host", "127.0.0.1", "--dtype", "float32", "--max-model-len", "1536", "--seed", "0",
          "--hf-overrides", record],
-        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
-        stdout=subprocess.DEVNULL,
+        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_PLUGINS": "longreach"},  # and GET /longreach
+        stdout=(tmp_path / "server.log").open("w"),  # vLLM's log
         stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip
@@ -110,6 +110,8 @@ def test_a_vllm_server_with_the_record_gives_the_vllm_engines_records(model_dir,
     finally:
         server.terminate()
         server.wait(timeout=60)
+    log = (tmp_path / "server.log").read_text()
+    assert "longreach runs string(shift=171, local_window=32, mscale=False) [L=512]; layers 0-1 (2): RoPE" in log
     served = by_case({runner.case_key(r): r for r in runner.read_results(tmp_path / runner.RESULTS)})
     offline = {case: r for case, r in by_case(vllm_records[1]).items() if case[0] == "string"}
     assert set(served) == set(offline)
@@ -118,6 +120,39 @@ def test_a_vllm_server_with_the_record_gives_the_vllm_engines_records(model_dir,
             case
         )
     assert {(r["engine"], r["served_model"]) for r in served.values()} == {("server", model_dir)}
+    assert {r["served_method"] for r in served.values()} == {
+        "string(shift=171, local_window=32, mscale=False) [L=512]"
+    }  # what the server says it runs, not the label
+
+
+@pytest.mark.parametrize(
+    "record, line",
+    [
+        (
+            {"method": "string", "params": {}, "training_window": 512},
+            "longreach: hf_overrides: method, training_window, params stand at the top level",
+        ),
+        ({"longreach": {"params": {}}}, "longreach: hf_overrides: the 'longreach' record has no 'method'"),
+        ({"longreach": {"method": "string", "params": [1]}}, "longreach: hf_overrides: the 'longreach' record's 'para"),
+        ({"longreach": {"method": "strng"}}, "longreach: unknown method 'strng'; did you mean string?"),
+        ({"longreach": {"method": "string", "params": {"shift": "x"}}}, "longreach: shift must be an integer"),
+    ],
+)
+def test_a_record_that_cannot_run_ends_vllm_serve_in_one_line_before_any_engine(model_dir, record, line):
+    """Defects 19 and 20: a record whose fields stood at the top level served plain RoPE silently; malformed ones
+    were refused after 35 s of start-up, four tracebacks and about 240 lines, longreach's line 120 lines up."""
+    started = time.monotonic()
+    server = subprocess.run(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--port", str(free_port()),
+         "--dtype", "float32", "--hf-overrides", json.dumps(record)],
+        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert server.returncode != 0 and "Traceback" not in server.stderr
+    assert server.stderr.strip().splitlines()[-1].startswith(line), server.stderr[-2000:]
+    assert time.monotonic() - started < 60  # no engine started
 
 
 def free_port() -> int:

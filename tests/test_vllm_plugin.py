@@ -128,3 +128,46 @@ def test_a_saved_composition_the_configs_rope_cannot_hold_is_refused_and_one_it_
         max_position_embeddings=4096, rope_parameters=plain, longreach={**record, "method": "rope"}
     )
     assert plugin.methods_of(frequency_alone) is None  # vLLM's own attention
+
+
+@pytest.mark.parametrize(
+    "method, params, message",
+    [
+        ("string", {"bogus": 1}, "string has no parameter bogus; its parameters: shift, local_window, mscale"),
+        ("string", {"shift": "x"}, "shift must be an integer (local_window < shift < L), got 'x'"),
+        ("string", {"shift": 2.5}, "shift must be an integer (local_window < shift < L), got 2.5"),
+        ("yarn", {"factor": 0.5}, "factor=0.5 is out of range: a number >= 1"),
+        ("yarn", {"factor": float("nan")}, "factor=nan is out of range: a number >= 1"),
+        ("rerope", {"leak": float("nan")}, "leak=nan is out of range"),
+        ("drop", {"rate": 5}, "rate=5 is out of range: 0 <= rate < 1"),
+        ("dpe", {"group_scales": (-1,), "top_k": None}, "group_scales=-1 is out of range"),
+        ("dca", {"chunk_size": 100, "local_window": 200}, "local_window=200 is out of range: 0 < local_window < chunk"),
+        ("string", {"training_window": -5}, "training_window=-5 is out of range: the model's L, a whole number of"),
+        ("string", {"training_window": 0}, "training_window=0 is out of range: the model's L"),
+        ("string", {"training_window": 1.5}, "training_window must be an integer (the model's L, a whole number of"),
+        ("string", {"training_window": True}, "training_window must be an integer"),
+        ("string", {"training_window": "x"}, "training_window must be an integer"),
+        ("string", {"training_window": float("nan")}, "training_window must be an integer"),
+        ("rope", {"training_window": -5}, "training_window=-5 is out of range"),
+    ],
+)
+def test_a_record_is_checked_at_once_without_the_model(method, params, message):
+    """Issue trust5, defects 13 and 15: without ``training_window`` these were accepted, then refused when vLLM read
+    the config; ``training_window=-5`` blamed ``shift``."""
+    with pytest.raises(ValueError) as refused:
+        plugin.overrides(method, **params)
+    assert str(refused.value).startswith(message)
+
+
+def test_numpy_numbers_make_a_record_as_pythons_do():
+    """Defect 14: ``shift=np.int64(100)`` was not JSON; ``context=np.int64(4096)`` was out of range."""
+    import numpy as np
+
+    assert plugin.overrides("string", shift=np.int64(100)).json == plugin.overrides("string", shift=100).json
+    assert plugin.overrides("string", training_window=np.int64(4096), context=np.int64(8192)).json == (
+        plugin.overrides("string", training_window=4096, context=8192).json
+    )
+    assert plugin.overrides("rerope", window=np.int64(100)).record["params"] == {"window": 100}
+    dpe = plugin.overrides("dpe", local_window=np.int64(100), group_scales=np.array([1, 2]), top_k=None)
+    assert dpe.record["params"] == {"local_window": 100, "group_scales": [1, 2], "top_k": None}
+    assert plugin.overrides("string", shift=100).record["training_window"] is None  # the window is checked later

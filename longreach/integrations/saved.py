@@ -20,31 +20,39 @@ FIELDS = {  # field: (required, what is allowed)
 }
 
 
-def checked(record, where: str) -> dict:
-    """``record`` (the ``longreach`` entry of ``where``, a config.json) if well formed; else one ``ValueError`` line."""
+def checked(record, where: str, window_optional: bool = False) -> dict:
+    """``record`` (the ``longreach`` entry of ``where``: a config.json, or vLLM's ``hf_overrides``, whose
+    ``training_window`` may be null, ``window_optional``: the model's) if well formed; else one ``ValueError`` line."""
     if not isinstance(record, dict):
         raise ValueError(
             f"{where}: the 'longreach' record is {type(record).__name__} {_short(record)}; "
             f"allowed: a dict with {', '.join(FIELDS)}"
         )
+    unknown = sorted(set(record) - set(FIELDS), key=str)
+    if unknown:
+        raise ValueError(
+            f"{where}: the 'longreach' record has no field {unknown[0]!r}; its fields: {', '.join(FIELDS)}"
+        )
     for field, (required, allowed) in FIELDS.items():
         value = record.get(field)
         if field not in record:
-            if required:
+            if required and not (field == "training_window" and window_optional):
                 raise ValueError(f"{where}: the 'longreach' record has no '{field}'; allowed: {allowed}")
             continue
-        if not _fits(field, value):
+        if not _fits(field, value, window_optional):
             raise ValueError(f"{where}: the 'longreach' record's '{field}' is {_short(value)}; allowed: {allowed}")
     return record
 
 
-def _fits(field: str, value) -> bool:
+def _fits(field: str, value, window_optional: bool) -> bool:
     if field == "method":
         return isinstance(value, str)
     if field == "training_window":
+        if value is None:
+            return window_optional
         return isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 2
     if field == "params":
-        return isinstance(value, dict)
+        return isinstance(value, dict) or (value is None and window_optional)
     return value is None or isinstance(value, dict)
 
 

