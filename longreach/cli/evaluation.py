@@ -4,6 +4,7 @@ folder's summary, rebuilt)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -123,6 +124,12 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
         "prompts are built with --tokenizer; --method is the server's own, so not given",
     )
     p.add_argument("--tokenizer", help="with --server: the model's tokenizer (default: --model)")
+    p.add_argument(
+        "--served-model",
+        metavar="NAME",
+        help="with --server: the served model to ask, as GET /v1/models names it (default: the one named as --model; "
+        "a server serving another model is refused)",
+    )
     p.add_argument("--label", default="served", help="with --server: the method label of its records (default served)")
     p.add_argument(
         "--concurrency", type=positive, default=8, metavar="N", help="with --server: requests in flight (default 8)"
@@ -131,6 +138,8 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
 
 def _engine_problem(args: argparse.Namespace) -> str | None:
     """Flags that do not go together, as one line."""
+    if args.served_model and not args.server:
+        return f"--served-model {args.served_model} goes with --server"
     if args.server:
         if args.method:
             return f"--method {args.method[0]} with --server: the server runs its own method; name it with --label"
@@ -190,6 +199,16 @@ def evaluate(args: argparse.Namespace) -> None:
         raise ValueError(f"task {scored[0]} scores the model's logits, which {where} does not give: use transformers")
     out = writable_folder(args.out)
     parallel = distributed.Parallel(args.tp or 1, args.pp, args.dp)
+    first = not distributed.is_data_parallel_child() and os.environ.get("RANK", "0") == "0"  # --dp's parent, rank 0
+    with runner.only_writer(out) if first else contextlib.nullcontext():  # the other processes are its own
+        _evaluate(args, grid, out, parallel, elsewhere)
+    if first:  # process 0 of torchrun's reports; --dp's parent
+        summarize(out, args.threshold)
+
+
+def _evaluate(args: argparse.Namespace, grid, out: Path, parallel, elsewhere) -> None:
+    from ..eval import distributed, runner
+
     if parallel.dp > 1 and not distributed.is_data_parallel_child():  # this command again in --dp processes
         distributed.data_parallel(parallel, out, args.argv, runner.merge)
     else:
@@ -200,9 +219,6 @@ def evaluate(args: argparse.Namespace) -> None:
         )
         batch_size = args.batch_size or (SERVED_BATCH if elsewhere else 1)
         runner.run(grid, out, _engine(args, parallel), world, args.limit, batch_size, args.command_line)
-        if world.rank or distributed.is_data_parallel_child():  # process 0 of torchrun's reports; --dp's parent
-            return
-    summarize(out, args.threshold)
 
 
 def _engine(args: argparse.Namespace, parallel):
@@ -214,7 +230,7 @@ def _engine(args: argparse.Namespace, parallel):
         from ..eval.engines.server import Server
 
         tokenizer = AutoTokenizer.from_pretrained(models.source_of(args.tokenizer or args.model))
-        return Server(args.server, tokenizer, args.concurrency)
+        return Server(args.server, tokenizer, args.concurrency, model=args.model, served=args.served_model)
     if args.engine == "vllm":
         from ..eval.engines.vllm import Vllm
 

@@ -9,8 +9,11 @@ merge, for every engine (:mod:`.engines`); :mod:`.outcomes` runs the pending cas
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from .. import models, provenance
@@ -85,6 +88,24 @@ def run(
     if world.merges and shares(out, RESULTS):
         merge(out)
     return path
+
+
+@contextlib.contextmanager
+def only_writer(out: Path) -> Iterator[None]:
+    """Hold ``out`` for this run alone (an exclusive lock on the folder itself, which the system releases when the
+    process ends, however it ends): a second run given the same folder meanwhile is refused in one line, rather than
+    running every case again beside it."""
+    folder = os.open(out, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(
+                f"{out} is being written by another run: wait for it to finish, or give another --out"
+            ) from None
+        yield
+    finally:
+        os.close(folder)
 
 
 def _pending(grid: Grid, setting: Setting, done: set[CaseKey], world: World, out: Path, limit: int | None, engine):
