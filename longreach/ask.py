@@ -23,6 +23,7 @@ from .methods.spec import MethodSpec
 INSTRUCTION = "Read the document and answer the question after it."
 SUFFIXES = {".txt": "text", ".md": "Markdown", ".markdown": "Markdown", ".pdf": "PDF"}
 MAX_NEW_TOKENS = 64
+PIECE = 1 << 18  # characters tokenized at a time while a text is measured against the window
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,8 @@ def read_document(path: str | Path) -> str:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as error:
             raise ValueError(f"FILE={path} is not UTF-8 text (byte {error.start}): save it as UTF-8") from None
+    if "\x00" in text:
+        raise ValueError(f"FILE={path} holds NUL bytes: a binary file, not text")
     if not text.strip():
         raise ValueError(
             f"FILE={path} holds no text" + (" (a scanned PDF holds images of pages, not text)" if kind == "PDF" else "")
@@ -92,17 +95,41 @@ def read_document(path: str | Path) -> str:
 
 
 def _pdf_text(path: Path) -> str:
+    """The text of a PDF's pages; pypdf's own warnings are kept, not printed: where no text came and pypdf warned (a
+    content stream it could not decode), the file could not be read, which the line says."""
+    import logging
+
     from pypdf import PdfReader
     from pypdf.errors import PdfReadError
 
+    class Kept(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.WARNING)
+            self.messages: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.messages.append(record.getMessage())
+
+    logger, kept = logging.getLogger("pypdf"), Kept()
+    logger.addHandler(kept)
+    propagates, logger.propagate = logger.propagate, False
     try:
         reader = PdfReader(path)
-        return "\n".join(page.extract_text() or "" for page in reader.pages)
+        text = "\n".join(page.extract_text() or "" for page in reader.pages)
+        for page in reader.pages if not text.strip() else ():  # no text: are its pages' streams whole? (pypdf warns)
+            if (contents := page.get_contents()) is not None:
+                contents.get_data()
     except (PdfReadError, ValueError, OSError) as error:
         raise ValueError(
             f"FILE={path} cannot be read as a PDF "
             f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
         ) from None
+    finally:
+        logger.removeHandler(kept)
+        logger.propagate = propagates
+    if not text.strip() and kept.messages:
+        raise ValueError(f"FILE={path} cannot be read as a PDF ({kept.messages[0].splitlines()[0]})")
+    return text
 
 
 def prompt(tokenizer, document: str, question: str) -> str:
@@ -115,17 +142,33 @@ def prompt(tokenizer, document: str, question: str) -> str:
 def reading(
     tokenizer, window: int, document: str, question: str, max_new_tokens: int = MAX_NEW_TOKENS
 ) -> tuple[str, Reading]:
-    """The prompt and what it is against the window; a document far beyond any method's reach is refused in one line."""
+    """The prompt and what it is against the window; a question or a document far beyond any method's reach is refused
+    in one line, counted piece by piece and no further than the bound (a 60 MB file is refused after its first
+    megabytes, not tokenized whole)."""
     if not question.strip():
         raise ValueError("the question is empty: ask something about the document")
+    bound = LENGTH_BOUND * window - max_new_tokens
+    reach = f"out of range, at most {LENGTH_BOUND} x L = {LENGTH_BOUND * window:,} for this model (L = {window:,})"
+    for what, part in (("question", question), ("document", document)):
+        if _passes(tokenizer, part, bound):
+            raise ValueError(f"the {what} is more than {bound:,} tokens: {reach}")
     text = prompt(tokenizer, document, question)
     tokens = haystack.count_tokens(tokenizer, text)
-    if tokens + max_new_tokens > LENGTH_BOUND * window:
-        raise ValueError(
-            f"the document is {tokens:,} tokens: out of range, at most {LENGTH_BOUND} x L = "
-            f"{LENGTH_BOUND * window:,} for this model (L = {window:,})"
-        )
+    if tokens > bound:
+        raise ValueError(f"the prompt is {tokens:,} tokens with the answer's {max_new_tokens}: {reach}")
     return text, Reading(tokens, haystack.count_tokens(tokenizer, document), window, string_shift(window))
+
+
+def _passes(tokenizer, text: str, bound: int) -> bool:
+    """Whether ``text`` clearly holds more than ``bound`` tokens: counted :data:`PIECE` characters at a time and
+    stopped as soon as the count passes ``bound`` by more than a few tokens per cut (a word cut in two may count a token
+    more); the whole prompt is counted exactly after."""
+    counted = 0
+    for cuts, start in enumerate(range(0, len(text), PIECE)):
+        counted += haystack.count_tokens(tokenizer, text[start : start + PIECE])
+        if counted > bound + 8 * cuts:
+            return True
+    return False
 
 
 def string_shift(window: int) -> int:

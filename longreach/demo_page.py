@@ -55,9 +55,8 @@ def create_app(model, tokenizer, model_name: str, window: int, methods: list, ma
     app.config["MAX_CONTENT_LENGTH"] = MAX_UPLOAD
     shift = ask.string_shift(window)
 
-    @app.route("/", methods=["GET", "POST"])
-    def page():
-        fields = {
+    def blank() -> dict:
+        return {
             "model": model_name,
             "window": f"{window:,}",
             "shift": f"{shift:,}",
@@ -67,6 +66,15 @@ def create_app(model, tokenizer, model_name: str, window: int, methods: list, ma
             "reading": None,
             "answers": [],
         }
+
+    @app.errorhandler(413)
+    def too_large(error):
+        fields = {**blank(), "error": f"the upload is over {MAX_UPLOAD // (1024 * 1024)} MB: give a smaller file"}
+        return render_template_string(PAGE, **fields), 413
+
+    @app.route("/", methods=["GET", "POST"])
+    def page():
+        fields = blank()
         if request.method == "POST":
             fields["document"], fields["question"] = request.form.get("document", ""), request.form.get("question", "")
             try:

@@ -13,7 +13,10 @@ import copy
 import hashlib
 import importlib.util
 import os
+import shutil
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -277,8 +280,27 @@ def default_path() -> Path:
         del config.quantization_config
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
-    partial = target.with_name(target.name + ".partial")
-    model.save_pretrained(partial, safe_serialization=True)
-    tokenizer.save_pretrained(partial)
-    partial.rename(target)
-    return target
+
+    def write(folder: Path) -> None:
+        model.save_pretrained(folder, safe_serialization=True)
+        tokenizer.save_pretrained(folder)
+
+    return publish(target, write)
+
+
+def publish(target: Path, write: Callable[[Path], None]) -> Path:
+    """``write`` a model into a folder of this process's own beside ``target``, then rename it ``target``. Processes
+    converting at once (``--dp 2``, two terminals, two CI jobs) each write their own; where another published
+    ``target`` first, its folder is taken and this one removed. Nothing partial is left behind, even on failure."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(dir=target.parent, prefix=f"{target.name}.partial-"))
+    try:
+        write(partial)
+        try:
+            partial.rename(target)
+        except OSError:  # another process's folder is there (a rename onto a folder that is not empty fails)
+            if not (target / "model.safetensors").exists():
+                raise
+        return target
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)

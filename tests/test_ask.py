@@ -43,13 +43,36 @@ def test_documents_are_read_as_text_markdown_or_pdf(tmp_path):
         ("blank.txt", b"  \n", "FILE=.*blank.txt holds no text$"),
         ("latin.txt", "caf\xe9".encode("latin-1"), r"FILE=.*latin.txt is not UTF-8 text \(byte 3\): save it as UTF-8"),
         ("broken.pdf", b"%PDF-1.4 not really", "FILE=.*broken.pdf cannot be read as a PDF"),
+        ("noheader.pdf", b"not a pdf at all", r"FILE=.*noheader.pdf cannot be read as a PDF \(PdfStreamError"),
+        ("nul.txt", b"\x00" * 2000, "FILE=.*nul.txt holds NUL bytes: a binary file, not text"),
+        ("corrupt.pdf", "corrupt", r"FILE=.*corrupt.pdf cannot be read as a PDF \(Error -3 while decompressing"),
     ],
 )
-def test_a_bad_document_is_one_line(tmp_path, name, content, expected):
+def test_a_bad_document_is_one_line(tmp_path, name, content, expected, capfd):
+    if content == "corrupt":  # a PDF whose one page's content stream is not the zlib data it says it is
+        content = one_page_pdf(b"\x78\x9c garbage that is not zlib at all")
     if content is not None:
         (tmp_path / name).write_bytes(content)
     with pytest.raises(ValueError, match=expected):
         ask.read_document(tmp_path / name)
+    assert capfd.readouterr().err == ""  # pypdf's own warnings ("invalid pdf header") are not printed before it
+
+
+def one_page_pdf(stream: bytes) -> bytes:
+    """A PDF of one page whose content stream is ``stream``, declared FlateDecode."""
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 200 200] /Contents 4 0 R /Resources << >> >>",
+        b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(stream) + stream + b"\nendstream",
+    ]
+    pdf, offsets = b"%PDF-1.4\n", []
+    for number, body in enumerate(objects, 1):
+        offsets.append(len(pdf))
+        pdf += b"%d 0 obj\n" % number + body + b"\nendobj\n"
+    table, start = b"".join(b"%010d 00000 n \n" % offset for offset in offsets), len(pdf)
+    pdf += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1) + table
+    return pdf + b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, start)
 
 
 @pytest.mark.slow
@@ -77,9 +100,26 @@ def test_a_question_and_a_length_are_checked():
         ask.reading(tokenizer, WINDOW, DOCUMENT, "  ")
     with pytest.raises(
         ValueError,
-        match=r"the document is [\d,]+ tokens: out of range, at most 32 x L = 16,384 for this model \(L = 512\)",
+        match=r"the document is more than 16,320 tokens: out of range, at most 32 x L = 16,384 for this model \(L = 5",
     ):
         ask.reading(tokenizer, WINDOW, "x" * 17000, "Why?")
+    with pytest.raises(ValueError, match=r"^the question is more than 16,320 tokens: out of range"):
+        ask.reading(tokenizer, WINDOW, "A 38-byte document about nothing much.", "x" * 100_000)
+    with pytest.raises(ValueError, match=r"^the prompt is 16,3\d\d tokens with the answer's 64: out of range"):
+        ask.reading(tokenizer, WINDOW, "x" * 16_300, "Why?")  # each part within the bound, the whole not
+
+
+def test_a_huge_document_is_refused_after_its_first_pieces(monkeypatch):
+    """The review: a 60 MB .txt was tokenized whole (84 s, 10.4 GB) before the length was checked."""
+    from longreach.eval import haystack
+
+    counted, count = [], haystack.count_tokens
+    monkeypatch.setattr(
+        haystack, "count_tokens", lambda tokenizer, text: counted.append(len(text)) or count(tokenizer, text)
+    )
+    with pytest.raises(ValueError, match="the document is more than"):
+        ask.reading(byte_tokenizer(), WINDOW, "x" * (60 << 20), "Why?")
+    assert sum(counted) <= ask.PIECE + 2 * 16_384  # the question, and the document up to the bound
 
 
 def test_the_answers_distance_to_the_question_is_found_in_the_document():
@@ -106,6 +146,9 @@ def test_the_page_answers_with_each_method_and_says_what_is_wrong_in_one_line():
         as_text=True
     )
     assert "<script>alert(1)</script>" not in escaped and "&lt;script&gt;" in escaped
+    app.config["MAX_CONTENT_LENGTH"] = 1000  # the cap, lowered: an upload over it gets the page, with its line
+    over = client.post("/", data={"document": "x" * 2000, "question": "Why?"})
+    assert over.status_code == 413 and 'id="error">the upload is over 32 MB' in over.get_data(as_text=True)
 
 
 @pytest.fixture

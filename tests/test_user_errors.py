@@ -72,6 +72,7 @@ def cli_error(argv, capsys) -> str:
         (["freq", "--synthetic", "lognormal:count=-1"], "count=-1 is out of range: a whole number of documents"),
         (["freq", "--synthetic", "lognormal:sigma=nan"], "sigma=nan is out of range"),
         (["freq", "--synthetic", "exponential:scale"], "exponential parameter 'scale' must look like name=number"),
+        (["serve-demo", "--port", "99999"], "argument --port: 99999 is out of range: a port is 1 .. 65535"),
     ],
 )
 def test_cli_errors_are_one_clear_line(argv, expected, capsys):
@@ -236,6 +237,13 @@ def test_every_method_is_checked_on_the_config_before_the_weights_load(tmp_path,
         ("rope", {"drop": {"method": "dynamic_drop", "foo": 1}}, "dynamic_drop has no parameter foo"),
         ("dpe", {"group_scales": (), "top_k": None}, "group_scales=() is out of range"),
         ("ntk", {"factor": 1e308}, "factor=1e+308 is out of range"),
+        ("string", {"training_window": 10**30}, "training_window=10" + "0" * 29 + " is out of range"),
+        ("self_extend", {"neighbor_window": 10**30}, "neighbor_window > 0, at most 2147483647"),
+        ("self_extend", {"group_size": 10**30}, "group_size >= 1, at most 2147483647"),
+        ("dca", {"chunk_size": 10**30}, "chunk_size > local_window > 0, at most 2147483647"),
+        ("dpe", {"local_window": 2**63, "group_scales": (1, 2), "top_k": None}, "local_window > 0, at most 2147483647"),
+        ("dpe", {"local_window": 10**30, "group_scales": (1, 2), "top_k": None}, "local_window > 0, at most"),
+        ("self_extend", {"neighbor_window": 2**63}, "neighbor_window=9223372036854775808 is out of range"),
     ],
 )
 def test_api_errors_name_the_parameter(method, params, expected):

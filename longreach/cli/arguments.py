@@ -24,6 +24,14 @@ def positive(text: str) -> int:
     return value
 
 
+def port(text: str) -> int:
+    """argparse type: a TCP port, 1 .. 65535 (a larger number would be taken modulo 65536 by the socket)."""
+    value = positive(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{value} is out of range: a port is 1 .. 65535")
+    return value
+
+
 def prefill_tokens(text: str) -> int | None:
     """argparse type of --prefill-tokens: an integer >= 0, or 'auto' (``None``)."""
     if text == "auto":

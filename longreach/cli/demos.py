@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from . import flags
-from .arguments import positive, writable_folder
+from .arguments import port, positive, writable_folder
 
 
 def add(subcommands) -> None:
@@ -39,7 +39,7 @@ def add(subcommands) -> None:
     )
     _answer_options(page)
     page.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    page.add_argument("--port", type=positive, default=7860, help="port (default 7860)")
+    page.add_argument("--port", type=port, default=7860, help="port, 1 .. 65535 (default 7860)")
     page.set_defaults(run=serve_demo)
 
 

@@ -8,6 +8,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from ..methods.base import LARGEST
 from ..methods.spec import MethodSpec
 from . import tasks
 from .records import DTYPES, MAX_LENGTH, CaseKey
@@ -85,8 +86,10 @@ class Grid:
             raise ValueError(f"--samples={self.samples} is out of range: 1 .. {MAX_SAMPLES}")
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype={self.dtype} is not one of: {', '.join(DTYPES)}")
-        if self.training_window is not None and self.training_window < 2:
-            raise ValueError(f"--training-window={self.training_window} is out of range: an integer >= 2 (tokens)")
+        if self.training_window is not None and not 2 <= self.training_window <= LARGEST:
+            raise ValueError(
+                f"--training-window={self.training_window} is out of range: an integer >= 2 (tokens), at most {LARGEST}"
+            )
         self.methods = list({m.label: m for m in self.methods}.values())  # --method rope --method rope: once
         for task in self.tasks:
             tasks.get(task)

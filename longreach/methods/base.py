@@ -112,13 +112,19 @@ def require_bool(name: str, value) -> None:
         raise ValueError(f"{name} must be True or False, got {value!r}")
 
 
+LARGEST = 2**31 - 1  # a position, window or size: what a kernel's 32-bit index and torch's int64 products both hold
+
+
 def require_int(name: str, value, low: int, high: int | None, rule: str) -> None:
-    """Raise ``ValueError`` naming the parameter, its value and the allowed range."""
+    """Raise ``ValueError`` naming the parameter, its value and the allowed range; no bound (``high`` None) is
+    :data:`LARGEST` (a larger window or size is accepted nowhere: every forward would overflow)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{name} must be an integer ({rule}), got {value!r}")
     number = cast(int, value)  # any numbers.Integral: mypy does not model the numeric tower (python/mypy#3186)
     if number < low or (high is not None and number > high):
         raise ValueError(f"{name}={value} is out of range: {rule}")
+    if number > LARGEST:
+        raise ValueError(f"{name}={value} is out of range: {rule}, at most {LARGEST}")
 
 
 def unknown(name, kind: str, choices: list[str]) -> str:

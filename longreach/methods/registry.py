@@ -14,7 +14,7 @@ from dataclasses import MISSING, Field, fields
 from typing import Any, ClassVar, Protocol
 
 from . import drop, scaling
-from .base import unknown
+from .base import require_int, unknown
 from .dca import DualChunk
 from .dpe import DPE
 from .rerope import ReRope
@@ -91,6 +91,7 @@ def create(name: str, training_window: int, **params):
             f"{cls.name} has no parameter {', '.join(unexpected)}; its parameters: {', '.join(allowed) or 'none'}"
         )
     if any(f.name == "training_window" for f in fields(cls)):
+        require_int("training_window", training_window, 2, None, "the model's L, a whole number of tokens >= 2")
         return cls(training_window=training_window, **params)
     return cls(**params)
 
