@@ -105,14 +105,17 @@ def test_report_prints_plain_tables_and_writes_who_ran_it_and_a_ruler_style_csv(
     out = capsys.readouterr().out
     assert "![" not in out and "|" not in out and "passkey: pass rate (% of cases whose first number is the key)" in out
     assert any(
-        line.split() == ["string", "100.0", "[34,", "100]", "n=2", "2K", "(sure:", "none)"] for line in out.splitlines()
+        line.split()
+        == ["string", "100.0", "[34,", "100]", "n=2", "2K", "(sure:", "none);", "relative", "2K", "(sure:", "none)"]
+        for line in out.splitlines()
     )
     assert any(line.split()[:3] == ["string", "+50.0", "[+0,"] for line in out.splitlines())  # the paired difference
     with (tmp_path / "summary.csv").open() as rows:
         assert rows.read().splitlines() == [
-            "model,task,length,method,metric,score,low,high,n,nulls",
-            "default,passkey,2048,rope,first_integer,50.00,9.45,90.55,2,1/2",
-            "default,passkey,2048,string,first_integer,100.00,34.24,100.00,2,0/2",
+            "model,task,length,method,metric,score,low,high,n,nulls,effective_length,sure_effective_length,"
+            "relative_effective_length,sure_relative_effective_length",
+            "default,passkey,2048,rope,first_integer,50.00,9.45,90.55,2,1/2,0,0,2048,0",
+            "default,passkey,2048,string,first_integer,100.00,34.24,100.00,2,0/2,2048,0,2048,0",
         ]
     markdown = (tmp_path / "summary.md").read_text()
     assert "Model: default = HuggingFaceTB/SmolLM2-135M-Instruct (SmolLM2-135M-Instruct.Q4_1.gguf" in markdown

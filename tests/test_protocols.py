@@ -441,6 +441,23 @@ def test_effective_length_is_reported_by_point_and_by_lower_bound(tmp_path):
     assert effective["point"] == 4096 and effective["sure"] == 0  # 9/10: 90 >= 85.6, its lower bound 59.6 is not
 
 
+def test_nolimas_relative_effective_length_keeps_85_percent_of_the_shortest_lengths_score(tmp_path):
+    """NoLiMa's rule beside RULER's: a model scoring 60 at 2K never reaches 85.6, but keeps 85% of its own 60 (51)
+    up to 4K."""
+    assert stats.relative_effective_length({2048: 60, 4096: 52, 8192: 50}, base=60) == 4096
+    assert stats.relative_effective_length({2048: 0, 4096: 0}, base=0) is None  # nothing to keep
+    records = [
+        _record("niah4", n, seed, 100.0 if seed < passed else 0.0)
+        for n, passed in ((2048, 6), (4096, 6), (8192, 2))
+        for seed in range(10)
+    ]
+    (tmp_path / runner.RESULTS).write_text("".join(json.dumps(r) + "\n" for r in records))
+    report.build(tmp_path)
+    (effective,) = json.loads((tmp_path / "summary.json").read_text())["effective_length"]
+    assert (effective["point"], effective["relative"], effective["relative_sure"]) == (0, 4096, 0)
+    assert (tmp_path / "summary.csv").read_text().splitlines()[1].endswith(",0,0,4096,0")
+
+
 @pytest.mark.slow
 def test_a_batch_gives_the_answers_of_one_case_at_a_time_also_read_in_chunks(tmp_path):
     model = tiny_model("llama", vocab_size=TINY_VOCAB, max_position_embeddings=1024)

@@ -9,6 +9,7 @@ from statistics import NormalDist, mean
 
 CONFIDENCE = 0.95
 RULER_THRESHOLD = 85.6  # RULER's effective-length threshold: Llama2-7B's average at 4K
+RELATIVE_KEEP = 0.85  # NoLiMa's effective length: the share of the model's own score at its shortest length to keep
 RESAMPLES = 2000
 
 
@@ -91,3 +92,13 @@ def effective_length(scores: dict[int, float], threshold: float = RULER_THRESHOL
             break
         best = length
     return best
+
+
+def relative_effective_length(scores: dict[int, float], base: float, keep: float = RELATIVE_KEEP) -> int | None:
+    """NoLiMa's effective length (Modarressi et al., ICML 2025: its tables' threshold is 0.85 x the model's base score):
+    the largest tested length whose score, and that of every shorter tested length, keeps ``keep`` of ``base`` (here
+    the model's own score at the shortest length tested; NoLiMa's base comes from its own short lengths, 1K and under);
+    ``None`` where ``base`` is not above 0 (nothing to keep)."""
+    if not base > 0:  # NaN or 0
+        return None
+    return effective_length(scores, keep * base)

@@ -78,7 +78,7 @@ def build(out: Path, threshold: float = RULER_THRESHOLD) -> str:
     sections = [
         f"# longreach results\n\nModel: {names}; {len(records)} cases; every score is the mean "
         f"with its 95% interval [low, high] and n (Wilson for pass/fail, bootstrap for means); effective length "
-        f"threshold {threshold:g}.\n"
+        f"by RULER's threshold {threshold:g}, and relative: 85% of the score at the shortest length (NoLiMa's).\n"
     ]
     for model in models:
         sections += _family_sections(out, model, model if len(models) > 1 else "", by_task, threshold, summary)
@@ -190,7 +190,7 @@ def _score_table(
             )
             lines.append(f"| {method} | {row} |")
         else:
-            effective = effective_lengths(mine, threshold)
+            effective = effective_lengths({n: (c.score, c.interval[0]) for n, c in mine.items()}, threshold)
             summary["effective_length"].append({"model": model, "task": name, "method": method, **effective})
             row = " | ".join(mine[n].text() if n in mine else "—" for n in lengths)
             lines.append(f"| {method} | {row} | {effective_text(effective)} |")

@@ -94,22 +94,36 @@ def group_cells(rows: list[dict]) -> dict[tuple[str, int], Cell]:
     return {key: Cell(value) for key, value in cells.items()}
 
 
-def effective_lengths(by_length: dict[int, Cell], threshold: float) -> dict:
-    """Effective length by the point estimates and by the intervals' lower bounds (the sure one)."""
+def effective_lengths(by_length: dict[int, tuple[float, float]], threshold: float) -> dict:
+    """Effective length by both published rules, each by the point estimates and by the intervals' lower bounds (the
+    sure one), from each length's ``(score, lower bound)``: RULER's absolute ``threshold`` (``point``, ``sure``) and
+    NoLiMa's 85% of the score at the shortest length (``relative``, ``relative_sure``; the base is that length's
+    point estimate in both). ``None`` each with no length to read it on."""
+    if not by_length:
+        return {"point": None, "sure": None, "relative": None, "relative_sure": None}
+    points = {n: score for n, (score, _) in by_length.items()}
+    lows = {n: low for n, (_, low) in by_length.items()}
+    base = points[min(points)]
     return {
-        "point": effective_length({n: c.score for n, c in by_length.items()}, threshold),
-        "sure": effective_length({n: c.interval[0] for n, c in by_length.items()}, threshold),
+        "point": effective_length(points, threshold),
+        "sure": effective_length(lows, threshold),
+        "relative": stats.relative_effective_length(points, base),
+        "relative_sure": stats.relative_effective_length(lows, base),
     }
 
 
 def effective_text(effective: dict) -> str:
+    """``8K (sure: 4K); relative 16K (sure: 8K)``: RULER's rule, then NoLiMa's (85% of the shortest length's score)."""
     if effective["point"] is None:  # no complete length to read it on
         return "—"
 
     def name(n):
         return length_text(n) if n else "none"
 
-    return f"{name(effective['point'])} (sure: {name(effective['sure'])})"
+    text = f"{name(effective['point'])} (sure: {name(effective['sure'])})"
+    if effective.get("relative") is None:  # a score of 0 at the shortest length: nothing to keep
+        return text + "; relative —"
+    return text + f"; relative {name(effective['relative'])} (sure: {name(effective['relative_sure'])})"
 
 
 def differences(paired: dict[str, dict[int, tuple]]) -> dict[str, tuple[list, list, list]]:

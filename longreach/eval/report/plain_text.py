@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ...plots import length_text, method_name
+from .cells import effective_text
 from .pictures import score_label
 
 
@@ -90,13 +91,7 @@ def _difference(entry: dict | None) -> str:
 
 
 def _effective(entry: dict | None) -> str:
-    if not entry or entry["point"] is None:
-        return "—"
-
-    def name(n):
-        return length_text(n) if n else "none"
-
-    return f"{name(entry['point'])} (sure: {name(entry['sure'])})"
+    return effective_text(entry) if entry else "—"
 
 
 def _aligned(rows: list[list[str]]) -> str:

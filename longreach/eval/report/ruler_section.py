@@ -16,7 +16,7 @@ from .cells import (
     bounds,
     difference,
     differences,
-    effective_length,
+    effective_lengths,
     effective_text,
     number,
     paired_record,
@@ -124,10 +124,7 @@ def _score_row(
         if kind != "incomplete":
             complete[n], intervals[n] = (score, low), (low, high)
     averages = stats.weighted_averages({n: s for n, (s, _) in complete.items()}) if complete else None
-    effective = {
-        "point": effective_length({n: s for n, (s, _) in complete.items()}, threshold) if complete else None,
-        "sure": effective_length({n: low for n, (_, low) in complete.items()}, threshold) if complete else None,
-    }
+    effective = effective_lengths(complete, threshold)
     summary["effective_length"].append(
         {"model": model, "task": family, "method": method, **effective, **(averages or {})}
     )
