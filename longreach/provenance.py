@@ -18,9 +18,6 @@ from pathlib import Path
 
 VERSION = "0.1.0"  # pyproject.toml's; longreach.__version__
 RUNS = "runs.jsonl"  # one line per run of a results folder's grid
-DEFAULT_MODEL = (
-    "HuggingFaceTB/SmolLM2-135M-Instruct"  # what the bundled GGUF is (its metadata: general.organization, basename)
-)
 SOURCE = Path(__file__).resolve().parent.parent  # a clone's root when longreach runs from one
 
 
@@ -69,13 +66,14 @@ def command_line(argv: list[str] | None = None) -> str:
 
 
 def model_name(name: str, config) -> str:
-    """What ``--model NAME`` resolved to: the default model's own name, a folder's absolute path, a hub id at its
-    revision (transformers' ``_commit_hash``) where it has one."""
-    from .models import DEFAULT, DEFAULT_GGUF, DEFAULT_INSTALL
+    """What ``--model NAME`` resolved to: a bundled model's own name, a folder's or a GGUF file's absolute path, a hub
+    id at its revision (transformers' ``_commit_hash``) where it has one."""
+    from .gguf_models import BUNDLED
 
-    if name == DEFAULT:
-        return f"{DEFAULT_MODEL} ({DEFAULT_GGUF}, dequantized; {DEFAULT_INSTALL.split()[-1]})"
-    if Path(name).is_dir():
+    if name in BUNDLED:
+        bundled = BUNDLED[name]
+        return f"{bundled.origin} ({bundled.file}, dequantized; {bundled.install.split()[3]})"
+    if Path(name).exists():
         return str(Path(name).resolve())
     revision = getattr(config, "_commit_hash", None)
     return f"{name}@{revision}" if revision else name

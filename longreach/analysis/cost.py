@@ -181,13 +181,14 @@ def plot(shape: Shape, lengths: list[int], path: Path, dtype_bytes: int = 2, win
 
 
 def load_config(source: str):
-    """A config from ``default``, a ``config.json`` file, a local folder or a hub id; never weights."""
+    """A config from a bundled model or a ``.gguf`` file (converted once), a ``config.json`` file, a local folder or a
+    hub id; never weights."""
     from transformers import AutoConfig
 
-    if source == "default":
-        from ..models import default_path
+    from ..gguf_models import converts, path_of
 
-        return AutoConfig.from_pretrained(default_path())
+    if converts(source):  # a bundled model, or a .gguf file
+        return AutoConfig.from_pretrained(path_of(source))
     path = Path(source)
     if path.is_file():
         return AutoConfig.from_pretrained(path.parent) if path.name == "config.json" else _from_json(path)

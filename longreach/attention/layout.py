@@ -17,6 +17,7 @@ values, and so its output, are untouched.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -97,3 +98,12 @@ def _in_kernel_order(layout: Layout, x: torch.Tensor) -> torch.Tensor:
         rotated = rotated.unflatten(-1, (layout.dims // 2, 2)).transpose(-1, -2).flatten(-2)
     rest = [part for part in (x[..., : layout.start], x[..., end:]) if part.shape[-1]]
     return torch.cat([rotated, *rest], dim=-1)
+
+
+def layer_ranges(indices: list[int]) -> str:
+    """Layer indices as runs: ``[0, 1, 2, 4]`` -> ``"0-2, 4"``."""
+    runs = []
+    for _, run in itertools.groupby(enumerate(indices), key=lambda pair: pair[1] - pair[0]):
+        values = [value for _, value in run]
+        runs.append(str(values[0]) if len(values) == 1 else f"{values[0]}-{values[-1]}")
+    return ", ".join(runs)

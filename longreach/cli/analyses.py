@@ -62,7 +62,7 @@ def add(subcommands) -> None:
     pictures.set_defaults(run=matrix)
 
     costs = subcommands.add_parser("cost", help="attention FLOPs, KV-cache and weight memory per length, from a config")
-    flags.model(costs, help="'default', a config.json, a local folder or a Hugging Face id")
+    flags.model(costs, help="'default', 'gemma3-270m', a .gguf file, a config.json, a folder or a hub id")
     costs.add_argument(
         "--lengths", default="4k,32k,128k,1024k", help="lengths in tokens, k = 1024 (default 4k,32k,128k,1024k)"
     )
@@ -148,9 +148,9 @@ def freq(args: argparse.Namespace) -> None:
             raise ValueError(f"--texts={args.texts} is not a folder of .txt files")
         from transformers import AutoTokenizer
 
-        from ..models import default_path
+        from ..models import source_of
 
-        tokenizer = AutoTokenizer.from_pretrained(default_path() if args.model == "default" else args.model)
+        tokenizer = AutoTokenizer.from_pretrained(source_of(args.model))
         lengths, name = frequency.token_lengths(Path(args.texts), tokenizer), args.texts
     else:
         lengths, name = frequency.synthetic(args.synthetic, args.seed), args.synthetic

@@ -14,7 +14,10 @@ from .arguments import positive, threshold
 TRAINING_WINDOW_HELP = (
     "the training window L every default derives from (default: the config's max_position_embeddings)"
 )
-MODEL_HELP = "'default' (the bundled SmolLM2-135M-Instruct), a local folder or a Hugging Face id"
+MODEL_HELP = (
+    "'default' (the bundled SmolLM2-135M-Instruct, L = 8K), 'gemma3-270m' (the bundled Gemma 3 270M base, L = 32K), "
+    "a .gguf file, a local folder or a Hugging Face id"
+)
 THRESHOLD_HELP = "the score an effective length must reach at every length up to it (default RULER's 85.6)"
 METHODS_HELP = "method[:param=value,...], repeatable (default: rope and string)"
 DEFAULT_METHODS = ["rope", "string"]

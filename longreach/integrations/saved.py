@@ -19,6 +19,8 @@ FIELDS = {  # field: (required, what is allowed)
     "replaced_rope_parameters": (False, "null or the model's own rope_parameters (a dict)"),
 }
 
+FORMER = ("backend",)  # fields earlier versions saved, read and ignored (the backend is chosen where a model loads)
+
 
 def checked(record, where: str, window_optional: bool = False) -> dict:
     """``record`` (the ``longreach`` entry of ``where``: a config.json, or vLLM's ``hf_overrides``, whose
@@ -28,7 +30,7 @@ def checked(record, where: str, window_optional: bool = False) -> dict:
             f"{where}: the 'longreach' record is {type(record).__name__} {_short(record)}; "
             f"allowed: a dict with {', '.join(FIELDS)}"
         )
-    unknown = sorted(set(record) - set(FIELDS), key=str)
+    unknown = sorted(set(record) - set(FIELDS) - set(FORMER), key=str)
     if unknown:
         raise ValueError(
             f"{where}: the 'longreach' record has no field {unknown[0]!r}; its fields: {', '.join(FIELDS)}"

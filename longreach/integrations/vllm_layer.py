@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ..attention.cells import Cell, lower
-from ..attention.layout import Layout, to_kernel
+from ..attention.layout import Layout, layer_ranges, to_kernel
 from ..attention.paged import per_token, scaled_queries, token_positions
 from ..methods.base import Part, PositionMethod
 from ..methods.drop import Drop, DynamicDrop
@@ -161,13 +161,12 @@ def announce(method: PositionMethod, drop: Drop | DynamicDrop | None, layouts: d
     mscale=False) [L=8192]; layers 0-29 (30): RoPE, half pairs, dims 0-63 of 64``."""
     from vllm.logger import init_logger
 
-    from ..inspection import ranges
-
     by_layout: dict[str, list[int]] = {}
     for index, layout in sorted(layouts.items()):
         by_layout.setdefault(layout.describe(), []).append(index)
+    runs_vllms = {"no RoPE": ", vLLM's own"}  # what such layers run
     layers = "; ".join(
-        f"layers {ranges(indices)} ({len(indices)}): {described}" + (", vLLM's own" if described == "no RoPE" else "")
+        f"layers {layer_ranges(indices)} ({len(indices)}): {described}{runs_vllms.get(described, '')}"
         for described, indices in by_layout.items()
     )
     methods = " + ".join(x.describe() for x in (method, drop) if x is not None)
