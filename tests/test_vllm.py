@@ -525,6 +525,18 @@ def test_gemma3_runs_each_layer_with_its_own_rope_and_window(prompts, gemma3_dir
     assert_equal_runs(vllm_runs(gemma3_dir, prompts, hf_overrides=overrides), prompts, expected)
 
 
+def test_gemma_3_270m_real_weights_run_string_in_vllm_as_in_transformers(prompts):
+    """The second bundled model, its real weights (L = 32K; 3 global layers, 15 sliding over 512): STRING with a shift
+    inside the prompts' distances moves the global layers' positions, and vLLM's tokens and logits are transformers'
+    with ``apply``."""
+    from longreach import models
+
+    folder = models.source_of("gemma3-270m")
+    params = {"shift": 512, "local_window": 64}
+    expected = transformers_runs(folder, prompts, "string", params, window=32768)
+    assert_equal_runs(vllm_runs(folder, prompts, hf_overrides=plugin.overrides("string", **params)), prompts, expected)
+
+
 def test_the_overrides_are_the_json_of_vllm_serve():
     assert plugin.overrides("string", local_window=128).json == (
         '{"longreach": {"method": "string", "params": {"local_window": 128}, "training_window": null}}'
