@@ -1,7 +1,7 @@
-"""End-to-end speed of every position method against stock attention, on the default model.
+"""End-to-end speed of every position method against stock attention, on a bundled model.
 
-    python bench/model.py [--length 8192] [--steps 15] [--rounds 1] [--new-tokens 64] [--device cuda]
-                          [--dtype bfloat16] [--write]
+    python bench/model.py [--model default] [--length 8192] [--steps 15] [--rounds 1] [--new-tokens 64]
+                          [--device cuda] [--dtype bfloat16] [--write]
                           [--methods rope,string,rerope+kept,...] [--weights random]
 
 One process, one model. Decoding: a cache of ``--length`` tokens is filled once; each round runs one
@@ -58,6 +58,7 @@ def decoding(model, ids, methods, steps) -> dict[str, list[float]]:
     cache = DynamicCache(config=model.config)
     model(ids, past_key_values=cache, use_cache=True)
     token, n = ids[:, -1:], ids.shape[1]
+    sliding = any(getattr(layer, "is_sliding", False) for layer in cache.layers)
     growing = {m: copy.deepcopy(cache) for m in methods if m.endswith(KEPT)}
     times = {m: [] for m in methods}
     step = functools.partial(model, token, use_cache=True)  # one token's forward
@@ -72,6 +73,9 @@ def decoding(model, ids, methods, steps) -> dict[str, list[float]]:
                     token, past_key_values=own, use_cache=True
                 )  # untimed: switching dropped the kept keys; this keeps them
                 times[method].append(timed(functools.partial(step, past_key_values=own), ids.device))
+                continue
+            if sliding:  # a sliding layer's cache cannot be cropped back: each step on a copy (untimed)
+                times[method].append(timed(functools.partial(step, past_key_values=copy.deepcopy(cache)), ids.device))
                 continue
             times[method].append(timed(functools.partial(step, past_key_values=cache), ids.device))
             cache.crop(n - cache.get_seq_length())  # transformers 5: a negative count of tokens to drop
@@ -107,6 +111,7 @@ def table(title: str, times: dict[str, list[float]], unit: float, unit_name: str
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="default", help="a bundled model (default, gemma3-270m) or a model's path")
     parser.add_argument("--length", type=int, default=8192)
     parser.add_argument("--steps", type=int, default=15, help="decoding rounds (medians)")
     parser.add_argument("--rounds", type=int, default=1, help="prefill / generate rounds (medians)")
@@ -136,13 +141,15 @@ def main() -> None:
         config = LlamaConfig.from_json_file(SHAPE)
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa").to(args.device).eval()
     else:
-        model, _ = models.load("default", dtype=dtype, device=args.device)
+        model, _ = models.load(args.model, dtype=dtype, device=args.device)
     ids = torch.randint(100, 20000, (1, args.length), generator=torch.Generator().manual_seed(0)).to(args.device)
     methods = [STOCK, *filter(None, args.methods.split(",")), *args.method]
     weights = " (random weights)" if args.weights == "random" else ""
+    text = model.config.get_text_config()
+    name = models.BUNDLED[args.model].title if args.model in models.BUNDLED else args.model
     header = (
-        f"SmolLM2-135M-Instruct{weights} (30 layers, 9 query / 3 KV heads), {args.dtype}, batch 1, "
-        f"{args.length} tokens, "
+        f"{name}{weights} ({text.num_hidden_layers} layers, {text.num_attention_heads} query / "
+        f"{text.num_key_value_heads} KV heads), {args.dtype}, batch 1, {args.length} tokens, "
         f"{machine(args.device)}; "
         f"L = {longreach.training_window(model.config)} (each method's defaults)."
     )
@@ -162,12 +169,14 @@ def main() -> None:
         extra = (f" --methods {args.methods}" if chosen else "") + "".join(f" --method '{m}'" for m in args.method)
         extra += f" --device {args.device} --dtype {args.dtype}" if args.device != "cpu" else ""
         extra += " --weights random" if args.weights == "random" else ""
+        extra = (f" --model {args.model}" if args.model != "default" else "") + extra
         command = (
             f"`python bench/model.py --length {args.length} --steps {args.steps} --rounds {args.rounds} "
             f"--new-tokens {args.new_tokens}{extra}`"
         )
         names = dict.fromkeys(m.split(":")[0] for m in methods[1:])
-        title = f"End to end, the default model at {args.length} tokens" + (
+        which = "the default model" if args.model == "default" else args.model
+        title = f"End to end, {which} at {args.length} tokens" + (
             ", " + ", ".join(names) if chosen or args.method else ""
         )
         title += f", {args.device} {args.dtype}" if args.device != "cpu" else ""
