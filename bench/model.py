@@ -8,7 +8,8 @@ One process, one model. Decoding: a cache of ``--length`` tokens is filled once;
 step with stock ``sdpa`` and one with each method against it (the cache is cropped back after each
 step: a step's time depends on the shapes, not on what the cache holds; a ``+kept`` method, whose kept keys
 hold only while its cache is appended to, steps on a copy of its own); medians of ``--steps`` rounds. Prefill and
-``generate(--new-tokens)``: methods and stock alternate, ``--rounds`` times,
+``generate(--new-tokens)``: the last position's logits only, as ``generate`` computes them (the full logits of 32K
+tokens over Gemma 3's 262,144 words would take 34 GB); methods and stock alternate, ``--rounds`` times,
 medians (on a GPU each method first prefills once untimed, which compiles its FlexAttention
 kernels). Ratios are against stock measured in the same run. A method named with ``+kept`` (``rerope+kept``)
 is applied with ``keep_moved_keys=True``. ``--weights random`` builds the default model's shape
@@ -56,7 +57,7 @@ def switch(model, method: str) -> None:
 @torch.no_grad()
 def decoding(model, ids, methods, steps) -> dict[str, list[float]]:
     cache = DynamicCache(config=model.config)
-    model(ids, past_key_values=cache, use_cache=True)
+    model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
     token, n = ids[:, -1:], ids.shape[1]
     sliding = any(getattr(layer, "is_sliding", False) for layer in cache.layers)
     growing = {m: copy.deepcopy(cache) for m in methods if m.endswith(KEPT)}
@@ -92,8 +93,8 @@ def prefill_and_generate(model, ids, methods, rounds, new_tokens) -> tuple[dict,
         for method in methods:
             switch(model, method)
             if i == 0 and ids.device.type == "cuda":
-                model(ids, use_cache=True)  # untimed: compiles this method's FlexAttention variants
-            prefill[method].append(timed(lambda: model(ids, use_cache=True), ids.device))
+                model(ids, use_cache=True, logits_to_keep=1)  # untimed: compiles its FlexAttention variants
+            prefill[method].append(timed(lambda: model(ids, use_cache=True, logits_to_keep=1), ids.device))
             if new_tokens:
                 generate[method].append(timed(lambda: model.generate(ids, **settings), ids.device))
     return prefill, generate
