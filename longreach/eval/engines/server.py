@@ -168,21 +168,17 @@ class Server(Engine):
             return {"error": f"{error.__class__.__name__}: {error}"}, False
 
     def _completion(self, body: dict) -> tuple[dict, bool]:
-        for attempt in range(RETRIES + 1):
-            try:
-                reply = _request(f"{self.base}/v1/completions", body, self.timeout)
-                return _text_of(reply), False
-            except urllib.error.HTTPError as error:
-                reason, unanswered = f"HTTP {error.code}: {_message(error)}", False
-                if error.code < 500:  # the request itself is wrong: trying it again changes nothing
-                    return {"error": reason}, False
-            except Unreachable as error:
-                reason, unanswered = str(error), True
-            except ValueError:
-                return {"error": "an answer that is not JSON"}, False
-            if attempt < RETRIES:
-                time.sleep(BACKOFF * 2**attempt)
-        return {"error": f"{reason} (after {RETRIES + 1} tries)"}, unanswered
+        tries = f"(after {RETRIES + 1} tries)"
+        try:
+            reply = _retried(lambda: _request(f"{self.base}/v1/completions", body, self.timeout))
+        except urllib.error.HTTPError as error:  # a 4xx at once (the request itself is wrong), a 5xx after the tries
+            after = f" {tries}" if error.code >= 500 else ""
+            return {"error": f"HTTP {error.code}: {_message(error)}{after}"}, False
+        except Unreachable as error:
+            return {"error": f"{error} {tries}"}, True
+        except ValueError:
+            return {"error": "an answer that is not JSON"}, False
+        return _text_of(reply), False
 
     def ready(self, label: str) -> None:
         """Nothing to start: the server runs."""
@@ -225,7 +221,8 @@ def _text_of(reply) -> dict:
 
 
 def _retried(ask):
-    """``ask()``, tried again as a completion is where no answer came or the server answered 5xx."""
+    """``ask()``, tried again where no answer came or the server answered 5xx, ``RETRIES`` times, waiting ``BACKOFF`` x
+    1, 2, 4, 8 s between; the last error raised."""
     for attempt in range(RETRIES + 1):
         try:
             return ask()
