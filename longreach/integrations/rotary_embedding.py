@@ -20,6 +20,8 @@ from ..methods.scaling import STATIC_TYPES, Scaling, describe_own
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+SLIDING = "sliding_attention"  # the layer type of a sliding window, whose RoPE a frequency method leaves as it is
+
 
 def find_rotary(model: nn.Module) -> nn.Module | None:
     """The model's rotary embedding module (``model.model.rotary_emb`` on decoder-only models): its language model's,
@@ -52,55 +54,99 @@ def rescaled(model: PreTrainedModel, frequency: Scaling, state) -> tuple[nn.Modu
     ``rope_parameters``. A model that scales its frequencies already (``linear``, ``yarn``, ``llama3``)
     keeps its scaling and ``frequency`` composes over it (:meth:`Scaling.over`); its ``rope_parameters``
     stay its own, so plain ``from_pretrained`` cannot express the composition (``longreach.load`` can).
+
+    A model with ``rope_parameters`` per layer type (Gemma 3) is rescaled in the layers that attend over the whole
+    window only (:func:`scaled_layer_types`): a sliding layer's distances never pass its window, as Google scales
+    Gemma 3's larger models (``linear``, factor 8, on ``full_attention`` alone).
     """
     own_rotary, own = _own_rotary(model, state)
-    if not isinstance(own, dict) or "rope_theta" not in own:
+    ropes = layer_ropes(own)
+    scaled = scaled_layer_types(ropes, own_rotary)
+    if not scaled or any("rope_theta" not in ropes[layer_type] for layer_type in scaled):
         raise ValueError(
-            f"frequency methods need one set of rope_parameters; {model.__class__.__name__} has one per layer type "
-            f"({', '.join(own)}): apply a position method without scaling"
+            f"frequency methods need a rope_theta in rope_parameters; {model.__class__.__name__} has "
+            f"{sorted(own)}: apply a position method without scaling"
         )
     config = copy.deepcopy(model.config.get_text_config())
     original = frequency.params.get("original_max_position_embeddings")
     if original is not None and getattr(config, "original_max_position_embeddings", None) is not None:
         # Phi-3 keeps the window outside rope_parameters, and transformers lets that one win over rope_parameters'
         config.original_max_position_embeddings = original
-    own_type = own.get("rope_type", "default")
-    if own_type != "default" and own_type not in STATIC_TYPES:
-        raise ValueError(
-            f"{model.__class__.__name__} has its own {describe_own(own)} scaling, whose frequencies "
-            f"change during the forward pass: longreach composes no frequency method over it; "
-            f"apply a position method alone"
-        )
-    own_freq = inverse_frequencies(own_rotary)
-    if own_type == "default":
-        config.rope_parameters = frequency.rope_parameters(own, 2 * own_freq.shape[-1])
-        rotary = type(own_rotary)(config).to(own_freq.device)
-    else:
-        config.rope_parameters = copy.deepcopy(own)
-        rotary = type(own_rotary)(config).to(own_freq.device)
-        inv_freq, scaling = frequency.over(own_freq, _attention_scaling(own_rotary), own)
-        rotary.attention_scaling = scaling  # type: ignore[assignment]  # torch types Module.__setattr__ too narrowly
-        for name in ("inv_freq", "original_inv_freq"):
-            if hasattr(rotary, name):
-                getattr(rotary, name).copy_(inv_freq)
-    new_freq = inverse_frequencies(rotary)
-    if new_freq.device.type == "meta":  # an empty model (lm-eval checks the method before loading): no values
-        pass
-    elif problem := _fails_to_run(rotary, new_freq.device):
+    for layer_type in scaled:
+        own_type = ropes[layer_type].get("rope_type", "default")
+        if own_type != "default" and own_type not in STATIC_TYPES:
+            raise ValueError(
+                f"{model.__class__.__name__} has its own {describe_own(ropes[layer_type])} scaling, whose frequencies "
+                f"change during the forward pass: longreach composes no frequency method over it; "
+                f"apply a position method alone"
+            )
+    new = {
+        layer_type: frequency.rope_parameters(rope, 2 * inverse_frequencies(own_rotary, layer_type).shape[-1])
+        if layer_type in scaled and rope.get("rope_type", "default") == "default"
+        else copy.deepcopy(rope)
+        for layer_type, rope in ropes.items()
+    }
+    config.rope_parameters = new.get(None, new)
+    rotary = type(own_rotary)(config).to(inverse_frequencies(own_rotary, scaled[0]).device)
+    for layer_type in scaled:
+        if ropes[layer_type].get("rope_type", "default") != "default":
+            _compose(rotary, own_rotary, layer_type, frequency, ropes[layer_type])
+        _check(model, rotary, frequency, layer_type)
+    return rotary, copy.deepcopy(config.rope_parameters)
+
+
+def layer_ropes(rope_parameters: dict) -> dict[str | None, dict]:
+    """``rope_parameters`` by layer type (Gemma 3: ``full_attention`` and ``sliding_attention``, each a base and
+    a scaling of its own), or ``{None: rope_parameters}`` where one RoPE serves every layer."""
+    per_type = {name: value for name, value in rope_parameters.items() if isinstance(value, dict)}
+    return per_type or {None: rope_parameters}
+
+
+def scaled_layer_types(ropes: dict[str | None, dict], rotary: nn.Module) -> list[str | None]:
+    """The layer types a frequency method rescales: every one but a sliding window's that ``rotary`` computes (a config
+    may hold ``rope_parameters`` for types none of its layers has)."""
+    return [
+        layer_type
+        for layer_type in ropes
+        if layer_type is None or (layer_type != SLIDING and hasattr(rotary, f"{layer_type}_inv_freq"))
+    ]
+
+
+def _compose(rotary: nn.Module, own_rotary: nn.Module, layer_type: str | None, frequency: Scaling, own: dict):
+    """Write ``frequency`` composed over the model's own static scaling into ``rotary``'s buffers of
+    ``layer_type`` (:meth:`Scaling.over`)."""
+    prefix = "" if layer_type is None else f"{layer_type}_"
+    own_scaling = cast(float, getattr(own_rotary, f"{prefix}attention_scaling"))
+    inv_freq, scaling = frequency.over(inverse_frequencies(own_rotary, layer_type), own_scaling, own)
+    setattr(rotary, f"{prefix}attention_scaling", scaling)
+    for name in ("inv_freq", "original_inv_freq"):
+        if hasattr(rotary, prefix + name):
+            getattr(rotary, prefix + name).copy_(inv_freq)
+
+
+def _check(model: PreTrainedModel, rotary: nn.Module, frequency: Scaling, layer_type: str | None) -> None:
+    """Refuse frequencies ``rotary`` cannot compute or that over- or underflow (nothing to check on an empty
+    model's meta tensors: lm-eval checks the method before loading)."""
+    new_freq = inverse_frequencies(rotary, layer_type)
+    prefix = "" if layer_type is None else f"{layer_type}_"
+    scaling = cast(float, getattr(rotary, f"{prefix}attention_scaling"))
+    if new_freq.device.type == "meta":
+        return
+    if problem := _fails_to_run(rotary, new_freq.device, layer_type):
         raise ValueError(
             f"{model.__class__.__name__}'s own rotary module cannot compute {frequency.name}'s frequencies "
             f"({problem}); apply a position method alone"
         )
-    elif not (torch.isfinite(new_freq).all() and (new_freq > 0).all() and math.isfinite(_attention_scaling(rotary))):
+    if not (torch.isfinite(new_freq).all() and (new_freq > 0).all() and math.isfinite(scaling)):
         raise ValueError(f"factor={frequency.factor!r} is out of range: the scaled RoPE frequencies over- or underflow")
-    return rotary, copy.deepcopy(config.rope_parameters)
 
 
-def _fails_to_run(rotary: nn.Module, device) -> str | None:
+def _fails_to_run(rotary: nn.Module, device, layer_type: str | None) -> str | None:
     """Why ``rotary`` fails to compute cos and sin for one position, or None: a family's rotary class may read keys of
     its own scaling from ``rope_parameters`` (PhiMoE's ``short_mscale``) that another scaling's parameters lack."""
+    by_type = {} if layer_type is None else {"layer_type": layer_type}
     try:
-        rotary(torch.zeros(1, 1, 2, device=device), torch.zeros(1, 1, dtype=torch.long, device=device))
+        rotary(torch.zeros(1, 1, 2, device=device), torch.zeros(1, 1, dtype=torch.long, device=device), **by_type)
     except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as error:
         return f"{type(error).__name__}: {error}"
     return None
@@ -131,11 +177,6 @@ def _own_rotary(model: PreTrainedModel, state) -> tuple[nn.Module, dict]:
     rotary = find_rotary(model)
     assert rotary is not None  # apply refuses a model without one first
     return rotary, model.config.get_text_config().rope_parameters
-
-
-# A rotary module's number, which nn.Module's __getattr__ types as Tensor | Module.
-def _attention_scaling(rotary: nn.Module) -> float:
-    return cast(float, rotary.attention_scaling)
 
 
 def _parent_of(model: nn.Module, child: nn.Module) -> tuple[nn.Module, str]:
