@@ -70,6 +70,23 @@ def test_a_gguf_file_is_converted_once_with_its_own_tokenizer(cache):
     assert models.identity(str(gguf)) == models.identity(folder)
 
 
+@pytest.mark.slow
+@torch.no_grad()
+def test_gemma_3_270ms_gguf_given_as_a_file_is_the_bundled_model(tmp_path, monkeypatch):
+    """The second bundled GGUF as a user gives a file (a RoPE per layer type, a 262K-word tokenizer): converted under
+    its digest, the bundled model's weights and tokenizer (about 90 s)."""
+    import longreach
+
+    bundled, bundled_tokenizer = longreach.load(gguf_models.GEMMA)  # from the user's cache, converted once
+    theirs, gguf = bundled.state_dict(), gguf_models.gemma_gguf()
+    monkeypatch.setenv("LONGREACH_CACHE", str(tmp_path / "cache"))
+    model, tokenizer = longreach.load(str(gguf))
+    assert models.source_of(str(gguf)).startswith(str(tmp_path / "cache" / "gguf" / f"{gguf.stem}-"))
+    assert model.state_dict().keys() == theirs.keys()
+    assert all(torch.equal(weights, theirs[name]) for name, weights in model.state_dict().items())
+    assert tokenizer("The key is 4471.").input_ids == bundled_tokenizer("The key is 4471.").input_ids
+
+
 def test_a_gguf_file_transformers_cannot_read_is_one_line(cache, tmp_path):
     import gguf
     import numpy as np

@@ -320,3 +320,17 @@ def test_a_label_naming_another_method_than_the_server_runs_is_refused(model_dir
         evaluate(model_dir, tmp_path / "unsaid", stand_in.url, "--label", "string")
     assert "does not say which method it runs" in capsys.readouterr().out
     assert {r["served_method"] for r in runner.read_results(tmp_path / "unsaid" / runner.RESULTS)} == {server.UNSAID}
+
+
+def test_a_thinking_run_sends_its_prompts_and_token_budget_to_the_server(model_dir, tmp_path):
+    """The prompt form acts where the prompt is written, here (the completions API applies no chat template): the
+    request carries the dressed prompt's token ids and the task's tokens plus the thinking budget."""
+    with StandIn() as stand_in:
+        main(["eval", "passkey-chat", "--model", model_dir, "--server", stand_in.url, "--lengths", "600", "--samples",
+              "2", "--out", str(tmp_path), "--served-model", "stand-in", "--thinking", "16"])  # fmt: skip
+    tokenizer = byte_tokenizer()
+    assert [request["max_tokens"] for request in stand_in.requests] == [10 + 16] * 2
+    assert all(tokenizer.decode(r["prompt"]).endswith("What is the pass key?</s>\n<|im_start|>assistant\n")
+               for r in stand_in.requests)  # fmt: skip
+    records = runner.read_results(tmp_path / runner.RESULTS)
+    assert all(r["prompt_form"]["thinking"] == 16 and (r["thinking"], r["answer"]) == ("", ANSWER) for r in records)

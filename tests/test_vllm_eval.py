@@ -9,6 +9,7 @@ folders. Every case has the same prompt (its hash and its length in tokens) and 
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -235,3 +236,29 @@ def test_on_a_cpu_the_cache_holds_a_submission_within_a_quarter_of_free_memory(m
         assert abs(cache["kv_cache_memory_bytes"] - max(one_case, min(64 * one_case, share))) < 2**20
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     assert cpu_cache(per_token * 1536, Parallel()) == {}
+
+
+def test_a_thinking_run_on_vllm_gives_the_transformers_engines_records(model_dir, tmp_path, monkeypatch):
+    """``--thinking`` and ``--chat-template-kwargs`` dress the prompts where the cases are built, the same for every
+    engine: a chat template with a thinking switch, on vLLM and on transformers."""
+    from helpers.tiny_models import THINKING_TEMPLATE
+    from transformers import AutoTokenizer
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB: vLLM's CPU cache, beside the transformers engine
+    folder = tmp_path / "thinking-model"
+    shutil.copytree(model_dir, folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = THINKING_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    runs = {}
+    for engine in ("transformers", "vllm"):
+        out = tmp_path / engine
+        main(["eval", "ruler:niah_single_1", "--model", str(folder), "--lengths", "1024", "--samples", "2",
+              "--training-window", "512", "--dtype", "float32", "--method", "string", "--thinking", "8",
+              "--engine", engine, "--out", str(out)])  # fmt: skip
+        runs[engine] = {runner.case_key(r).case: r for r in runner.read_results(out / runner.RESULTS)}
+    assert runs["transformers"].keys() == runs["vllm"].keys() and len(runs["vllm"]) == 2
+    fields = ("prompt_hash", "n_tokens", "max_new_tokens", "answer", "thinking", "prompt_form", "score")
+    for case, record in runs["transformers"].items():
+        assert not record.get("error") and record["max_new_tokens"] == 128 + 8
+        assert {f: record[f] for f in fields} == {f: runs["vllm"][case][f] for f in fields}, case

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from ..eval.engines import ENGINES
+from ..eval.prompt_form import TEMPLATES, PromptForm
 from ..eval.records import DTYPES
 from ..eval.task_protocol import EVALUATE
 from . import flags
@@ -53,6 +54,7 @@ def add(subcommands) -> None:
         help="InfiniteBench's published jsonl files: a folder of them, or one task's file (default: the Hugging Face "
         "hub's xinrongzhang2022/InfiniteBench, downloaded once into its cache)",
     )
+    _prompt_options(evaluating)
     _grid_options(evaluating, "runs/eval", EVAL_SAMPLES)
     _engine_options(evaluating)
     evaluating.set_defaults(run=evaluate)
@@ -65,6 +67,29 @@ def add(subcommands) -> None:
     reporting.add_argument("dir", metavar="DIR", help="a results folder (holding results.jsonl)")
     flags.score_threshold(reporting)
     reporting.set_defaults(run=report)
+
+
+def _prompt_options(p: argparse.ArgumentParser) -> None:
+    """How templated tasks' prompts are dressed (:mod:`longreach.eval.prompt_form`); on every engine."""
+    p.add_argument(
+        "--template",
+        choices=TEMPLATES,
+        default="auto",
+        help="RULER's model template for templated tasks (ruler:*, niah, the -chat forms): chat (the tokenizer's chat "
+        "template), base (the bare text), or auto (chat where the tokenizer has one; default)",
+    )
+    p.add_argument(
+        "--chat-template-kwargs",
+        metavar="JSON",
+        help="the chat template's switches, as vLLM and lm-eval take them, e.g. '{\"enable_thinking\": false}'",
+    )
+    p.add_argument(
+        "--thinking",
+        type=positive,
+        metavar="N",
+        help="a thinking run (RULER's advice for reasoning models): no answer prefix, N tokens to think beyond the "
+        "task's own, and the answer scored after the </think> block, which each record keeps",
+    )
 
 
 def _grid_options(p: argparse.ArgumentParser, out: str, samples: int) -> None:
@@ -193,6 +218,7 @@ def evaluate(args: argparse.Namespace) -> None:
 
         os.environ[DATA] = args.data
     grid = _grid(args)  # every argument checked before anything is written
+    args.form = PromptForm.parse(args.template, args.chat_template_kwargs, args.thinking)
     elsewhere = args.server or args.engine != "transformers"
     if elsewhere and (scored := [t for t in grid.tasks if flags.task_registry().get(t).kind == EVALUATE]):
         where = "--server" if args.server else f"--engine {args.engine}"
@@ -218,7 +244,8 @@ def _evaluate(args: argparse.Namespace, grid, out: Path, parallel, elsewhere) ->
             else distributed.World.from_environment(tp=args.tp is not None)
         )
         batch_size = args.batch_size or (SERVED_BATCH if elsewhere else 1)
-        runner.run(grid, out, _engine(args, parallel), world, args.limit, batch_size, args.command_line)
+        engine = _engine(args, parallel)
+        runner.run(grid, out, engine, world, args.limit, batch_size, args.command_line, args.form)
 
 
 def _engine(args: argparse.Namespace, parallel):

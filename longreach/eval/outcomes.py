@@ -21,6 +21,7 @@ from ..methods.spec import MethodSpec
 from . import ruler, tasks
 from .distributed import World
 from .engines.base import EngineGone
+from .prompt_form import PromptForm
 from .records import CaseKey, end_cut_off_line
 from .task_protocol import EVALUATE, AnyTask
 
@@ -37,6 +38,7 @@ class Setting:
         specs: the methods by label.
         resolved: each label's method as resolved (every parameter and ``L``).
         batch_size: cases of one task, length and method given to the engine together.
+        form: how the prompts are dressed (``--template``, ``--chat-template-kwargs``, ``--thinking``).
     """
 
     model: str
@@ -46,6 +48,7 @@ class Setting:
     specs: dict[str, MethodSpec]
     resolved: dict[str, str]
     batch_size: int
+    form: PromptForm = PromptForm()
 
 
 @dataclass
@@ -85,9 +88,11 @@ def run_cases(
 
 def _batches(setting: Setting, pending: list[CaseKey], tokenizer) -> Iterator[Batch]:
     """The pending keys as batches, in their order: each case of a (task, length) built once for every method, up to
-    ``batch_size`` cases at a time (one for a task that evaluates the model itself)."""
+    ``batch_size`` cases at a time (one for a task that evaluates the model itself); tasks and tokenizer dressed in
+    the run's prompt form."""
+    tokenizer = setting.form.tokenizer(tokenizer)
     for (task_name, length), group in itertools.groupby(pending, key=lambda key: (key.task, key.length)):
-        keys, task = list(group), tasks.get(task_name)
+        keys, task = list(group), setting.form.task(tasks.get(task_name))
         cases = list(dict.fromkeys((key.depth, key.seed) for key in keys))  # in grid order
         size = 1 if task.kind == EVALUATE else setting.batch_size
         for chunk in (cases[i : i + size] for i in range(0, len(cases), size)):
@@ -118,6 +123,7 @@ def _record(setting: Setting, key: CaseKey, fields: dict, seconds: float, batch_
         "batch": decoded_with,
         "machine": engine.machine,
         "dtype": setting.dtype,
+        **setting.form.record,
         **engine.record,
     }
 
@@ -199,8 +205,9 @@ def _case_fields(task, case, fields: dict) -> dict:
     evaluation gave."""
     if fields.get("error"):
         return {"score": None, **fields}
-    if task.kind != EVALUATE:
-        fields = {**fields, "empty": not ruler.postprocess(fields["answer"]), **task.score(fields["answer"], case)}
+    if task.kind != EVALUATE:  # a thinking run scores, and keeps as the answer, the text after the thinking
+        scored = task.score(fields["answer"], case)
+        fields = {**fields, "empty": not ruler.postprocess(scored.get("answer", fields["answer"])), **scored}
     return {
         "n_tokens": case.n_tokens,
         "max_new_tokens": case.max_new_tokens,

@@ -17,11 +17,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .. import models, provenance
+from . import tasks
 from .distributed import World, shares
 from .engines.base import Engine
 from .engines.transformers import Transformers
 from .grid import Grid, check_lengths
 from .outcomes import Setting, run_cases
+from .prompt_form import PromptForm, check_form
 from .records import RESULTS, CaseKey, case_key, end_cut_off_line, read_results
 
 
@@ -33,6 +35,7 @@ def run(
     limit: int | None = None,
     batch_size: int = 1,
     command: str | None = None,
+    form: PromptForm | None = None,
 ) -> Path:
     """Run the grid's missing cases on ``engine`` (what ``longreach eval`` does), appending each to
     ``out/results.jsonl``: the one driver of every engine (:class:`.engines.base.Engine`).
@@ -50,22 +53,26 @@ def run(
         limit: at most this many new cases (per process where the cases are shared out).
         batch_size: cases of one task, length and method given to the engine together.
         command: the command line recorded in ``out/runs.jsonl`` (default: this process's, as ``longreach ...``).
+        form: how the prompts are dressed (:class:`.prompt_form.PromptForm`; default: the tokenizer's chat template
+            where a templated task has one, as RULER's). A folder holds one form.
 
     Returns:
         The path of ``results.jsonl``.
     """
     if batch_size < 1:
         raise ValueError(f"--batch-size={batch_size} is out of range: at least 1")
-    engine = engine or Transformers()
+    engine, form = engine or Transformers(), form or PromptForm()
     world = world or World.from_environment()
     out.mkdir(parents=True, exist_ok=True)
     path = out / RESULTS
     earlier = [r for file in [path, *shares(out, RESULTS)] for r in read_results(file)]
     check_engine(earlier, engine.name, out)  # before the engine starts: a folder of another engine's is refused at once
+    check_form(earlier, form, out)
     try:
         resolved = engine.start(grid, world)
         check_lengths(grid.lengths, engine.window)
         check_dtype(earlier, engine.dtype, out)
+        form.check(engine.tokenizer, grid.tasks, tasks.get)
         setting = Setting(
             grid.model,
             models.identity(grid.model),
@@ -74,6 +81,7 @@ def run(
             {m.label: m for m in grid.methods},
             resolved,
             batch_size,
+            form,
         )
         world.barrier()  # everyone has read what is done before anyone writes (tensor-parallel processes run the same)
         pending = _pending(grid, setting, _finished(earlier, grid.model, setting.model_key), world, out, limit, engine)

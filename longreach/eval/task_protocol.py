@@ -6,6 +6,10 @@ A task builds a deterministic case from ``(tokenizer, length, depth, seed)`` and
   of one length in batches, and the task scores it (``score``);
 * ``evaluate`` (:class:`EvaluatedTask`): the task measures the case on the model itself, one case at a time
   (``evaluate``: perplexity, a probe checkpoint's next token).
+
+A generated task whose prompt is the model template around its text (:func:`.haystack.templated`) says so with
+``templated = True``: ``--template``, ``--chat-template-kwargs`` and ``--thinking`` dress its prompts
+(:mod:`.prompt_form`); the others' prompts are the bare text by definition.
 """
 
 from __future__ import annotations

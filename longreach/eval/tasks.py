@@ -123,6 +123,11 @@ class StringNeedles:
             haystack_units=built[0],
         )
 
+    @property
+    def templated(self) -> bool:
+        """Whether the prompt is the model template around the task text (the ``-chat`` form)."""
+        return self.chat
+
     def score(self, answer: str, case: Case) -> dict:
         found = string_match.needles_found(" ".join(answer.split()), case.references)
         return {"score": 100.0 * (sum(found) >= self.needed), "found": found, "fraction": sum(found) / len(found)}
@@ -196,6 +201,11 @@ class Passkey:
             needle_depths=[where],
             haystack_units=n,
         )
+
+    @property
+    def templated(self) -> bool:
+        """Whether the prompt is the model template around the task text (the ``-chat`` form)."""
+        return self.chat
 
     def score(self, answer: str, case: Case) -> dict:
         number = re.search(r"\d+", answer)

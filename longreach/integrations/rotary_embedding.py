@@ -20,7 +20,7 @@ from ..methods.scaling import STATIC_TYPES, Scaling, describe_own
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-SLIDING = "sliding_attention"  # the layer type of a sliding window, whose RoPE a frequency method leaves as it is
+MOVING_TYPES = ("dynamic", "longrope")  # a model's own scalings whose frequencies change with the sequence's length
 
 
 def find_rotary(model: nn.Module) -> nn.Module | None:
@@ -75,10 +75,14 @@ def rescaled(model: PreTrainedModel, frequency: Scaling, state) -> tuple[nn.Modu
     for layer_type in scaled:
         own_type = ropes[layer_type].get("rope_type", "default")
         if own_type != "default" and own_type not in STATIC_TYPES:
+            why = (
+                ", whose frequencies change during the forward pass: longreach composes no frequency method over it"
+                if own_type in MOVING_TYPES
+                else f": longreach composes frequency methods over {', '.join(STATIC_TYPES)} scalings only"
+            )
             raise ValueError(
-                f"{model.__class__.__name__} has its own {describe_own(ropes[layer_type])} scaling, whose frequencies "
-                f"change during the forward pass: longreach composes no frequency method over it; "
-                f"apply a position method alone"
+                f"{model.__class__.__name__} has its own {describe_own(ropes[layer_type])} scaling{why}; "
+                "apply a position method alone"
             )
     new = {
         layer_type: frequency.rope_parameters(rope, 2 * inverse_frequencies(own_rotary, layer_type).shape[-1])
@@ -103,12 +107,13 @@ def layer_ropes(rope_parameters: dict) -> dict[str | None, dict]:
 
 
 def scaled_layer_types(ropes: dict[str | None, dict], rotary: nn.Module) -> list[str | None]:
-    """The layer types a frequency method rescales: every one but a sliding window's that ``rotary`` computes (a config
-    may hold ``rope_parameters`` for types none of its layers has)."""
+    """The layer types a frequency method rescales: every one that ``rotary`` computes (a config may hold
+    ``rope_parameters`` for types none of its layers has) but a sliding window's (``sliding_attention``, Zaya's
+    ``hybrid_sliding``)."""
     return [
         layer_type
         for layer_type in ropes
-        if layer_type is None or (layer_type != SLIDING and hasattr(rotary, f"{layer_type}_inv_freq"))
+        if layer_type is None or ("sliding" not in layer_type and hasattr(rotary, f"{layer_type}_inv_freq"))
     ]
 
 

@@ -71,6 +71,22 @@ def byte_tokenizer() -> transformers.PreTrainedTokenizerFast:
 
 TINY_VOCAB = 260
 
+# Qwen3's thinking switch in a chat template: the generation prompt closes an empty thinking block when
+# enable_thinking is false, and leaves the model to think otherwise.
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\n\n</think>\n\n' }}{% endif %}"
+    "{% endif %}"
+)
+
+
+def thinking_tokenizer() -> transformers.PreTrainedTokenizerFast:
+    """:func:`byte_tokenizer` with :data:`THINKING_TEMPLATE`, a chat template with a thinking switch."""
+    tokenizer = byte_tokenizer()
+    tokenizer.chat_template = THINKING_TEMPLATE
+    return tokenizer
+
 
 def text_model(window: int = 1024) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerFast]:
     """``(model, tokenizer)``: a tiny Llama with L = ``window`` over :func:`byte_tokenizer`'s vocabulary, and that

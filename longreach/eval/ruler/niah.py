@@ -42,6 +42,7 @@ class Niah:
     name: str
     kind: ClassVar[str] = GENERATE
     token_ids: ClassVar[bool] = False
+    templated: ClassVar[bool] = True  # its prompt is RULER's model template around the task text
     haystack: str = "essay"  # essay, noise or needle
     type_k: str = "words"
     type_v: str = "numbers"

@@ -35,6 +35,7 @@ class QA:
     name: str
     kind: ClassVar[str] = GENERATE
     token_ids: ClassVar[bool] = False
+    templated: ClassVar[bool] = True  # its prompt is RULER's model template around the task text
     dataset: str
     uses_depth: bool = False
     max_new_tokens: int = 32

@@ -53,6 +53,7 @@ class VariableTracking:
     name: str = "ruler:vt"
     kind: ClassVar[str] = GENERATE
     token_ids: ClassVar[bool] = False
+    templated: ClassVar[bool] = True  # its prompt is RULER's model template around the task text
     hops: int = 4
     uses_depth: bool = False
     max_new_tokens: int = 30

@@ -49,6 +49,7 @@ class CommonWords:
     name: str = "ruler:cwe"
     kind: ClassVar[str] = GENERATE
     token_ids: ClassVar[bool] = False
+    templated: ClassVar[bool] = True  # its prompt is RULER's model template around the task text
     common: int = 10
     uses_depth: bool = False
     max_new_tokens: int = 120
@@ -76,7 +77,7 @@ class CommonWords:
         def prompt_of(n: int, stream: str) -> str:
             example, example_answer, chosen = draws(n, stream)
             context, answers[stream] = self._list(chosen, *main_repeats)
-            solved = haystack.templated(tokenizer, CWE_TEMPLATE.format(context=example), CWE_ANSWER)
+            solved = haystack.templated(tokenizer, CWE_TEMPLATE.format(context=example), CWE_ANSWER, demonstration=True)
             solved += " " + " ".join(f"{i + 1}. {w}" for i, w in enumerate(example_answer))
             return haystack.with_bos(
                 tokenizer,
@@ -124,6 +125,7 @@ class FrequentWords:
     name: str = "ruler:fwe"
     kind: ClassVar[str] = GENERATE
     token_ids: ClassVar[bool] = False
+    templated: ClassVar[bool] = True  # its prompt is RULER's model template around the task text
     alpha: float = 2.0
     word_length: int = 6
     uses_depth: bool = False
