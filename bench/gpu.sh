@@ -51,7 +51,7 @@ else
   layer=(--heads 4 --kv-heads 2 --dim 32 --dtype float32 --device cpu --write)
   prefill_lengths=512,1024; decode_lengths=1024
   model=(--length 512 --steps 2 --rounds 1 --new-tokens 4 --device cpu --dtype float32 --weights random --write)
-  scale=2  # the dry run's budgets: the CPU is slower at its small sizes than the GPU at its large ones
+  scale=4  # the dry run's budgets: the CPU is slower at its small sizes than the GPU at its large ones, and may be shared
 fi
 
 step() {  # step NAME SECONDS COMMAND...: runs it within its budget, never stops the script
