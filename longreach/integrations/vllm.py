@@ -37,6 +37,7 @@ from .. import methods
 from ..methods.base import PositionMethod, require_int
 from ..methods.dca import qwen_dual_chunk
 from ..methods.drop import Drop, DynamicDrop, in_model
+from . import rotary_embedding
 from .transformers import CONFIG_KEY
 from .vllm_record import (
     check_without_model,
@@ -253,8 +254,7 @@ def layer_ropes(text_config) -> dict[str | None, dict]:
     """The model's ``rope_parameters`` by layer type (Gemma 3: a base and a scaling of its own for its full and its
     sliding-window layers), or ``{None: rope_parameters}`` where one RoPE serves every layer."""
     rope = dict(getattr(text_config, "rope_parameters", None) or {})
-    per_type = {name: dict(value) for name, value in rope.items() if isinstance(value, dict)}
-    return per_type or {None: rope}
+    return {name: dict(value) for name, value in rotary_embedding.layer_ropes(rope).items()}  # copies vLLM may change
 
 
 def _rotary_dims(text_config) -> int:
