@@ -53,17 +53,18 @@ def cache(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_gguf_file_is_converted_once_with_its_own_tokenizer(cache):
+def test_a_gguf_file_is_converted_once_with_its_own_tokenizer(tmp_path, monkeypatch):
     """``longreach.load("path/model.gguf")``: the bundled default's own file, converted into the cache under its
     digest, gives the default model's weights and tokenizer; a second load reads the cache."""
     import longreach
 
-    gguf = gguf_models.default_gguf()
+    default, default_tokenizer = longreach.load("default")  # from the user's cache, converted once
+    theirs, gguf = default.state_dict(), gguf_models.default_gguf()
+    monkeypatch.setenv("LONGREACH_CACHE", str(tmp_path / "cache"))
     model, tokenizer = longreach.load(str(gguf))
     folder = models.source_of(str(gguf))
-    assert folder.startswith(str(cache / "gguf" / "SmolLM2-135M-Instruct.Q4_1-")) and tokenizer("a").input_ids
-    default, default_tokenizer = longreach.load("default")
-    theirs = default.state_dict()
+    assert folder.startswith(str(tmp_path / "cache" / "gguf" / "SmolLM2-135M-Instruct.Q4_1-"))
+    assert tokenizer("a").input_ids
     assert model.state_dict().keys() == theirs.keys()
     assert all(torch.equal(weights, theirs[name]) for name, weights in model.state_dict().items())
     assert tokenizer("The key is 4471.").input_ids == default_tokenizer("The key is 4471.").input_ids
