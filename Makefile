@@ -22,11 +22,9 @@ $(STAMP): pyproject.toml Makefile constraints.txt
 	touch $(STAMP)
 
 # The linters (ruff and mypy, configured in pyproject.toml), the tests, then the documentation site with --strict:
-# a broken link, a missing page or a docstring that no longer matches its signature fails. The tests run in two
-# processes (pytest-xdist), each test module whole in one of them (its module fixtures built once): one process kept
-# 2 cores 62% busy (18 minutes), much of it waiting on subprocesses, torchrun, lm-eval's imports and the GGUF reader.
+# a broken link, a missing page or a docstring that no longer matches its signature fails.
 test: $(STAMP) lint
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q
 	$(MAKE) --no-print-directory docs
 
 # ruff check (pycodestyle, pyflakes, isort, bugbear, pyupgrade, simplify, complexity; lines of at most 120
