@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from helpers.tiny_models import tiny_model
+from helpers.tiny_models import model_from_config, tiny_config, tiny_model
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import longreach
@@ -286,11 +286,9 @@ def test_a_frequency_method_rescales_gemma3s_full_attention_layers_only(name, pa
     ours = model(x).logits
     # transformers' own model with those parameters, set after the config is built: 5.4's validation of a yarn per layer
     # type looks for original_max_position_embeddings at the top level and raises a KeyError
-    config = copy.deepcopy(tiny_model("gemma3").config)
+    config = tiny_config("gemma3")
     config.rope_parameters = rope_parameters
-    torch.manual_seed(0)
-    theirs = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
-    assert torch.allclose(ours, theirs(x).logits, atol=1e-5)
+    assert torch.allclose(ours, model_from_config(config)(x).logits, atol=1e-5)
     assert not torch.allclose(ours, stock, atol=1e-3)
     longreach.remove(model)
     assert model.config.rope_parameters == own and torch.equal(model(x).logits, stock)

@@ -38,9 +38,17 @@ FAMILIES = {
 }
 
 
-def tiny_model(family: str, dtype=torch.float32, **overrides) -> transformers.PreTrainedModel:
+def tiny_config(family: str, **overrides) -> transformers.PretrainedConfig:
     config_class, extra = FAMILIES[family]
-    config = config_class(**{**COMMON, **extra, **overrides})
+    return config_class(**{**COMMON, **extra, **overrides})
+
+
+def tiny_model(family: str, dtype=torch.float32, **overrides) -> transformers.PreTrainedModel:
+    return model_from_config(tiny_config(family, **overrides), dtype)
+
+
+def model_from_config(config: transformers.PretrainedConfig, dtype=torch.float32) -> transformers.PreTrainedModel:
+    """The model of ``config`` with seed-0 weights, SDPA attention, in eval mode."""
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="sdpa")
     return model.to(dtype).eval()
